@@ -1,0 +1,129 @@
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::ScaleReason;
+use crate::{DType, SchemaError};
+
+/// One tensor's values: little-endian element bytes in row-major order.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TensorData {
+    /// Element type.
+    pub dtype: DType,
+    /// Shape, row-major; a stored tensor is `[seq_len, hidden]`.
+    pub shape: Vec<usize>,
+    /// `product(shape) * dtype.size()` bytes.
+    pub data: Vec<u8>,
+    /// One f32 scale per token, for fp8 only.
+    pub scales: Option<Vec<f32>>,
+}
+
+impl TensorData {
+    /// A tensor of zeros (fp8 gets unit scales).
+    pub fn zeros(dtype: DType, shape: Vec<usize>) -> Self {
+        let n: usize = shape.iter().product();
+        let scales = dtype.has_scales().then(|| vec![1.0; shape.first().copied().unwrap_or(0)]);
+        TensorData { dtype, data: vec![0; n * dtype.size()], shape, scales }
+    }
+
+    /// An f32 tensor from values.
+    pub fn from_f32(values: &[f32], shape: Vec<usize>) -> Self {
+        let data = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+        TensorData { dtype: DType::F32, shape, data, scales: None }
+    }
+
+    /// A bf16 tensor from raw bits.
+    pub fn from_bf16_bits(bits: &[u16], shape: Vec<usize>) -> Self {
+        let data = bits.iter().flat_map(|v| v.to_le_bytes()).collect();
+        TensorData { dtype: DType::Bf16, shape, data, scales: None }
+    }
+
+    /// Number of elements.
+    pub fn numel(&self) -> usize {
+        self.shape.iter().product()
+    }
+
+    /// Element `i` as f32, with the fp8 scale of its token applied.
+    pub fn value(&self, i: usize) -> f32 {
+        let v = self.dtype.to_f32(&self.data, i);
+        match (&self.scales, self.shape.get(1)) {
+            (Some(s), Some(&h)) if h > 0 => v * s[i / h],
+            _ => v,
+        }
+    }
+
+    /// All values as f32 (scales applied).
+    pub fn to_f32_vec(&self) -> Vec<f32> {
+        (0..self.numel()).map(|i| self.value(i)).collect()
+    }
+
+    /// Check the byte length and scales against shape and dtype.
+    pub fn check_bytes(&self, point: &str) -> Result<(), SchemaError> {
+        let expected = self.numel() * self.dtype.size();
+        if self.data.len() != expected {
+            return Err(SchemaError::ByteLength {
+                point: point.to_string(),
+                expected,
+                got: self.data.len(),
+                shape: self.shape.clone(),
+                dtype: self.dtype,
+            });
+        }
+        let tokens = self.shape.first().copied().unwrap_or(0);
+        let reason = match (&self.scales, self.dtype.has_scales()) {
+            (None, true) => Some(ScaleReason::Missing),
+            (Some(_), false) => Some(ScaleReason::Unexpected),
+            (Some(s), true) if s.len() != tokens => Some(ScaleReason::Count { expected: tokens, got: s.len() }),
+            _ => None,
+        };
+        match reason {
+            Some(reason) => Err(SchemaError::Scales { point: point.to_string(), reason }),
+            None => Ok(()),
+        }
+    }
+}
+
+/// One logical row of a dataset: a tokenized sample and its captured hidden states.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Sample {
+    /// Unique id within the dataset.
+    pub sample_id: u64,
+    /// Token ids, `[seq_len]`.
+    pub input_ids: Vec<i32>,
+    /// 1 where the token counts for the loss, `[seq_len]`.
+    pub loss_mask: Vec<u8>,
+    /// One tensor per capture point, in schema order, each `[seq_len, hidden]`.
+    pub tensors: Vec<TensorData>,
+}
+
+impl Sample {
+    /// Tokens in the sample.
+    pub fn seq_len(&self) -> usize {
+        self.input_ids.len()
+    }
+}
+
+/// What to do with a sample whose tensors hold NaN or Inf.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FinitePolicy {
+    /// Refuse the sample with an error naming sample and layer.
+    #[default]
+    Error,
+    /// Leave the sample out and count it.
+    Skip,
+    /// Keep it; the NaN/Inf counts are in its statistics columns.
+    Record,
+}
+
+impl FromStr for FinitePolicy {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "error" => Ok(FinitePolicy::Error),
+            "skip" => Ok(FinitePolicy::Skip),
+            "record" => Ok(FinitePolicy::Record),
+            _ => Err(format!("unknown finiteness policy {s:?}; expected error, skip or record")),
+        }
+    }
+}

@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Sets up (scripts/setup.sh) and runs every test: Rust unit and end-to-end tests, then the
+# Python interoperability tests, all against a real S3-compatible server on 127.0.0.1.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+bash scripts/setup.sh
+export PATH="$ROOT/.venv/bin:$PATH"
+
+# A real S3 endpoint on loopback for the object-storage tests.
+source scripts/s3_server.sh
+start_s3_server
+trap stop_s3_server EXIT
+
+cargo test --workspace
+python -m pytest -q tests/python

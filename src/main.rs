@@ -1,0 +1,66 @@
+//! `hslake`: capture, store, query and load EAGLE-3 hidden states.
+use clap::{Parser, Subcommand};
+use tracing_subscriber::EnvFilter;
+
+mod cmd;
+
+/// A data lake for the hidden states EAGLE-3 draft models train on.
+#[derive(Parser)]
+#[command(name = "hslake", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+// One variant per subcommand; each lives in its own file under src/cmd/.
+#[derive(Subcommand)]
+enum Command {
+    /// Write a synthetic dataset whose values look like real activations.
+    Synth(cmd::synth::Args),
+    /// Describe a dataset: schema, capture points, versions, samples, tokens, bytes.
+    Info(cmd::info::Args),
+    /// List a dataset's versions, shards or samples.
+    Ls(cmd::ls::Args),
+    /// Check every shard's checksum, row counts, schema and tensor shapes.
+    Verify(cmd::verify::Args),
+    /// Delete files that no manifest names (after a grace period).
+    Vacuum(cmd::vacuum::Args),
+    /// Copy a dataset version to another store, checking checksums.
+    Cp(cmd::cp::Args),
+    /// Benchmarks.
+    #[command(subcommand)]
+    Bench(cmd::bench::Bench),
+}
+
+fn main() -> std::process::ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(EnvFilter::try_from_env("HSLAKE_LOG").unwrap_or_else(|_| EnvFilter::new("info")))
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    let result = runtime.block_on(async {
+        match cli.command {
+            Command::Synth(a) => cmd::synth::run(a).await,
+            Command::Info(a) => cmd::info::run(a).await,
+            Command::Ls(a) => cmd::ls::run(a).await,
+            Command::Verify(a) => cmd::verify::run(a).await,
+            Command::Vacuum(a) => cmd::vacuum::run(a).await,
+            Command::Cp(a) => cmd::cp::run(a).await,
+            Command::Bench(b) => cmd::bench::run(b).await,
+        }
+    });
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
