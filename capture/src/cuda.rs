@@ -1,0 +1,141 @@
+//! The few CUDA runtime calls libtorch's C API does not expose to Rust: a side stream and
+//! events, so device-to-host copies of captured states run beside the next forward instead
+//! of after it. Linked against `libcudart.so.13` from the nvidia wheel that torch itself loads.
+use std::ffi::{c_char, c_int, c_void, CStr};
+
+use tch::Tensor;
+
+use crate::error::{CaptureError, Result};
+
+type CudaStream = *mut c_void;
+type CudaEvent = *mut c_void;
+
+const STREAM_NON_BLOCKING: u32 = 1;
+const EVENT_DISABLE_TIMING: u32 = 2;
+const MEMCPY_DEVICE_TO_HOST: c_int = 2;
+
+extern "C" {
+    fn cudaSetDevice(device: c_int) -> c_int;
+    fn cudaStreamCreateWithFlags(stream: *mut CudaStream, flags: u32) -> c_int;
+    fn cudaStreamDestroy(stream: CudaStream) -> c_int;
+    fn cudaEventCreateWithFlags(event: *mut CudaEvent, flags: u32) -> c_int;
+    fn cudaEventDestroy(event: CudaEvent) -> c_int;
+    fn cudaEventRecord(event: CudaEvent, stream: CudaStream) -> c_int;
+    fn cudaEventSynchronize(event: CudaEvent) -> c_int;
+    fn cudaStreamWaitEvent(stream: CudaStream, event: CudaEvent, flags: u32) -> c_int;
+    fn cudaMemcpyAsync(dst: *mut c_void, src: *const c_void, count: usize, kind: c_int, stream: CudaStream) -> c_int;
+    fn cudaGetErrorString(error: c_int) -> *const c_char;
+}
+
+fn check(code: c_int, what: &str) -> Result<()> {
+    if code == 0 {
+        return Ok(());
+    }
+    // SAFETY: cudaGetErrorString returns a static, NUL-terminated string for any code.
+    let msg = unsafe { CStr::from_ptr(cudaGetErrorString(code)) }.to_string_lossy().into_owned();
+    Err(CaptureError::Cuda(format!("{what}: {msg} (error {code})")))
+}
+
+/// Makes `device` current for the calling thread (NCCL and raw copies use the current device).
+pub fn set_device(device: usize) -> Result<()> {
+    // SAFETY: plain FFI call with a value argument.
+    check(unsafe { cudaSetDevice(device as c_int) }, "cudaSetDevice")
+}
+
+/// A CUDA event; owned by one thread (raw pointers keep it `!Send`).
+struct Event(CudaEvent);
+
+impl Event {
+    fn new() -> Result<Self> {
+        let mut e = std::ptr::null_mut();
+        // SAFETY: `e` is a valid out-pointer.
+        check(unsafe { cudaEventCreateWithFlags(&mut e, EVENT_DISABLE_TIMING) }, "cudaEventCreate")?;
+        Ok(Event(e))
+    }
+}
+
+impl Drop for Event {
+    fn drop(&mut self) {
+        // SAFETY: the event was created by cudaEventCreateWithFlags and is destroyed once.
+        unsafe { cudaEventDestroy(self.0) };
+    }
+}
+
+/// A non-blocking side stream on one device for device-to-host copies.
+pub struct CopyStream {
+    stream: CudaStream,
+    device: usize,
+}
+
+impl CopyStream {
+    /// Creates the stream on `device` (made current for this thread).
+    pub fn new(device: usize) -> Result<Self> {
+        set_device(device)?;
+        let mut stream = std::ptr::null_mut();
+        // SAFETY: `stream` is a valid out-pointer. Non-blocking: the stream must not serialise
+        // with the legacy default stream libtorch computes on, or the copy would not overlap.
+        check(unsafe { cudaStreamCreateWithFlags(&mut stream, STREAM_NON_BLOCKING) }, "cudaStreamCreate")?;
+        Ok(CopyStream { stream, device })
+    }
+
+    /// Starts copying each CUDA tensor into a new pinned host tensor once all work queued so far
+    /// on libtorch's (default) stream is done; returns at once.
+    pub fn start(&self, tensors: Vec<Tensor>) -> Result<PendingCopy> {
+        let ready = Event::new()?;
+        // SAFETY: recording on the legacy default stream (null), which libtorch computes on.
+        check(unsafe { cudaEventRecord(ready.0, std::ptr::null_mut()) }, "cudaEventRecord")?;
+        // SAFETY: both handles are live.
+        check(unsafe { cudaStreamWaitEvent(self.stream, ready.0, 0) }, "cudaStreamWaitEvent")?;
+        let mut host = Vec::with_capacity(tensors.len());
+        let mut device = Vec::with_capacity(tensors.len());
+        for t in tensors {
+            let t = t.f_contiguous()?;
+            let h = Tensor::f_empty(t.size(), (t.kind(), tch::Device::Cpu))?.f_pin_memory(tch::Device::Cuda(self.device))?;
+            let bytes = t.numel() * t.kind().elt_size_in_bytes();
+            // SAFETY: `h` is a pinned host buffer of exactly `bytes` bytes and `t` a contiguous
+            // device tensor of the same size; both stay alive in the PendingCopy until the copy's
+            // completion event has been waited for, so the caching allocator cannot reuse them early.
+            check(
+                unsafe { cudaMemcpyAsync(h.data_ptr(), t.data_ptr(), bytes, MEMCPY_DEVICE_TO_HOST, self.stream) },
+                "cudaMemcpyAsync",
+            )?;
+            host.push(h);
+            device.push(t);
+        }
+        let done = Event::new()?;
+        // SAFETY: both handles are live.
+        check(unsafe { cudaEventRecord(done.0, self.stream) }, "cudaEventRecord")?;
+        Ok(PendingCopy { host, device, done: Some(done) })
+    }
+}
+
+impl Drop for CopyStream {
+    fn drop(&mut self) {
+        // SAFETY: created by cudaStreamCreateWithFlags and destroyed once.
+        unsafe { cudaStreamDestroy(self.stream) };
+    }
+}
+
+/// Host copies in flight (or, on CPU, already there).
+pub struct PendingCopy {
+    host: Vec<Tensor>,
+    device: Vec<Tensor>,
+    done: Option<Event>,
+}
+
+impl PendingCopy {
+    /// Tensors already in host memory (the CPU path): nothing to wait for.
+    pub fn ready(host: Vec<Tensor>) -> Self {
+        PendingCopy { host, device: vec![], done: None }
+    }
+
+    /// Blocks until the copies are complete and returns the host tensors.
+    pub fn wait(self) -> Result<Vec<Tensor>> {
+        if let Some(done) = &self.done {
+            // SAFETY: the event is live; synchronising only blocks this thread.
+            check(unsafe { cudaEventSynchronize(done.0) }, "cudaEventSynchronize")?;
+        }
+        drop(self.device);
+        Ok(self.host)
+    }
+}

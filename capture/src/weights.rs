@@ -1,0 +1,229 @@
+//! Safetensors checkpoints (one file or sharded with `model.safetensors.index.json`),
+//! memory-mapped, with each rank copying only its slice of a weight out of the map.
+use std::collections::{BTreeSet, HashMap};
+use std::fs::File;
+use std::path::{Path, PathBuf};
+
+use memmap2::Mmap;
+use safetensors::{Dtype, SafeTensors};
+use tch::{Device, Kind, Tensor};
+
+use crate::error::{CaptureError, Result};
+
+/// Which part of a weight a rank holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Shard {
+    /// The whole tensor (replicated on every rank).
+    Full,
+    /// Rank `rank` of `world` contiguous, equal parts of dimension `dim`.
+    Split {
+        /// Dimension split across ranks (0 = rows of a `[out, in]` weight).
+        dim: usize,
+        /// This rank.
+        rank: usize,
+        /// Number of ranks.
+        world: usize,
+    },
+    /// Rows `start..end` of dimension 0 (uneven splits such as a vocabulary).
+    Rows {
+        /// First row.
+        start: usize,
+        /// One past the last row.
+        end: usize,
+    },
+}
+
+struct MappedFile {
+    path: PathBuf,
+    map: Mmap,
+    data_start: usize,
+    infos: HashMap<String, safetensors::tensor::TensorInfo>,
+}
+
+/// A checkpoint directory's tensors, located by name, readable by slice.
+pub struct Weights {
+    dir: PathBuf,
+    files: Vec<MappedFile>,
+    by_name: HashMap<String, usize>,
+}
+
+impl Weights {
+    /// Maps `model.safetensors`, or every file named by `model.safetensors.index.json`.
+    pub fn open(dir: &Path) -> Result<Self> {
+        let index = dir.join("model.safetensors.index.json");
+        let names: Vec<String> = if index.exists() {
+            let text = std::fs::read_to_string(&index).map_err(|source| CaptureError::Io { path: index.clone(), source })?;
+            let v: serde_json::Value = serde_json::from_str(&text)
+                .map_err(|e| CaptureError::Safetensors { path: index.clone(), message: e.to_string() })?;
+            let map = v.get("weight_map").and_then(|m| m.as_object()).ok_or_else(|| CaptureError::Safetensors {
+                path: index.clone(),
+                message: "no \"weight_map\" object".into(),
+            })?;
+            let files: BTreeSet<String> = map.values().filter_map(|f| f.as_str().map(str::to_string)).collect();
+            files.into_iter().collect()
+        } else {
+            vec!["model.safetensors".to_string()]
+        };
+        let mut files = Vec::with_capacity(names.len());
+        let mut by_name = HashMap::new();
+        for name in names {
+            let path = dir.join(&name);
+            let file = File::open(&path).map_err(|source| CaptureError::Io { path: path.clone(), source })?;
+            // SAFETY: the map is read-only and the checkpoint is an input we never write; like every
+            // mmap-based loader we rely on nobody truncating the file while the model loads.
+            let map = unsafe { Mmap::map(&file) }.map_err(|source| CaptureError::Io { path: path.clone(), source })?;
+            let (header_len, meta) = SafeTensors::read_metadata(&map)
+                .map_err(|e| CaptureError::Safetensors { path: path.clone(), message: e.to_string() })?;
+            let infos: HashMap<String, _> =
+                meta.tensors().into_iter().map(|(k, v)| (k, v.clone())).collect();
+            for k in infos.keys() {
+                by_name.insert(k.clone(), files.len());
+            }
+            files.push(MappedFile { path, map, data_start: 8 + header_len, infos });
+        }
+        Ok(Weights { dir: dir.to_path_buf(), files, by_name })
+    }
+
+    fn info(&self, name: &str) -> Result<(&MappedFile, &safetensors::tensor::TensorInfo)> {
+        let missing = || CaptureError::MissingTensor {
+            name: name.to_string(),
+            dir: self.dir.clone(),
+            files: self
+                .files
+                .iter()
+                .map(|f| f.path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default())
+                .collect::<Vec<_>>()
+                .join(", "),
+        };
+        let file = &self.files[*self.by_name.get(name).ok_or_else(missing)?];
+        let info = file.infos.get(name).ok_or_else(missing)?;
+        Ok((file, info))
+    }
+
+    /// Checks that `name` exists with the full shape `expected` and a loadable dtype, reading no data.
+    pub fn check(&self, name: &str, expected: &[usize]) -> Result<()> {
+        let (_, info) = self.info(name)?;
+        if info.shape != expected {
+            return Err(CaptureError::WrongShape { name: name.into(), expected: expected.to_vec(), got: info.shape.clone() });
+        }
+        kind_of(name, info.dtype)?;
+        Ok(())
+    }
+
+    /// Copies this rank's slice of `name` (full shape `expected`) to `device` as `kind`.
+    pub fn load(&self, name: &str, expected: &[usize], shard: Shard, device: Device, kind: Kind) -> Result<Tensor> {
+        self.check(name, expected)?;
+        let (file, info) = self.info(name)?;
+        let stored = kind_of(name, info.dtype)?;
+        let es = stored.elt_size_in_bytes();
+        let bytes = &file.map[file.data_start + info.data_offsets.0..file.data_start + info.data_offsets.1];
+        let shape = &info.shape;
+        let (local_shape, data): (Vec<usize>, std::borrow::Cow<[u8]>) = match shard {
+            Shard::Full => (shape.clone(), bytes.into()),
+            Shard::Rows { start, end } => {
+                let row = shape[1..].iter().product::<usize>() * es;
+                let mut s = shape.clone();
+                s[0] = end - start;
+                (s, bytes[start * row..end * row].into())
+            }
+            Shard::Split { dim, rank, world } => {
+                let n = shape[dim];
+                if n % world != 0 {
+                    return Err(CaptureError::Option(format!(
+                        "tensor {name:?}: dimension {dim} of size {n} does not split into {world} equal parts"
+                    )));
+                }
+                let part = n / world;
+                // Everything after `dim` is one contiguous block per index of `dim`; everything
+                // before it repeats that layout, so a slice is `outer` runs of `part` blocks.
+                let inner = shape[dim + 1..].iter().product::<usize>() * es;
+                let outer: usize = shape[..dim].iter().product();
+                let mut out = Vec::with_capacity(outer * part * inner);
+                for o in 0..outer {
+                    let base = (o * n + rank * part) * inner;
+                    out.extend_from_slice(&bytes[base..base + part * inner]);
+                }
+                let mut s = shape.clone();
+                s[dim] = part;
+                (s, out.into())
+            }
+        };
+        let dims: Vec<i64> = local_shape.iter().map(|&d| d as i64).collect();
+        let t = Tensor::f_from_data_size(&data, &dims, stored)?;
+        Ok(t.f_to_device(device)?.f_to_kind(kind)?)
+    }
+}
+
+fn kind_of(name: &str, dtype: Dtype) -> Result<Kind> {
+    match dtype {
+        Dtype::BF16 => Ok(Kind::BFloat16),
+        Dtype::F16 => Ok(Kind::Half),
+        Dtype::F32 => Ok(Kind::Float),
+        other => Err(CaptureError::WrongDtype { name: name.into(), dtype: format!("{other:?}") }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use safetensors::tensor::TensorView;
+
+    fn write(dir: &Path, file: &str, tensors: &[(&str, Vec<usize>, Vec<f32>)]) {
+        let bytes: Vec<Vec<u8>> =
+            tensors.iter().map(|(_, _, v)| v.iter().flat_map(|x| x.to_le_bytes()).collect()).collect();
+        let views: Vec<(String, TensorView)> = tensors
+            .iter()
+            .zip(&bytes)
+            .map(|((n, s, _), b)| (n.to_string(), TensorView::new(Dtype::F32, s.clone(), b).unwrap()))
+            .collect();
+        safetensors::serialize_to_file(views, None, &dir.join(file)).unwrap();
+    }
+
+    fn values(t: &Tensor) -> Vec<f32> {
+        Vec::<f32>::try_from(t.flatten(0, -1)).unwrap()
+    }
+
+    #[test]
+    fn row_and_column_slices_match_narrow_of_the_full_tensor() {
+        let d = tempfile::tempdir().unwrap();
+        let v: Vec<f32> = (0..24).map(|x| x as f32).collect();
+        write(d.path(), "model.safetensors", &[("w", vec![4, 6], v)]);
+        let w = Weights::open(d.path()).unwrap();
+        let full = w.load("w", &[4, 6], Shard::Full, Device::Cpu, Kind::Float).unwrap();
+        for rank in 0..2 {
+            let rows = w.load("w", &[4, 6], Shard::Split { dim: 0, rank, world: 2 }, Device::Cpu, Kind::Float).unwrap();
+            assert_eq!(values(&rows), values(&full.narrow(0, 2 * rank as i64, 2)));
+            let cols = w.load("w", &[4, 6], Shard::Split { dim: 1, rank, world: 2 }, Device::Cpu, Kind::Float).unwrap();
+            assert_eq!(cols.size(), vec![4, 3]);
+            assert_eq!(values(&cols), values(&full.narrow(1, 3 * rank as i64, 3).contiguous()));
+        }
+        let rows = w.load("w", &[4, 6], Shard::Rows { start: 3, end: 4 }, Device::Cpu, Kind::Float).unwrap();
+        assert_eq!(values(&rows), (18..24).map(|x| x as f32).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn sharded_index_finds_tensors_in_every_file() {
+        let d = tempfile::tempdir().unwrap();
+        write(d.path(), "a.safetensors", &[("x", vec![2], vec![1.0, 2.0])]);
+        write(d.path(), "b.safetensors", &[("y", vec![1], vec![3.0])]);
+        std::fs::write(
+            d.path().join("model.safetensors.index.json"),
+            r#"{"metadata": {}, "weight_map": {"x": "a.safetensors", "y": "b.safetensors"}}"#,
+        )
+        .unwrap();
+        let w = Weights::open(d.path()).unwrap();
+        assert_eq!(values(&w.load("y", &[1], Shard::Full, Device::Cpu, Kind::Float).unwrap()), vec![3.0]);
+        assert_eq!(values(&w.load("x", &[2], Shard::Full, Device::Cpu, Kind::Float).unwrap()), vec![1.0, 2.0]);
+    }
+
+    #[test]
+    fn names_missing_tensor_and_wrong_shape() {
+        let d = tempfile::tempdir().unwrap();
+        write(d.path(), "model.safetensors", &[("w", vec![2, 2], vec![0.0; 4])]);
+        let w = Weights::open(d.path()).unwrap();
+        let e = w.check("v", &[2, 2]).unwrap_err().to_string();
+        assert!(e.contains("missing tensor \"v\"") && e.contains("model.safetensors"), "{e}");
+        let e = w.check("w", &[2, 3]).unwrap_err().to_string();
+        assert_eq!(e, "tensor \"w\" has shape [2, 2], expected [2, 3] from config.json");
+    }
+}
