@@ -56,7 +56,12 @@ pub enum StatKind {
 
 impl StatKind {
     /// All statistics, in column order.
-    pub const ALL: [StatKind; 4] = [StatKind::Norm, StatKind::MaxAbs, StatKind::NanCount, StatKind::InfCount];
+    pub const ALL: [StatKind; 4] = [
+        StatKind::Norm,
+        StatKind::MaxAbs,
+        StatKind::NanCount,
+        StatKind::InfCount,
+    ];
 
     fn suffix(self) -> &'static str {
         match self {
@@ -82,7 +87,11 @@ pub fn stat_column(p: CapturePoint, kind: StatKind) -> String {
 
 /// Names of every column of a dataset, in order.
 pub fn column_names(s: &DatasetSchema) -> Vec<String> {
-    s.to_arrow().fields().iter().map(|f| f.name().clone()).collect()
+    s.to_arrow()
+        .fields()
+        .iter()
+        .map(|f| f.name().clone())
+        .collect()
 }
 
 fn list_of(item: DataType) -> DataType {
@@ -100,7 +109,10 @@ impl DatasetSchema {
             layer: p.layer(),
             encoding: "byte_split".into(),
             byte_order: "little".into(),
-            scale_column: self.dtype.has_scales().then(|| format!("{}_scale", p.column())),
+            scale_column: self
+                .dtype
+                .has_scales()
+                .then(|| format!("{}_scale", p.column())),
         }
     }
 
@@ -150,7 +162,9 @@ impl DatasetSchema {
     pub fn from_arrow(a: &Schema) -> Result<Self, SchemaError> {
         let err = |m: String| SchemaError::Arrow(m);
         if let Some(v) = a.metadata().get(FORMAT_META_KEY) {
-            let v: u32 = v.parse().map_err(|_| err(format!("format version {v:?} is not a number")))?;
+            let v: u32 = v
+                .parse()
+                .map_err(|_| err(format!("format version {v:?} is not a number")))?;
             if v > FORMAT_VERSION {
                 return Err(err(format!(
                     "written in format version {v}; this build reads up to {FORMAT_VERSION}: upgrade hslake"
@@ -161,21 +175,32 @@ impl DatasetSchema {
             .metadata()
             .get(SCHEMA_META_KEY)
             .ok_or_else(|| err(format!("schema metadata has no {SCHEMA_META_KEY:?} key")))?;
-        let s: DatasetSchema = serde_json::from_str(json).map_err(|e| err(format!("{SCHEMA_META_KEY}: {e}")))?;
+        let s: DatasetSchema =
+            serde_json::from_str(json).map_err(|e| err(format!("{SCHEMA_META_KEY}: {e}")))?;
         s.check()?;
         for &p in &s.points {
             let f = a
                 .field_with_name(&p.column())
                 .map_err(|_| err(format!("missing tensor column {:?}", p.column())))?;
             if f.data_type() != &DataType::LargeBinary {
-                return Err(err(format!("column {:?} is {}, expected LargeBinary", p.column(), f.data_type())));
+                return Err(err(format!(
+                    "column {:?} is {}, expected LargeBinary",
+                    p.column(),
+                    f.data_type()
+                )));
             }
             let meta: TensorFieldMeta = f
                 .metadata()
                 .get(TENSOR_META_KEY)
-                .ok_or_else(|| err(format!("column {:?} has no {TENSOR_META_KEY:?} metadata", p.column())))
+                .ok_or_else(|| {
+                    err(format!(
+                        "column {:?} has no {TENSOR_META_KEY:?} metadata",
+                        p.column()
+                    ))
+                })
                 .and_then(|j| {
-                    serde_json::from_str(j).map_err(|e| err(format!("column {:?} metadata: {e}", p.column())))
+                    serde_json::from_str(j)
+                        .map_err(|e| err(format!("column {:?} metadata: {e}", p.column())))
                 })?;
             if meta != s.tensor_meta(p) {
                 return Err(err(format!(
@@ -242,7 +267,9 @@ mod tests {
         let a = schema(DType::Bf16).to_arrow();
         let mut md = a.metadata().clone();
         md.insert(FORMAT_META_KEY.into(), "99".into());
-        let err = DatasetSchema::from_arrow(&a.with_metadata(md)).unwrap_err().to_string();
+        let err = DatasetSchema::from_arrow(&a.with_metadata(md))
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("format version 99"), "{err}");
     }
 
@@ -255,7 +282,10 @@ mod tests {
             .map(|f| {
                 if f.name() == "layer_2" {
                     let mut md = f.metadata().clone();
-                    md.insert(TENSOR_META_KEY.into(), md[TENSOR_META_KEY].replace("7168", "512"));
+                    md.insert(
+                        TENSOR_META_KEY.into(),
+                        md[TENSOR_META_KEY].replace("7168", "512"),
+                    );
                     f.as_ref().clone().with_metadata(md)
                 } else {
                     f.as_ref().clone()
@@ -263,6 +293,9 @@ mod tests {
             })
             .collect();
         let b = Schema::new(fields).with_metadata(a.metadata().clone());
-        assert!(DatasetSchema::from_arrow(&b).unwrap_err().to_string().contains("\"layer_2\""));
+        assert!(DatasetSchema::from_arrow(&b)
+            .unwrap_err()
+            .to_string()
+            .contains("\"layer_2\""));
     }
 }

@@ -101,7 +101,9 @@ impl DatasetSchema {
     pub fn validate(&self, s: &Sample) -> Result<(), SchemaError> {
         let n = s.input_ids.len();
         if n == 0 {
-            return Err(SchemaError::Empty { sample_id: s.sample_id });
+            return Err(SchemaError::Empty {
+                sample_id: s.sample_id,
+            });
         }
         if s.loss_mask.len() != n {
             return Err(SchemaError::Length {
@@ -111,8 +113,11 @@ impl DatasetSchema {
                 got: s.loss_mask.len(),
             });
         }
-        if let Some((position, &token)) =
-            s.input_ids.iter().enumerate().find(|(_, &t)| t < 0 || t as usize >= self.vocab_size)
+        if let Some((position, &token)) = s
+            .input_ids
+            .iter()
+            .enumerate()
+            .find(|(_, &t)| t < 0 || t as usize >= self.vocab_size)
         {
             return Err(SchemaError::TokenOutOfRange {
                 sample_id: s.sample_id,
@@ -125,7 +130,12 @@ impl DatasetSchema {
             return Err(SchemaError::TensorCount {
                 sample_id: s.sample_id,
                 expected: self.points.len(),
-                names: self.points.iter().map(|p| p.column()).collect::<Vec<_>>().join(", "),
+                names: self
+                    .points
+                    .iter()
+                    .map(|p| p.column())
+                    .collect::<Vec<_>>()
+                    .join(", "),
                 got: s.tensors.len(),
             });
         }
@@ -140,7 +150,11 @@ impl DatasetSchema {
                 });
             }
             if t.dtype != self.dtype {
-                return Err(SchemaError::DType { point: p.label(), expected: self.dtype, got: t.dtype });
+                return Err(SchemaError::DType {
+                    point: p.label(),
+                    expected: self.dtype,
+                    got: t.dtype,
+                });
             }
             t.check_bytes(&p.label())?;
         }
@@ -159,7 +173,12 @@ impl DatasetSchema {
             if nan + inf > 0 {
                 match policy {
                     FinitePolicy::Error => {
-                        return Err(SchemaError::NonFinite { sample_id, point: p.label(), nan, inf })
+                        return Err(SchemaError::NonFinite {
+                            sample_id,
+                            point: p.label(),
+                            nan,
+                            inf,
+                        })
                     }
                     FinitePolicy::Skip => return Ok(false),
                     FinitePolicy::Record => {}
@@ -201,13 +220,21 @@ mod tests {
             61,
             1000,
             DType::Bf16,
-            points.iter().map(|&i| CapturePoint::LayerOutput(i)).collect(),
+            points
+                .iter()
+                .map(|&i| CapturePoint::LayerOutput(i))
+                .collect(),
         )
         .unwrap()
     }
 
     fn sample(n: usize, tensors: Vec<TensorData>) -> Sample {
-        Sample { sample_id: 7, input_ids: vec![1; n], loss_mask: vec![1; n], tensors }
+        Sample {
+            sample_id: 7,
+            input_ids: vec![1; n],
+            loss_mask: vec![1; n],
+            tensors,
+        }
     }
 
     #[test]
@@ -216,14 +243,22 @@ mod tests {
         let s = schema(7168, &[2, 30]);
         let ok = TensorData::zeros(DType::Bf16, vec![512, 7168]);
         let bad = TensorData::zeros(DType::Bf16, vec![512]);
-        let err = s.validate(&sample(512, vec![ok, bad])).unwrap_err().to_string();
-        assert!(err.starts_with("layer 30: expected shape [512, 7168], got [512]"), "{err}");
+        let err = s
+            .validate(&sample(512, vec![ok, bad]))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.starts_with("layer 30: expected shape [512, 7168], got [512]"),
+            "{err}"
+        );
     }
 
     #[test]
     fn rejects_shape_without_hidden_dim_and_hints_at_tp_shard() {
         let s = schema(8, &[2]);
-        let err = s.validate(&sample(3, vec![TensorData::zeros(DType::Bf16, vec![3, 4])])).unwrap_err();
+        let err = s
+            .validate(&sample(3, vec![TensorData::zeros(DType::Bf16, vec![3, 4])]))
+            .unwrap_err();
         assert!(err.to_string().contains("tensor-parallel shard"), "{err}");
     }
 
@@ -233,29 +268,57 @@ mod tests {
         let mut x = sample(3, vec![TensorData::zeros(DType::Bf16, vec![3, 4])]);
         x.loss_mask.pop();
         let err = s.validate(&x).unwrap_err().to_string();
-        assert_eq!(err, "sample 7: loss_mask has length 2, expected 3 (the length of input_ids)");
+        assert_eq!(
+            err,
+            "sample 7: loss_mask has length 2, expected 3 (the length of input_ids)"
+        );
     }
 
     #[test]
     fn rejects_wrong_dtype_and_token_out_of_vocab() {
         let s = schema(4, &[2]);
-        let err = s.validate(&sample(3, vec![TensorData::zeros(DType::F32, vec![3, 4])])).unwrap_err();
+        let err = s
+            .validate(&sample(3, vec![TensorData::zeros(DType::F32, vec![3, 4])]))
+            .unwrap_err();
         assert_eq!(err.to_string(), "layer 2: expected dtype bf16, got f32");
         let mut x = sample(3, vec![TensorData::zeros(DType::Bf16, vec![3, 4])]);
         x.input_ids[1] = 1000;
-        assert!(s.validate(&x).unwrap_err().to_string().contains("token id 1000 at position 1"));
+        assert!(s
+            .validate(&x)
+            .unwrap_err()
+            .to_string()
+            .contains("token id 1000 at position 1"));
     }
 
     #[test]
     fn rejects_layer_beyond_model_depth() {
-        let err = DatasetSchema::new("m", "a", 4, 30, 10, DType::Bf16, vec![CapturePoint::LayerOutput(30)])
-            .unwrap_err();
-        assert!(err.to_string().contains("layer 30 is out of range: the model has 30 decoder layers"));
+        let err = DatasetSchema::new(
+            "m",
+            "a",
+            4,
+            30,
+            10,
+            DType::Bf16,
+            vec![CapturePoint::LayerOutput(30)],
+        )
+        .unwrap_err();
+        assert!(err
+            .to_string()
+            .contains("layer 30 is out of range: the model has 30 decoder layers"));
     }
 
     #[test]
     fn fp8_requires_one_scale_per_token() {
-        let s = DatasetSchema::new("m", "a", 4, 3, 10, DType::Fp8E4m3, vec![CapturePoint::FinalNorm]).unwrap();
+        let s = DatasetSchema::new(
+            "m",
+            "a",
+            4,
+            3,
+            10,
+            DType::Fp8E4m3,
+            vec![CapturePoint::FinalNorm],
+        )
+        .unwrap();
         let mut t = TensorData::zeros(DType::Fp8E4m3, vec![3, 4]);
         t.scales = Some(vec![1.0; 2]);
         let err = s.validate(&sample(3, vec![t])).unwrap_err().to_string();
@@ -265,8 +328,14 @@ mod tests {
     #[test]
     fn finite_policy_errors_skips_or_records() {
         let s = schema(4, &[2]);
-        assert!(s.apply_finite_policy(1, [(1, 0)], FinitePolicy::Error).is_err());
-        assert!(!s.apply_finite_policy(1, [(1, 0)], FinitePolicy::Skip).unwrap());
-        assert!(s.apply_finite_policy(1, [(0, 2)], FinitePolicy::Record).unwrap());
+        assert!(s
+            .apply_finite_policy(1, [(1, 0)], FinitePolicy::Error)
+            .is_err());
+        assert!(!s
+            .apply_finite_policy(1, [(1, 0)], FinitePolicy::Skip)
+            .unwrap());
+        assert!(s
+            .apply_finite_policy(1, [(0, 2)], FinitePolicy::Record)
+            .unwrap());
     }
 }

@@ -52,7 +52,9 @@ impl DType {
     pub fn to_f32(self, bytes: &[u8], i: usize) -> f32 {
         match self {
             DType::Bf16 => bf16_bits_to_f32(u16::from_le_bytes([bytes[2 * i], bytes[2 * i + 1]])),
-            DType::F16 => half::f16::from_bits(u16::from_le_bytes([bytes[2 * i], bytes[2 * i + 1]])).to_f32(),
+            DType::F16 => {
+                half::f16::from_bits(u16::from_le_bytes([bytes[2 * i], bytes[2 * i + 1]])).to_f32()
+            }
             DType::F32 => f32::from_le_bytes(bytes[4 * i..4 * i + 4].try_into().expect("4 bytes")),
             DType::Fp8E4m3 => fp8_e4m3_to_f32(bytes[i]),
         }
@@ -73,7 +75,9 @@ impl FromStr for DType {
             "f16" | "fp16" | "float16" => Ok(DType::F16),
             "f32" | "fp32" | "float32" => Ok(DType::F32),
             "fp8_e4m3" | "fp8" | "float8_e4m3fn" | "e4m3" => Ok(DType::Fp8E4m3),
-            _ => Err(SchemaError::UnknownDType { name: s.to_string() }),
+            _ => Err(SchemaError::UnknownDType {
+                name: s.to_string(),
+            }),
         }
     }
 }
@@ -106,6 +110,33 @@ pub fn fp8_e4m3_to_f32(b: u8) -> f32 {
     }
 }
 
+/// Encode f32 as OCP fp8 e4m3fn, rounding to nearest (ties to even), saturating at ±448.
+pub fn f32_to_fp8_e4m3(x: f32) -> u8 {
+    if x.is_nan() {
+        return 0x7f;
+    }
+    let sign = if x.is_sign_negative() { 0x80u8 } else { 0 };
+    let a = x.abs();
+    if a >= 448.0 {
+        return sign | 0x7e;
+    }
+    let min_normal = 2f32.powi(-6);
+    if a < min_normal {
+        // Subnormals are multiples of 2^-9.
+        let m = (a / 2f32.powi(-9)).round_ties_even() as u8;
+        return sign | m.min(8);
+    }
+    let mut e = a.log2().floor() as i32;
+    let mut m = (a / 2f32.powi(e) - 1.0) * 8.0;
+    m = m.round_ties_even();
+    if m >= 8.0 {
+        e += 1;
+        m = 0.0;
+    }
+    let code = (((e + 7) as u8) << 3) | m as u8;
+    sign | code.min(0x7e)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -120,7 +151,10 @@ mod tests {
     #[test]
     fn rejects_unknown_dtype_with_the_list_of_known_ones() {
         let err = "int4".parse::<DType>().unwrap_err().to_string();
-        assert!(err.contains("\"int4\"") && err.contains("bf16, f16, f32, fp8_e4m3"), "{err}");
+        assert!(
+            err.contains("\"int4\"") && err.contains("bf16, f16, f32, fp8_e4m3"),
+            "{err}"
+        );
     }
 
     #[test]
@@ -131,6 +165,19 @@ mod tests {
         assert_eq!(fp8_e4m3_to_f32(0xb8), -1.0);
         assert_eq!(fp8_e4m3_to_f32(0x01), 2f32.powi(-9));
         assert!(fp8_e4m3_to_f32(0x7f).is_nan());
+    }
+
+    #[test]
+    fn fp8_e4m3_encoding_inverts_decoding_for_every_code() {
+        for b in 0u8..=255 {
+            if b & 0x7f == 0x7f {
+                continue;
+            }
+            let v = fp8_e4m3_to_f32(b);
+            let back = f32_to_fp8_e4m3(v);
+            assert_eq!(fp8_e4m3_to_f32(back), v, "code {b:#x}");
+        }
+        assert_eq!(f32_to_fp8_e4m3(1000.0), 0x7e);
     }
 
     #[test]

@@ -88,7 +88,9 @@ pub enum SchemaError {
         reason: ScaleReason,
     },
     /// NaN or Inf values under the `error` finiteness policy.
-    #[error("sample {sample_id} {point}: {nan} NaN and {inf} Inf values (finiteness policy is `error`)")]
+    #[error(
+        "sample {sample_id} {point}: {nan} NaN and {inf} Inf values (finiteness policy is `error`)"
+    )]
     NonFinite {
         /// The sample.
         sample_id: u64,

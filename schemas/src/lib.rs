@@ -27,9 +27,11 @@ mod point;
 mod sample;
 mod stats;
 
-pub use arrow_schema_conv::{column_names, stat_column, TensorFieldMeta, StatKind, TENSOR_META_KEY};
+pub use arrow_schema_conv::{
+    column_names, stat_column, StatKind, TensorFieldMeta, TENSOR_META_KEY,
+};
 pub use dataset::{DatasetSchema, FORMAT_VERSION};
-pub use dtype::{bf16_bits_to_f32, f32_to_bf16_bits, fp8_e4m3_to_f32, DType};
+pub use dtype::{bf16_bits_to_f32, f32_to_bf16_bits, f32_to_fp8_e4m3, fp8_e4m3_to_f32, DType};
 pub use error::SchemaError;
 pub use point::{CapturePoint, LAYER_CONVENTION};
 pub use sample::{FinitePolicy, Sample, TensorData};

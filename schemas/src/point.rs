@@ -64,13 +64,18 @@ impl fmt::Display for CapturePoint {
 impl FromStr for CapturePoint {
     type Err = SchemaError;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let bad = || SchemaError::UnknownCapturePoint { name: s.to_string() };
+        let bad = || SchemaError::UnknownCapturePoint {
+            name: s.to_string(),
+        };
         let t = s.trim();
         if t == "final_norm" {
             return Ok(CapturePoint::FinalNorm);
         }
         let digits = t.strip_prefix("layer_").unwrap_or(t);
-        digits.parse::<u32>().map(CapturePoint::LayerOutput).map_err(|_| bad())
+        digits
+            .parse::<u32>()
+            .map(CapturePoint::LayerOutput)
+            .map_err(|_| bad())
     }
 }
 
@@ -93,9 +98,18 @@ mod tests {
 
     #[test]
     fn parses_layer_names_and_bare_indices() {
-        assert_eq!("layer_30".parse::<CapturePoint>().unwrap(), CapturePoint::LayerOutput(30));
-        assert_eq!("2".parse::<CapturePoint>().unwrap(), CapturePoint::LayerOutput(2));
-        assert_eq!("final_norm".parse::<CapturePoint>().unwrap(), CapturePoint::FinalNorm);
+        assert_eq!(
+            "layer_30".parse::<CapturePoint>().unwrap(),
+            CapturePoint::LayerOutput(30)
+        );
+        assert_eq!(
+            "2".parse::<CapturePoint>().unwrap(),
+            CapturePoint::LayerOutput(2)
+        );
+        assert_eq!(
+            "final_norm".parse::<CapturePoint>().unwrap(),
+            CapturePoint::FinalNorm
+        );
     }
 
     #[test]

@@ -22,20 +22,37 @@ impl TensorData {
     /// A tensor of zeros (fp8 gets unit scales).
     pub fn zeros(dtype: DType, shape: Vec<usize>) -> Self {
         let n: usize = shape.iter().product();
-        let scales = dtype.has_scales().then(|| vec![1.0; shape.first().copied().unwrap_or(0)]);
-        TensorData { dtype, data: vec![0; n * dtype.size()], shape, scales }
+        let scales = dtype
+            .has_scales()
+            .then(|| vec![1.0; shape.first().copied().unwrap_or(0)]);
+        TensorData {
+            dtype,
+            data: vec![0; n * dtype.size()],
+            shape,
+            scales,
+        }
     }
 
     /// An f32 tensor from values.
     pub fn from_f32(values: &[f32], shape: Vec<usize>) -> Self {
         let data = values.iter().flat_map(|v| v.to_le_bytes()).collect();
-        TensorData { dtype: DType::F32, shape, data, scales: None }
+        TensorData {
+            dtype: DType::F32,
+            shape,
+            data,
+            scales: None,
+        }
     }
 
     /// A bf16 tensor from raw bits.
     pub fn from_bf16_bits(bits: &[u16], shape: Vec<usize>) -> Self {
         let data = bits.iter().flat_map(|v| v.to_le_bytes()).collect();
-        TensorData { dtype: DType::Bf16, shape, data, scales: None }
+        TensorData {
+            dtype: DType::Bf16,
+            shape,
+            data,
+            scales: None,
+        }
     }
 
     /// Number of elements.
@@ -73,11 +90,17 @@ impl TensorData {
         let reason = match (&self.scales, self.dtype.has_scales()) {
             (None, true) => Some(ScaleReason::Missing),
             (Some(_), false) => Some(ScaleReason::Unexpected),
-            (Some(s), true) if s.len() != tokens => Some(ScaleReason::Count { expected: tokens, got: s.len() }),
+            (Some(s), true) if s.len() != tokens => Some(ScaleReason::Count {
+                expected: tokens,
+                got: s.len(),
+            }),
             _ => None,
         };
         match reason {
-            Some(reason) => Err(SchemaError::Scales { point: point.to_string(), reason }),
+            Some(reason) => Err(SchemaError::Scales {
+                point: point.to_string(),
+                reason,
+            }),
             None => Ok(()),
         }
     }
@@ -123,7 +146,9 @@ impl FromStr for FinitePolicy {
             "error" => Ok(FinitePolicy::Error),
             "skip" => Ok(FinitePolicy::Skip),
             "record" => Ok(FinitePolicy::Record),
-            _ => Err(format!("unknown finiteness policy {s:?}; expected error, skip or record")),
+            _ => Err(format!(
+                "unknown finiteness policy {s:?}; expected error, skip or record"
+            )),
         }
     }
 }

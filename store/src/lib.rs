@@ -1,1 +1,46 @@
-pub fn x(){}
+//! hslake datasets on object storage: immutable Parquet shards, versioned manifests
+//! committed put-if-absent, pinned readers, verification, vacuum and copy.
+//!
+//! ```
+//! # tokio::runtime::Runtime::new().unwrap().block_on(async {
+//! use hslake_schemas::{CapturePoint, DType, DatasetSchema, Sample, TensorData};
+//! use hslake_store::{Dataset, DatasetReader, DatasetWriter, Provenance, WriterOptions};
+//!
+//! let schema = DatasetSchema::new("tiny", "LlamaForCausalLM", 4, 2, 100, DType::F32,
+//!     vec![CapturePoint::LayerOutput(1)]).unwrap();
+//! let ds = Dataset::create("memory://doc-example", schema, Provenance::default()).await.unwrap();
+//! let mut w = DatasetWriter::new(&ds, WriterOptions::default()).await.unwrap();
+//! let t = TensorData::from_f32(&[1.0; 8], vec![2, 4]);
+//! w.append(&Sample { sample_id: 0, input_ids: vec![5, 6], loss_mask: vec![0, 1], tensors: vec![t] })
+//!     .await.unwrap();
+//! assert_eq!(w.commit().await.unwrap(), Some(1));
+//! let r = DatasetReader::open(&ds, None).await.unwrap();
+//! assert_eq!(r.get_sample(0).await.unwrap().input_ids, vec![5, 6]);
+//! # });
+//! ```
+#![deny(missing_docs)]
+
+pub mod codec;
+mod copy;
+
+mod dataset;
+mod error;
+pub mod location;
+mod manifest;
+mod reader;
+pub mod shard_io;
+
+pub mod synth;
+mod vacuum;
+mod verify;
+mod writer;
+
+pub use dataset::Dataset;
+pub use error::{Result, StoreError};
+pub use manifest::{manifest_path, Manifest, Provenance, ShardEntry, DATA_DIR, VERSIONS_DIR};
+pub use reader::DatasetReader;
+
+pub use copy::{copy_dataset, CopyReport};
+pub use vacuum::{vacuum, VacuumReport};
+pub use verify::{verify, Problem, VerifyReport};
+pub use writer::{Appended, DatasetWriter, WriterOptions, WriterStats};

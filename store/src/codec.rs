@@ -1,0 +1,344 @@
+//! Samples to Arrow record batches and back: byte-split tensors, statistics columns.
+use std::sync::Arc;
+
+use arrow_array::builder::{LargeBinaryBuilder, ListBuilder, PrimitiveBuilder};
+use arrow_array::cast::AsArray;
+use arrow_array::types::{Int32Type, UInt64Type, UInt8Type};
+use arrow_array::{
+    ArrayRef, Float32Array, LargeBinaryArray, RecordBatch, UInt32Array, UInt64Array,
+};
+use arrow_schema::{DataType, Field, Schema};
+use hslake_schemas::{tensor_stats, DatasetSchema, Sample, StatKind, TensorData, TensorStats};
+
+use crate::{Result, StoreError};
+
+/// Byte-split a little-endian buffer of `elem_size`-byte values: byte 0 of every element,
+/// then byte 1 of every element, and so on. Exponent bytes end up together, which is what
+/// lets zstd find the redundancy in activations.
+pub fn split(data: &[u8], elem_size: usize) -> Vec<u8> {
+    let n = data.len() / elem_size;
+    let mut out = vec![0u8; data.len()];
+    match elem_size {
+        1 => out.copy_from_slice(data),
+        2 => {
+            let (lo, hi) = out.split_at_mut(n);
+            for ((l, h), v) in lo.iter_mut().zip(hi.iter_mut()).zip(data.chunks_exact(2)) {
+                *l = v[0];
+                *h = v[1];
+            }
+        }
+        k => {
+            for (i, v) in data.chunks_exact(k).enumerate() {
+                for (b, &byte) in v.iter().enumerate() {
+                    out[b * n + i] = byte;
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Inverse of [`split`], writing into `out` (same length as `split`).
+pub fn unsplit_into(split: &[u8], elem_size: usize, out: &mut [u8]) {
+    let n = split.len() / elem_size;
+    match elem_size {
+        1 => out.copy_from_slice(split),
+        2 => {
+            let (lo, hi) = split.split_at(n);
+            for ((o, &l), &h) in out.chunks_exact_mut(2).zip(lo).zip(hi) {
+                o[0] = l;
+                o[1] = h;
+            }
+        }
+        k => {
+            for (i, o) in out.chunks_exact_mut(k).enumerate() {
+                for (b, byte) in o.iter_mut().enumerate() {
+                    *byte = split[b * n + i];
+                }
+            }
+        }
+    }
+}
+
+/// Byte-split encoding of a tensor's values.
+pub fn encode_tensor(t: &TensorData) -> Vec<u8> {
+    split(&t.data, t.dtype.size())
+}
+
+/// A sample ready to be written: tensors split, statistics computed.
+#[derive(Debug, Clone)]
+pub struct EncodedSample {
+    /// The sample id.
+    pub sample_id: u64,
+    /// Token ids.
+    pub input_ids: Vec<i32>,
+    /// Loss mask.
+    pub loss_mask: Vec<u8>,
+    /// Byte-split tensors, in schema order.
+    pub tensors: Vec<Vec<u8>>,
+    /// Byte-split fp8 scales, in schema order.
+    pub scales: Vec<Option<Vec<u8>>>,
+    /// Statistics, in schema order.
+    pub stats: Vec<TensorStats>,
+}
+
+impl EncodedSample {
+    /// Encode a sample (already validated against the schema).
+    pub fn new(s: &Sample) -> Self {
+        EncodedSample {
+            sample_id: s.sample_id,
+            input_ids: s.input_ids.clone(),
+            loss_mask: s.loss_mask.clone(),
+            tensors: s.tensors.iter().map(encode_tensor).collect(),
+            scales: s
+                .tensors
+                .iter()
+                .map(|t| {
+                    t.scales.as_ref().map(|sc| {
+                        split(
+                            &sc.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<_>>(),
+                            4,
+                        )
+                    })
+                })
+                .collect(),
+            stats: s.tensors.iter().map(tensor_stats).collect(),
+        }
+    }
+
+    /// Uncompressed tensor bytes.
+    pub fn raw_bytes(&self) -> u64 {
+        self.tensors.iter().map(|t| t.len() as u64).sum()
+    }
+}
+
+/// Build one record batch of the dataset's Arrow schema from encoded samples.
+pub fn build_batch(
+    schema: &DatasetSchema,
+    arrow: &Arc<Schema>,
+    rows: &[EncodedSample],
+) -> Result<RecordBatch> {
+    let mut cols: Vec<ArrayRef> = vec![
+        Arc::new(UInt64Array::from_iter_values(
+            rows.iter().map(|r| r.sample_id),
+        )),
+        Arc::new(UInt32Array::from_iter_values(
+            rows.iter().map(|r| r.input_ids.len() as u32),
+        )),
+        Arc::new(UInt32Array::from_iter_values(
+            rows.iter()
+                .map(|r| r.loss_mask.iter().filter(|&&m| m != 0).count() as u32),
+        )),
+    ];
+    let item = |dt| Arc::new(Field::new("item", dt, false));
+    let mut ids =
+        ListBuilder::new(PrimitiveBuilder::<Int32Type>::new()).with_field(item(DataType::Int32));
+    let mut mask =
+        ListBuilder::new(PrimitiveBuilder::<UInt8Type>::new()).with_field(item(DataType::UInt8));
+    for r in rows {
+        ids.values().append_slice(&r.input_ids);
+        ids.append(true);
+        mask.values().append_slice(&r.loss_mask);
+        mask.append(true);
+    }
+    cols.push(Arc::new(ids.finish()));
+    cols.push(Arc::new(mask.finish()));
+    for (i, _) in schema.points.iter().enumerate() {
+        let bytes: usize = rows.iter().map(|r| r.tensors[i].len()).sum();
+        let mut b = LargeBinaryBuilder::with_capacity(rows.len(), bytes);
+        for r in rows {
+            b.append_value(&r.tensors[i]);
+        }
+        cols.push(Arc::new(b.finish()));
+        if schema.dtype.has_scales() {
+            let mut b = LargeBinaryBuilder::new();
+            for r in rows {
+                b.append_value(r.scales[i].as_deref().unwrap_or_default());
+            }
+            cols.push(Arc::new(b.finish()));
+        }
+        for k in StatKind::ALL {
+            let col: ArrayRef = match k {
+                StatKind::Norm => Arc::new(Float32Array::from_iter_values(
+                    rows.iter().map(|r| r.stats[i].mean_norm),
+                )),
+                StatKind::MaxAbs => Arc::new(Float32Array::from_iter_values(
+                    rows.iter().map(|r| r.stats[i].max_abs),
+                )),
+                StatKind::NanCount => Arc::new(UInt64Array::from_iter_values(
+                    rows.iter().map(|r| r.stats[i].nan_count),
+                )),
+                StatKind::InfCount => Arc::new(UInt64Array::from_iter_values(
+                    rows.iter().map(|r| r.stats[i].inf_count),
+                )),
+            };
+            cols.push(col);
+        }
+    }
+    RecordBatch::try_new(arrow.clone(), cols).map_err(|source| StoreError::Arrow {
+        context: "building a shard batch".into(),
+        source,
+    })
+}
+
+fn column<'a>(batch: &'a RecordBatch, name: &str, path: &str) -> Result<&'a ArrayRef> {
+    batch
+        .column_by_name(name)
+        .ok_or_else(|| StoreError::corrupt(path, format!("missing column {name:?}")))
+}
+
+/// Decode every row of a batch (all columns present) into samples.
+pub fn decode_samples(schema: &DatasetSchema, batch: &RecordBatch) -> Result<Vec<Sample>> {
+    decode_samples_from(schema, batch, "record batch")
+}
+
+/// Decode every row of a batch read from `path` (named in errors) into samples.
+pub fn decode_samples_from(
+    schema: &DatasetSchema,
+    batch: &RecordBatch,
+    path: &str,
+) -> Result<Vec<Sample>> {
+    let bad_type =
+        |name: &str| StoreError::corrupt(path, format!("column {name:?} has an unexpected type"));
+    let ids = column(batch, "sample_id", path)?
+        .as_primitive_opt::<UInt64Type>()
+        .ok_or_else(|| bad_type("sample_id"))?;
+    let toks = column(batch, "input_ids", path)?
+        .as_list_opt::<i32>()
+        .ok_or_else(|| bad_type("input_ids"))?;
+    let mask = column(batch, "loss_mask", path)?
+        .as_list_opt::<i32>()
+        .ok_or_else(|| bad_type("loss_mask"))?;
+    let mut tensor_cols = vec![];
+    for p in &schema.points {
+        let name = p.column();
+        let t = column(batch, &name, path)?
+            .as_binary_opt::<i64>()
+            .ok_or_else(|| bad_type(&name))?;
+        let sc = if schema.dtype.has_scales() {
+            let sname = format!("{name}_scale");
+            Some(
+                column(batch, &sname, path)?
+                    .as_binary_opt::<i64>()
+                    .ok_or_else(|| bad_type(&sname))?,
+            )
+        } else {
+            None
+        };
+        tensor_cols.push((*p, t, sc));
+    }
+    let mut out = Vec::with_capacity(batch.num_rows());
+    for row in 0..batch.num_rows() {
+        let sample_id = ids.value(row);
+        let input_ids = toks
+            .value(row)
+            .as_primitive_opt::<Int32Type>()
+            .ok_or_else(|| bad_type("input_ids"))?
+            .values()
+            .to_vec();
+        let loss_mask = mask
+            .value(row)
+            .as_primitive_opt::<UInt8Type>()
+            .ok_or_else(|| bad_type("loss_mask"))?
+            .values()
+            .to_vec();
+        let n = input_ids.len();
+        let mut tensors = Vec::with_capacity(tensor_cols.len());
+        for (p, col, sc) in &tensor_cols {
+            tensors.push(decode_tensor(
+                schema, *p, col, *sc, row, n, path, sample_id,
+            )?);
+        }
+        out.push(Sample {
+            sample_id,
+            input_ids,
+            loss_mask,
+            tensors,
+        });
+    }
+    Ok(out)
+}
+
+/// Decode one tensor value of a column, checking its byte length against `[seq_len, hidden]`.
+#[allow(clippy::too_many_arguments)]
+pub fn decode_tensor(
+    schema: &DatasetSchema,
+    point: hslake_schemas::CapturePoint,
+    col: &LargeBinaryArray,
+    scales: Option<&LargeBinaryArray>,
+    row: usize,
+    seq_len: usize,
+    path: &str,
+    sample_id: u64,
+) -> Result<TensorData> {
+    let dtype = schema.dtype;
+    let split_bytes = col.value(row);
+    let expected = seq_len * schema.hidden_size * dtype.size();
+    if split_bytes.len() != expected {
+        return Err(StoreError::corrupt(
+            path,
+            format!(
+                "row {row} (sample {sample_id}) {}: {} bytes, expected {expected} for shape [{seq_len}, {}] of {dtype}",
+                point.label(),
+                split_bytes.len(),
+                schema.hidden_size
+            ),
+        ));
+    }
+    let mut data = vec![0u8; expected];
+    unsplit_into(split_bytes, dtype.size(), &mut data);
+    let scales = match scales {
+        Some(sc) => {
+            let raw = sc.value(row);
+            if raw.len() != seq_len * 4 {
+                return Err(StoreError::corrupt(
+                    path,
+                    format!(
+                        "row {row} (sample {sample_id}) {} scales: {} bytes, expected {}",
+                        point.label(),
+                        raw.len(),
+                        seq_len * 4
+                    ),
+                ));
+            }
+            let mut b = vec![0u8; raw.len()];
+            unsplit_into(raw, 4, &mut b);
+            Some(
+                b.chunks_exact(4)
+                    .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                    .collect(),
+            )
+        }
+        None => None,
+    };
+    Ok(TensorData {
+        dtype,
+        shape: vec![seq_len, schema.hidden_size],
+        data,
+        scales,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn split_and_unsplit_are_inverse_for_every_width() {
+        for k in [1usize, 2, 4] {
+            let data: Vec<u8> = (0..(k * 37)).map(|i| (i * 31 % 251) as u8).collect();
+            let s = split(&data, k);
+            let mut back = vec![0; data.len()];
+            unsplit_into(&s, k, &mut back);
+            assert_eq!(back, data);
+        }
+    }
+
+    #[test]
+    fn split_groups_high_bytes_of_bf16() {
+        assert_eq!(
+            split(&[0x11, 0xaa, 0x22, 0xbb], 2),
+            vec![0x11, 0x22, 0xaa, 0xbb]
+        );
+    }
+}

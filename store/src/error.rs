@@ -1,0 +1,148 @@
+use hslake_schemas::SchemaError;
+use thiserror::Error;
+
+/// Everything a store operation can fail with; each names the dataset, file or sample.
+#[derive(Debug, Error)]
+#[non_exhaustive]
+pub enum StoreError {
+    /// The URL cannot address a dataset.
+    #[error("{url}: not a dataset URL: {reason}")]
+    InvalidUrl {
+        /// The URL given.
+        url: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// No committed manifest at this location.
+    #[error("{url}: not an hslake dataset (no manifest under _hslake/versions/)")]
+    NotADataset {
+        /// The dataset URL.
+        url: String,
+    },
+    /// `create` on a location that already holds a dataset.
+    #[error("{url}: a dataset already exists here")]
+    AlreadyExists {
+        /// The dataset URL.
+        url: String,
+    },
+    /// A version that was never committed.
+    #[error("{url}: version {version} does not exist (latest is {latest})")]
+    VersionNotFound {
+        /// The dataset URL.
+        url: String,
+        /// The version asked for.
+        version: u64,
+        /// The newest committed version.
+        latest: u64,
+    },
+    /// A manifest written by a newer hslake.
+    #[error("{path}: manifest format version {found} is newer than this build supports ({supported}); upgrade hslake")]
+    NewerFormat {
+        /// The manifest file.
+        path: String,
+        /// Its format version.
+        found: u32,
+        /// The newest this build reads.
+        supported: u32,
+    },
+    /// An existing dataset whose schema differs from the one expected.
+    #[error("{url}: dataset schema differs from the one requested: {detail}")]
+    SchemaMismatch {
+        /// The dataset URL.
+        url: String,
+        /// What differs.
+        detail: String,
+    },
+    /// A sample that does not fit the dataset schema.
+    #[error("sample {sample_id}: {source}")]
+    InvalidSample {
+        /// The sample.
+        sample_id: u64,
+        /// What is wrong.
+        source: SchemaError,
+    },
+    /// A schema that is wrong in itself.
+    #[error(transparent)]
+    Schema(#[from] SchemaError),
+    /// Commits kept conflicting with other writers.
+    #[error(
+        "{url}: could not commit after {attempts} attempts; other writers kept committing first"
+    )]
+    CommitContention {
+        /// The dataset URL.
+        url: String,
+        /// Attempts made.
+        attempts: u32,
+    },
+    /// A sample id that no shard holds.
+    #[error("{url}: sample {sample_id} is not in version {version}")]
+    SampleNotFound {
+        /// The dataset URL.
+        url: String,
+        /// The id.
+        sample_id: u64,
+        /// The pinned version.
+        version: u64,
+    },
+    /// A file whose contents are not what its manifest or format promises.
+    #[error("{path}: {reason}")]
+    Corrupt {
+        /// The file.
+        path: String,
+        /// What is wrong.
+        reason: String,
+    },
+    /// Object storage failed.
+    #[error("{path}: {source}")]
+    ObjectStore {
+        /// The object.
+        path: String,
+        /// The storage error.
+        source: object_store::Error,
+    },
+    /// Parquet encoding or decoding failed.
+    #[error("{path}: parquet: {source}")]
+    Parquet {
+        /// The shard.
+        path: String,
+        /// The parquet error.
+        source: parquet::errors::ParquetError,
+    },
+    /// Arrow failed while building or slicing batches.
+    #[error("{context}: arrow: {source}")]
+    Arrow {
+        /// What was being done.
+        context: String,
+        /// The arrow error.
+        source: arrow_schema::ArrowError,
+    },
+    /// A writer used after it failed or was closed.
+    #[error("{0}")]
+    Usage(String),
+}
+
+impl StoreError {
+    pub(crate) fn os(path: impl ToString, source: object_store::Error) -> Self {
+        StoreError::ObjectStore {
+            path: path.to_string(),
+            source,
+        }
+    }
+
+    pub(crate) fn pq(path: impl ToString, source: parquet::errors::ParquetError) -> Self {
+        StoreError::Parquet {
+            path: path.to_string(),
+            source,
+        }
+    }
+
+    pub(crate) fn corrupt(path: impl ToString, reason: impl Into<String>) -> Self {
+        StoreError::Corrupt {
+            path: path.to_string(),
+            reason: reason.into(),
+        }
+    }
+}
+
+/// Result of store operations.
+pub type Result<T, E = StoreError> = std::result::Result<T, E>;

@@ -1,0 +1,255 @@
+//! Reading one pinned version: footers, row groups, single samples, scans.
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use arrow_array::cast::AsArray;
+use arrow_array::types::UInt64Type;
+use arrow_array::RecordBatch;
+use futures::stream::{self, BoxStream};
+use futures::{StreamExt, TryStreamExt};
+use hslake_schemas::{DatasetSchema, Sample};
+use parquet::arrow::arrow_reader::{ArrowReaderMetadata, ArrowReaderOptions};
+use parquet::arrow::{ParquetRecordBatchStreamBuilder, ProjectionMask};
+use parquet::file::metadata::{PageIndexPolicy, ParquetMetaData};
+use parquet::file::statistics::Statistics;
+
+use crate::codec::decode_samples_from;
+use crate::manifest::Manifest;
+use crate::shard_io::{IoCounter, ShardFile};
+use crate::{Dataset, Result, StoreError};
+
+/// A reader pinned to one committed version; footers are cached after first use.
+#[derive(Clone)]
+pub struct DatasetReader {
+    ds: Dataset,
+    manifest: Arc<Manifest>,
+    footers: Arc<Mutex<HashMap<usize, ArrowReaderMetadata>>>,
+    io: Arc<IoCounter>,
+}
+
+impl DatasetReader {
+    /// Pin a version (`None`: the newest).
+    pub async fn open(ds: &Dataset, version: Option<u64>) -> Result<Self> {
+        let manifest = Arc::new(ds.manifest(version).await?);
+        Ok(DatasetReader {
+            ds: ds.clone(),
+            manifest,
+            footers: Default::default(),
+            io: Default::default(),
+        })
+    }
+
+    /// The pinned manifest.
+    pub fn manifest(&self) -> &Manifest {
+        &self.manifest
+    }
+
+    /// The dataset schema.
+    pub fn schema(&self) -> &DatasetSchema {
+        &self.manifest.schema
+    }
+
+    /// The dataset.
+    pub fn dataset(&self) -> &Dataset {
+        &self.ds
+    }
+
+    fn shown(&self, shard: usize) -> String {
+        format!("{}/{}", self.ds.url(), self.manifest.shards[shard].path)
+    }
+
+    /// Bytes and requests fetched from storage by this reader and its clones.
+    pub fn io(&self) -> (u64, u64) {
+        self.io.get()
+    }
+
+    fn object_reader(&self, shard: usize) -> Result<ShardFile> {
+        let entry = self.manifest.shards.get(shard).ok_or_else(|| {
+            StoreError::Usage(format!(
+                "shard {shard} out of range: version has {}",
+                self.manifest.shards.len()
+            ))
+        })?;
+        Ok(ShardFile::new(
+            self.ds.object_store(),
+            self.ds.object_path(&entry.path),
+            entry.bytes,
+            self.io.clone(),
+        ))
+    }
+
+    async fn arrow_metadata(&self, shard: usize) -> Result<ArrowReaderMetadata> {
+        if let Some(m) = self
+            .footers
+            .lock()
+            .ok()
+            .and_then(|f| f.get(&shard).cloned())
+        {
+            return Ok(m);
+        }
+        let mut r = self.object_reader(shard)?;
+        let m = ArrowReaderMetadata::load_async(
+            &mut r,
+            ArrowReaderOptions::new().with_page_index_policy(PageIndexPolicy::Skip),
+        )
+        .await
+        .map_err(|e| StoreError::pq(self.shown(shard), e))?;
+        if let Ok(mut f) = self.footers.lock() {
+            f.insert(shard, m.clone());
+        }
+        Ok(m)
+    }
+
+    /// The Parquet footer of a shard (cached).
+    pub async fn shard_metadata(&self, shard: usize) -> Result<Arc<ParquetMetaData>> {
+        Ok(self.arrow_metadata(shard).await?.metadata().clone())
+    }
+
+    /// Read one row group, optionally only some columns, as one batch.
+    pub async fn read_row_group(
+        &self,
+        shard: usize,
+        row_group: usize,
+        columns: Option<&[String]>,
+    ) -> Result<RecordBatch> {
+        let meta = self.arrow_metadata(shard).await?;
+        let shown = self.shown(shard);
+        let rg_count = meta.metadata().num_row_groups();
+        if row_group >= rg_count {
+            return Err(StoreError::corrupt(
+                &shown,
+                format!("row group {row_group} out of range: file has {rg_count}"),
+            ));
+        }
+        let rows = meta.metadata().row_group(row_group).num_rows().max(1) as usize;
+        let arrow = meta.schema().clone();
+        let mask =
+            match columns {
+                None => ProjectionMask::all(),
+                Some(cols) => {
+                    let mut idx = Vec::with_capacity(cols.len());
+                    for c in cols {
+                        idx.push(arrow.index_of(c).map_err(|_| {
+                            StoreError::corrupt(&shown, format!("no column {c:?}"))
+                        })?);
+                    }
+                    ProjectionMask::roots(meta.parquet_schema(), idx)
+                }
+            };
+        let stream =
+            ParquetRecordBatchStreamBuilder::new_with_metadata(self.object_reader(shard)?, meta)
+                .with_row_groups(vec![row_group])
+                .with_projection(mask)
+                .with_batch_size(rows)
+                .build()
+                .map_err(|e| StoreError::pq(&shown, e))?;
+        let batches: Vec<RecordBatch> = stream
+            .try_collect()
+            .await
+            .map_err(|e| StoreError::pq(&shown, e))?;
+        match batches.len() {
+            1 => Ok(batches.into_iter().next().expect("one batch")),
+            0 => Err(StoreError::corrupt(
+                &shown,
+                format!("row group {row_group} yielded no rows"),
+            )),
+            _ => {
+                let schema = batches[0].schema();
+                arrow_select_concat(&schema, &batches, &shown)
+            }
+        }
+    }
+
+    /// Fetch one sample by id: the footer (cached) says which row group holds it, then one
+    /// ranged read of that row group.
+    pub async fn get_sample(&self, sample_id: u64) -> Result<Sample> {
+        for (i, s) in self.manifest.shards.iter().enumerate() {
+            if sample_id < s.min_sample_id || sample_id > s.max_sample_id {
+                continue;
+            }
+            let meta = self.shard_metadata(i).await?;
+            for rg in 0..meta.num_row_groups() {
+                let may_hold = match meta.row_group(rg).column(0).statistics() {
+                    Some(Statistics::Int64(st)) => match (st.min_opt(), st.max_opt()) {
+                        (Some(&lo), Some(&hi)) => {
+                            (lo as u64) <= sample_id && sample_id <= (hi as u64)
+                        }
+                        _ => true,
+                    },
+                    _ => true,
+                };
+                if !may_hold {
+                    continue;
+                }
+                let batch = self.read_row_group(i, rg, None).await?;
+                let ids = batch.column(0).as_primitive::<UInt64Type>();
+                if let Some(row) = ids.values().iter().position(|&x| x == sample_id) {
+                    let one = batch.slice(row, 1);
+                    let mut v = decode_samples_from(self.schema(), &one, &self.shown(i))?;
+                    return v
+                        .pop()
+                        .ok_or_else(|| StoreError::corrupt(self.shown(i), "empty row"));
+                }
+            }
+        }
+        Err(StoreError::SampleNotFound {
+            url: self.ds.url().to_string(),
+            sample_id,
+            version: self.manifest.version,
+        })
+    }
+
+    /// Every sample id in the version, in shard order; reads only the `sample_id` columns.
+    pub async fn sample_ids(&self) -> Result<Vec<u64>> {
+        let mut out = Vec::with_capacity(self.manifest.num_samples() as usize);
+        let cols = ["sample_id".to_string()];
+        for (i, s) in self.manifest.shards.iter().enumerate() {
+            for rg in 0..s.row_groups.len() {
+                let b = self.read_row_group(i, rg, Some(&cols)).await?;
+                out.extend_from_slice(b.column(0).as_primitive::<UInt64Type>().values());
+            }
+        }
+        Ok(out)
+    }
+
+    /// Stream every row group of the version in order, optionally projected.
+    pub fn scan(&self, columns: Option<Vec<String>>) -> BoxStream<'static, Result<RecordBatch>> {
+        let me = self.clone();
+        let units: Vec<(usize, usize)> = self
+            .manifest
+            .shards
+            .iter()
+            .enumerate()
+            .flat_map(|(i, s)| (0..s.row_groups.len()).map(move |rg| (i, rg)))
+            .collect();
+        stream::iter(units)
+            .then(move |(i, rg)| {
+                let me = me.clone();
+                let cols = columns.clone();
+                async move { me.read_row_group(i, rg, cols.as_deref()).await }
+            })
+            .boxed()
+    }
+}
+
+fn arrow_select_concat(
+    schema: &arrow_schema::SchemaRef,
+    batches: &[RecordBatch],
+    shown: &str,
+) -> Result<RecordBatch> {
+    let mut cols = vec![];
+    for c in 0..schema.fields().len() {
+        let parts: Vec<&dyn arrow_array::Array> =
+            batches.iter().map(|b| b.column(c).as_ref()).collect();
+        cols.push(
+            arrow_select::concat::concat(&parts).map_err(|source| StoreError::Arrow {
+                context: shown.to_string(),
+                source,
+            })?,
+        );
+    }
+    RecordBatch::try_new(schema.clone(), cols).map_err(|source| StoreError::Arrow {
+        context: shown.to_string(),
+        source,
+    })
+}

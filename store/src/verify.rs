@@ -1,0 +1,293 @@
+//! Checking a version end to end: every shard's size, checksum, schema, row counts and the
+//! shape of every tensor, naming the file and row of each problem.
+use std::fmt;
+
+use arrow_array::cast::AsArray;
+use arrow_array::types::{UInt32Type, UInt64Type};
+use arrow_array::{Array, RecordBatch};
+use bytes::Bytes;
+use hslake_schemas::DatasetSchema;
+use object_store::ObjectStoreExt;
+use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+
+use crate::manifest::ShardEntry;
+use crate::{Dataset, Result};
+
+/// One thing wrong with a dataset.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Problem {
+    /// The file (URL of the shard).
+    pub file: String,
+    /// The row within the shard, where one row is at fault.
+    pub row: Option<u64>,
+    /// What is wrong.
+    pub message: String,
+}
+
+impl fmt::Display for Problem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.row {
+            Some(r) => write!(f, "{}: row {r}: {}", self.file, self.message),
+            None => write!(f, "{}: {}", self.file, self.message),
+        }
+    }
+}
+
+/// What `verify` checked and found.
+#[derive(Debug, Clone, Default)]
+pub struct VerifyReport {
+    /// The version checked.
+    pub version: u64,
+    /// Shards checked.
+    pub shards: usize,
+    /// Samples checked.
+    pub samples: u64,
+    /// Bytes read.
+    pub bytes: u64,
+    /// Every problem found.
+    pub problems: Vec<Problem>,
+}
+
+impl VerifyReport {
+    /// True when nothing is wrong.
+    pub fn is_clean(&self) -> bool {
+        self.problems.is_empty()
+    }
+}
+
+/// Verify a version (`None`: the newest). `on_shard` is called after each shard with its bytes.
+pub async fn verify(
+    ds: &Dataset,
+    version: Option<u64>,
+    mut on_shard: impl FnMut(u64),
+) -> Result<VerifyReport> {
+    let m = ds.manifest(version).await?;
+    let mut report = VerifyReport {
+        version: m.version,
+        shards: m.shards.len(),
+        ..Default::default()
+    };
+    let store = ds.object_store();
+    for entry in &m.shards {
+        let file = format!("{}/{}", ds.url(), entry.path);
+        let mut problem = |row: Option<u64>, message: String| {
+            report.problems.push(Problem {
+                file: file.clone(),
+                row,
+                message,
+            })
+        };
+        let bytes = match store.get(&ds.object_path(&entry.path)).await {
+            Ok(r) => match r.bytes().await {
+                Ok(b) => b,
+                Err(e) => {
+                    problem(None, format!("cannot be read: {e}"));
+                    continue;
+                }
+            },
+            Err(object_store::Error::NotFound { .. }) => {
+                problem(
+                    None,
+                    "missing: named by the manifest but not in storage".into(),
+                );
+                continue;
+            }
+            Err(e) => {
+                problem(None, format!("cannot be read: {e}"));
+                continue;
+            }
+        };
+        report.bytes += bytes.len() as u64;
+        on_shard(bytes.len() as u64);
+        if bytes.len() as u64 != entry.bytes {
+            problem(
+                None,
+                format!(
+                    "file is {} bytes, the manifest says {} (truncated or replaced)",
+                    bytes.len(),
+                    entry.bytes
+                ),
+            );
+        }
+        let crc = crc32c::crc32c(&bytes);
+        if crc != entry.crc32c {
+            problem(
+                None,
+                format!(
+                    "checksum mismatch: crc32c {crc:08x}, the manifest says {:08x}",
+                    entry.crc32c
+                ),
+            );
+        }
+        let found = check_contents(&m.schema, entry, bytes, &mut problem);
+        report.samples += found;
+    }
+    Ok(report)
+}
+
+/// Decode a shard and check schema, counts and every tensor's size; returns rows seen.
+fn check_contents(
+    schema: &DatasetSchema,
+    entry: &ShardEntry,
+    bytes: Bytes,
+    problem: &mut impl FnMut(Option<u64>, String),
+) -> u64 {
+    let builder = match ParquetRecordBatchReaderBuilder::try_new(bytes) {
+        Ok(b) => b,
+        Err(e) => {
+            problem(None, format!("not a readable Parquet file: {e}"));
+            return 0;
+        }
+    };
+    match DatasetSchema::from_arrow(builder.schema()) {
+        Ok(s) if &s == schema => {}
+        Ok(_) => problem(
+            None,
+            "file schema differs from the manifest's dataset schema".into(),
+        ),
+        Err(e) => problem(None, e.to_string()),
+    }
+    let rgs: Vec<u64> = builder
+        .metadata()
+        .row_groups()
+        .iter()
+        .map(|r| r.num_rows() as u64)
+        .collect();
+    if rgs != entry.row_groups {
+        problem(
+            None,
+            format!(
+                "row groups hold {rgs:?} rows, the manifest says {:?}",
+                entry.row_groups
+            ),
+        );
+    }
+    let reader = match builder.with_batch_size(1024).build() {
+        Ok(r) => r,
+        Err(e) => {
+            problem(None, format!("cannot be decoded: {e}"));
+            return 0;
+        }
+    };
+    let mut row0 = 0u64;
+    for batch in reader {
+        match batch {
+            Ok(b) => {
+                check_batch(schema, entry, &b, row0, problem);
+                row0 += b.num_rows() as u64;
+            }
+            Err(e) => {
+                problem(Some(row0), format!("cannot be decoded: {e}"));
+                return row0;
+            }
+        }
+    }
+    if row0 != entry.rows {
+        problem(
+            None,
+            format!("holds {row0} rows, the manifest says {}", entry.rows),
+        );
+    }
+    row0
+}
+
+fn check_batch(
+    schema: &DatasetSchema,
+    entry: &ShardEntry,
+    b: &RecordBatch,
+    row0: u64,
+    problem: &mut impl FnMut(Option<u64>, String),
+) {
+    let (Some(ids), Some(seq), Some(toks), Some(mask)) = (
+        b.column_by_name("sample_id")
+            .and_then(|c| c.as_primitive_opt::<UInt64Type>()),
+        b.column_by_name("seq_len")
+            .and_then(|c| c.as_primitive_opt::<UInt32Type>()),
+        b.column_by_name("input_ids")
+            .and_then(|c| c.as_list_opt::<i32>()),
+        b.column_by_name("loss_mask")
+            .and_then(|c| c.as_list_opt::<i32>()),
+    ) else {
+        problem(
+            None,
+            "missing or mistyped sample_id/seq_len/input_ids/loss_mask columns".into(),
+        );
+        return;
+    };
+    let elem = schema.dtype.size();
+    for r in 0..b.num_rows() {
+        let row = Some(row0 + r as u64);
+        let id = ids.value(r);
+        if id < entry.min_sample_id || id > entry.max_sample_id {
+            problem(
+                row,
+                format!(
+                    "sample {id} outside the manifest's range {}..={}",
+                    entry.min_sample_id, entry.max_sample_id
+                ),
+            );
+        }
+        let n = seq.value(r) as usize;
+        let (nt, nm) = (toks.value_length(r) as usize, mask.value_length(r) as usize);
+        if nt != n || nm != n {
+            problem(
+                row,
+                format!("sample {id}: seq_len {n}, input_ids {nt}, loss_mask {nm} tokens"),
+            );
+        }
+        for p in &schema.points {
+            let name = p.column();
+            let Some(col) = b
+                .column_by_name(&name)
+                .and_then(|c| c.as_binary_opt::<i64>())
+            else {
+                problem(None, format!("missing or mistyped tensor column {name:?}"));
+                return;
+            };
+            if col.is_null(r) {
+                problem(row, format!("sample {id} {}: null tensor", p.label()));
+                continue;
+            }
+            let got = col.value(r).len();
+            let want = n * schema.hidden_size * elem;
+            if got != want {
+                let got_shape = if got % (schema.hidden_size * elem) == 0 {
+                    format!(
+                        "[{}, {}]",
+                        got / (schema.hidden_size * elem),
+                        schema.hidden_size
+                    )
+                } else {
+                    format!("{} elements", got / elem)
+                };
+                problem(
+                    row,
+                    format!(
+                        "sample {id} {}: expected shape [{n}, {}], got {got_shape}",
+                        p.label(),
+                        schema.hidden_size
+                    ),
+                );
+            }
+            if schema.dtype.has_scales() {
+                let sname = format!("{name}_scale");
+                match b
+                    .column_by_name(&sname)
+                    .and_then(|c| c.as_binary_opt::<i64>())
+                {
+                    Some(sc) if sc.value(r).len() == n * 4 => {}
+                    Some(sc) => problem(
+                        row,
+                        format!(
+                            "sample {id} {}: {} scale bytes, expected {}",
+                            p.label(),
+                            sc.value(r).len(),
+                            n * 4
+                        ),
+                    ),
+                    None => problem(None, format!("missing scale column {sname:?}")),
+                }
+            }
+        }
+    }
+}

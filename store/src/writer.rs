@@ -1,0 +1,363 @@
+//! Appending samples to a dataset: validation, encoding, shard rolling, atomic commits.
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+
+use bytes::Bytes;
+use futures::future::BoxFuture;
+use futures::FutureExt;
+use hslake_schemas::{DatasetSchema, FinitePolicy, Sample, SchemaError};
+use object_store::buffered::BufWriter;
+use object_store::ObjectStoreExt;
+use parquet::arrow::async_writer::AsyncFileWriter;
+use parquet::arrow::AsyncArrowWriter;
+use parquet::basic::{Compression, ZstdLevel};
+use parquet::file::properties::{EnabledStatistics, WriterProperties};
+use parquet::schema::types::ColumnPath;
+
+use crate::codec::{build_batch, EncodedSample};
+use crate::manifest::{ShardEntry, DATA_DIR};
+use crate::{Dataset, Result, StoreError};
+
+/// How a writer lays out shards.
+#[derive(Debug, Clone, Copy)]
+pub struct WriterOptions {
+    /// A shard is closed once its file reaches this many bytes.
+    pub shard_target_bytes: u64,
+    /// A row group is written once this many raw tensor bytes are buffered.
+    pub row_group_target_bytes: u64,
+    /// zstd level of every column.
+    pub zstd_level: i32,
+    /// What to do with NaN/Inf.
+    pub finite_policy: FinitePolicy,
+}
+
+impl Default for WriterOptions {
+    fn default() -> Self {
+        WriterOptions {
+            shard_target_bytes: 256 << 20,
+            row_group_target_bytes: 32 << 20,
+            zstd_level: 1,
+            finite_policy: FinitePolicy::Error,
+        }
+    }
+}
+
+/// What `append` did with a sample.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Appended {
+    /// Buffered for the next commit.
+    Written,
+    /// Left out under [`FinitePolicy::Skip`].
+    Skipped,
+}
+
+/// Counters of a writer since it was made.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct WriterStats {
+    /// Samples appended (not skipped).
+    pub samples: u64,
+    /// Tokens appended.
+    pub tokens: u64,
+    /// Raw tensor bytes appended.
+    pub raw_bytes: u64,
+    /// Shard bytes written (closed shards).
+    pub written_bytes: u64,
+    /// Samples skipped for NaN/Inf.
+    pub skipped: u64,
+    /// Versions committed.
+    pub commits: u64,
+}
+
+/// Running CRC-32C and length of the bytes passed to the object writer.
+#[derive(Debug, Default)]
+struct Digest {
+    crc: u32,
+    bytes: u64,
+}
+
+struct DigestWriter {
+    inner: BufWriter,
+    digest: Arc<Mutex<Digest>>,
+}
+
+impl AsyncFileWriter for DigestWriter {
+    fn write(&mut self, bs: Bytes) -> BoxFuture<'_, parquet::errors::Result<()>> {
+        if let Ok(mut d) = self.digest.lock() {
+            d.crc = crc32c::crc32c_append(d.crc, &bs);
+            d.bytes += bs.len() as u64;
+        }
+        AsyncFileWriter::write(&mut self.inner, bs)
+    }
+
+    fn complete(&mut self) -> BoxFuture<'_, parquet::errors::Result<()>> {
+        AsyncFileWriter::complete(&mut self.inner).boxed()
+    }
+}
+
+struct OpenShard {
+    rel: String,
+    writer: AsyncArrowWriter<DigestWriter>,
+    digest: Arc<Mutex<Digest>>,
+    rows: u64,
+    tokens: u64,
+    raw: u64,
+    min_id: u64,
+    max_id: u64,
+    row_groups: Vec<u64>,
+}
+
+/// Appends samples to a dataset; `commit` makes them visible atomically as a new version.
+pub struct DatasetWriter {
+    ds: Dataset,
+    schema: DatasetSchema,
+    arrow: Arc<arrow_schema::Schema>,
+    props: WriterProperties,
+    opts: WriterOptions,
+    buffer: Vec<EncodedSample>,
+    buffer_raw: u64,
+    open: Option<OpenShard>,
+    pending: Vec<ShardEntry>,
+    stats: WriterStats,
+}
+
+impl DatasetWriter {
+    /// A writer for the dataset's current schema.
+    pub async fn new(ds: &Dataset, opts: WriterOptions) -> Result<Self> {
+        let schema = ds.manifest(None).await?.schema;
+        let arrow = Arc::new(schema.to_arrow());
+        let level = ZstdLevel::try_new(opts.zstd_level)
+            .map_err(|e| StoreError::Usage(format!("zstd level {}: {e}", opts.zstd_level)))?;
+        let mut b = WriterProperties::builder()
+            .set_compression(Compression::ZSTD(level))
+            .set_dictionary_enabled(false)
+            .set_statistics_enabled(EnabledStatistics::Chunk)
+            .set_max_row_group_row_count(None)
+            .set_created_by(format!("hslake {}", env!("CARGO_PKG_VERSION")));
+        // Tensor values are opaque byte strings: min/max statistics of them are useless bytes.
+        for p in &schema.points {
+            b = b.set_column_statistics_enabled(
+                ColumnPath::from(p.column()),
+                EnabledStatistics::None,
+            );
+            b = b.set_column_statistics_enabled(
+                ColumnPath::from(format!("{}_scale", p.column())),
+                EnabledStatistics::None,
+            );
+        }
+        Ok(DatasetWriter {
+            ds: ds.clone(),
+            schema,
+            arrow,
+            props: b.build(),
+            opts,
+            buffer: vec![],
+            buffer_raw: 0,
+            open: None,
+            pending: vec![],
+            stats: WriterStats::default(),
+        })
+    }
+
+    /// The dataset schema samples are checked against.
+    pub fn schema(&self) -> &DatasetSchema {
+        &self.schema
+    }
+
+    /// Validate, encode and buffer one sample. Nothing is visible to readers before `commit`.
+    pub async fn append(&mut self, sample: &Sample) -> Result<Appended> {
+        let enc = self.encode(sample)?;
+        self.append_encoded(enc).await
+    }
+
+    /// Validate and encode a sample without buffering it; safe to run on other threads.
+    pub fn encode(&self, sample: &Sample) -> Result<Option<EncodedSample>> {
+        let invalid = |source: SchemaError| StoreError::InvalidSample {
+            sample_id: sample.sample_id,
+            source,
+        };
+        self.schema.validate(sample).map_err(invalid)?;
+        let enc = EncodedSample::new(sample);
+        let keep = self
+            .schema
+            .apply_finite_policy(
+                sample.sample_id,
+                enc.stats.iter().map(|s| (s.nan_count, s.inf_count)),
+                self.opts.finite_policy,
+            )
+            .map_err(invalid)?;
+        Ok(keep.then_some(enc))
+    }
+
+    /// Buffer a sample encoded by [`DatasetWriter::encode`] (`None`: it was skipped).
+    pub async fn append_encoded(&mut self, enc: Option<EncodedSample>) -> Result<Appended> {
+        let Some(enc) = enc else {
+            self.stats.skipped += 1;
+            return Ok(Appended::Skipped);
+        };
+        self.stats.samples += 1;
+        self.stats.tokens += enc.input_ids.len() as u64;
+        self.stats.raw_bytes += enc.raw_bytes();
+        self.buffer_raw += enc.raw_bytes();
+        self.buffer.push(enc);
+        if self.buffer_raw >= self.opts.row_group_target_bytes {
+            self.flush_row_group().await?;
+        }
+        Ok(Appended::Written)
+    }
+
+    async fn flush_row_group(&mut self) -> Result<()> {
+        if self.buffer.is_empty() {
+            return Ok(());
+        }
+        let rows = std::mem::take(&mut self.buffer);
+        self.buffer_raw = 0;
+        let batch = build_batch(&self.schema, &self.arrow, &rows)?;
+        if self.open.is_none() {
+            self.open = Some(self.start_shard()?);
+        }
+        let shard = self.open.as_mut().expect("shard opened above");
+        let shown = format!("{}/{}", self.ds.url(), shard.rel);
+        shard
+            .writer
+            .write(&batch)
+            .await
+            .map_err(|e| StoreError::pq(&shown, e))?;
+        shard
+            .writer
+            .flush()
+            .await
+            .map_err(|e| StoreError::pq(&shown, e))?;
+        shard.rows += rows.len() as u64;
+        shard.tokens += rows.iter().map(|r| r.input_ids.len() as u64).sum::<u64>();
+        shard.raw += rows.iter().map(EncodedSample::raw_bytes).sum::<u64>();
+        for r in &rows {
+            shard.min_id = shard.min_id.min(r.sample_id);
+            shard.max_id = shard.max_id.max(r.sample_id);
+        }
+        shard.row_groups.push(rows.len() as u64);
+        if shard.writer.bytes_written() as u64 >= self.opts.shard_target_bytes {
+            self.close_shard().await?;
+        }
+        Ok(())
+    }
+
+    fn start_shard(&self) -> Result<OpenShard> {
+        let rel = format!("{DATA_DIR}/{}.parquet", uuid::Uuid::new_v4());
+        let digest = Arc::new(Mutex::new(Digest::default()));
+        let inner = BufWriter::new(self.ds.object_store(), self.ds.object_path(&rel));
+        let w = DigestWriter {
+            inner,
+            digest: digest.clone(),
+        };
+        let writer = AsyncArrowWriter::try_new(w, self.arrow.clone(), Some(self.props.clone()))
+            .map_err(|e| StoreError::pq(format!("{}/{rel}", self.ds.url()), e))?;
+        Ok(OpenShard {
+            rel,
+            writer,
+            digest,
+            rows: 0,
+            tokens: 0,
+            raw: 0,
+            min_id: u64::MAX,
+            max_id: 0,
+            row_groups: vec![],
+        })
+    }
+
+    async fn close_shard(&mut self) -> Result<()> {
+        let Some(shard) = self.open.take() else {
+            return Ok(());
+        };
+        let shown = format!("{}/{}", self.ds.url(), shard.rel);
+        shard
+            .writer
+            .close()
+            .await
+            .map_err(|e| StoreError::pq(&shown, e))?;
+        let (crc, bytes) = {
+            let d = shard
+                .digest
+                .lock()
+                .map_err(|_| StoreError::Usage("shard digest poisoned".into()))?;
+            (d.crc, d.bytes)
+        };
+        self.stats.written_bytes += bytes;
+        tracing::debug!(shard = %shown, rows = shard.rows, bytes, "closed shard");
+        self.pending.push(ShardEntry {
+            path: shard.rel,
+            bytes,
+            rows: shard.rows,
+            tokens: shard.tokens,
+            raw_bytes: shard.raw,
+            min_sample_id: shard.min_id,
+            max_sample_id: shard.max_id,
+            crc32c: crc,
+            row_groups: shard.row_groups,
+        });
+        Ok(())
+    }
+
+    /// Close the open shard and commit every pending shard as a new version.
+    pub async fn commit(&mut self) -> Result<Option<u64>> {
+        self.commit_inner(&BTreeMap::new()).await
+    }
+
+    /// Like [`DatasetWriter::commit`], also setting manifest properties (commits even with no new data).
+    pub async fn commit_with_properties(
+        &mut self,
+        props: BTreeMap<String, String>,
+    ) -> Result<Option<u64>> {
+        self.commit_inner(&props).await
+    }
+
+    async fn commit_inner(&mut self, props: &BTreeMap<String, String>) -> Result<Option<u64>> {
+        self.flush_row_group().await?;
+        self.close_shard().await?;
+        if self.pending.is_empty() && props.is_empty() {
+            return Ok(None);
+        }
+        let v = self.ds.commit(&self.schema, &self.pending, props).await?;
+        self.pending.clear();
+        self.stats.commits += 1;
+        Ok(Some(v))
+    }
+
+    /// Counters since the writer was made.
+    pub fn stats(&self) -> WriterStats {
+        self.stats
+    }
+
+    /// Samples appended since the last commit.
+    pub fn uncommitted_samples(&self) -> u64 {
+        self.buffer.len() as u64
+            + self.open.as_ref().map_or(0, |s| s.rows)
+            + self.pending.iter().map(|s| s.rows).sum::<u64>()
+    }
+
+    /// Drop everything not yet committed and delete its shard files.
+    pub async fn abort(mut self) -> Result<()> {
+        if let Some(s) = self.open.take() {
+            // Closing completes the upload so the file can be deleted like any other.
+            let _ = s.writer.close().await;
+            self.pending.push(ShardEntry {
+                path: s.rel,
+                bytes: 0,
+                rows: 0,
+                tokens: 0,
+                raw_bytes: 0,
+                min_sample_id: 0,
+                max_sample_id: 0,
+                crc32c: 0,
+                row_groups: vec![],
+            });
+        }
+        let store = self.ds.object_store();
+        for s in self.pending.drain(..) {
+            match store.delete(&self.ds.object_path(&s.path)).await {
+                Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
+                Err(e) => return Err(StoreError::os(format!("{}/{}", self.ds.url(), s.path), e)),
+            }
+        }
+        Ok(())
+    }
+}

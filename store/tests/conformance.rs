@@ -1,0 +1,437 @@
+//! One suite, every backend: each behaviour runs against memory://, a local directory and,
+//! when `HSLAKE_TEST_S3_ENDPOINT` is set (scripts/test.sh starts moto_server), real S3.
+use std::collections::BTreeMap;
+use std::io::{Read, Write};
+use std::time::Duration;
+
+use hslake_schemas::{CapturePoint, DType, DatasetSchema, FinitePolicy, Sample, TensorData};
+use hslake_store::synth::SynthModel;
+use hslake_store::{
+    copy_dataset, vacuum, verify, Appended, Dataset, DatasetReader, DatasetWriter, Provenance,
+    StoreError, WriterOptions,
+};
+use object_store::{ObjectStoreExt, PutPayload};
+
+/// A fresh, empty dataset URL on one backend.
+#[derive(Clone, Copy, Debug)]
+enum Backend {
+    Memory,
+    Local,
+    S3,
+}
+
+fn unique() -> String {
+    format!("{}-{}", std::process::id(), uuid::Uuid::new_v4().simple())
+}
+
+fn fresh_url(b: Backend) -> Option<String> {
+    match b {
+        Backend::Memory => Some(format!("memory://{}", unique())),
+        Backend::Local => {
+            let dir = std::env::temp_dir()
+                .join("hslake-conformance")
+                .join(unique());
+            Some(format!("file://{}", dir.display()))
+        }
+        Backend::S3 => {
+            let Ok(endpoint) = std::env::var("HSLAKE_TEST_S3_ENDPOINT") else {
+                eprintln!("skipped: HSLAKE_TEST_S3_ENDPOINT is not set (scripts/test.sh starts an S3 server)");
+                return None;
+            };
+            let bucket = "hslake-conformance";
+            create_bucket(&endpoint, bucket);
+            Some(format!("s3://{bucket}/{}", unique()))
+        }
+    }
+}
+
+/// moto creates a bucket on an unsigned `PUT /<bucket>`; done with a raw request so the
+/// test needs no HTTP client crate.
+fn create_bucket(endpoint: &str, bucket: &str) {
+    let host = endpoint.trim_start_matches("http://").trim_end_matches('/');
+    let mut s = std::net::TcpStream::connect(host).expect("S3 test server reachable");
+    write!(
+        s,
+        "PUT /{bucket} HTTP/1.1\r\nHost: {host}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut resp = String::new();
+    let _ = s.read_to_string(&mut resp);
+    assert!(
+        resp.starts_with("HTTP/1.1 200") || resp.contains("BucketAlready"),
+        "bucket creation: {resp}"
+    );
+}
+
+fn schema(dtype: DType, hidden: usize, points: &[u32]) -> DatasetSchema {
+    DatasetSchema::new(
+        "test-model",
+        "LlamaForCausalLM",
+        hidden,
+        61,
+        1000,
+        dtype,
+        points
+            .iter()
+            .map(|&i| CapturePoint::LayerOutput(i))
+            .collect(),
+    )
+    .unwrap()
+}
+
+fn small_opts() -> WriterOptions {
+    WriterOptions {
+        row_group_target_bytes: 1 << 10,
+        shard_target_bytes: 3 << 10,
+        ..Default::default()
+    }
+}
+
+async fn write_synth(
+    ds: &Dataset,
+    ids: std::ops::Range<u64>,
+    seed: u64,
+    commit_every: u64,
+) -> Vec<Sample> {
+    let m = ds.manifest(None).await.unwrap();
+    let gen = SynthModel::new(m.schema, (3, 12), seed);
+    let mut w = DatasetWriter::new(ds, small_opts()).await.unwrap();
+    let mut out = vec![];
+    for id in ids {
+        let s = gen.sample(id);
+        assert_eq!(w.append(&s).await.unwrap(), Appended::Written);
+        out.push(s);
+        if (id + 1) % commit_every == 0 {
+            w.commit().await.unwrap();
+        }
+    }
+    w.commit().await.unwrap();
+    out
+}
+
+async fn round_trip_is_bit_exact_for_every_dtype(b: Backend) {
+    for dtype in DType::ALL {
+        let Some(url) = fresh_url(b) else { return };
+        let ds = Dataset::create(&url, schema(dtype, 16, &[2, 30]), Provenance::default())
+            .await
+            .unwrap();
+        let written = write_synth(&ds, 0..25, 7, 10).await;
+        let r = DatasetReader::open(&ds, None).await.unwrap();
+        assert_eq!(r.manifest().num_samples(), 25);
+        for s in &written {
+            let back = r.get_sample(s.sample_id).await.unwrap();
+            assert_eq!(&back, s, "{dtype} sample {}", s.sample_id);
+        }
+        if dtype == DType::Fp8E4m3 {
+            assert!(written[0].tensors[0]
+                .scales
+                .as_ref()
+                .unwrap()
+                .iter()
+                .all(|s| *s > 0.0));
+        }
+    }
+}
+
+async fn nan_bits_survive_under_record_policy(b: Backend) {
+    let Some(url) = fresh_url(b) else { return };
+    let ds = Dataset::create(&url, schema(DType::Bf16, 4, &[1]), Provenance::default())
+        .await
+        .unwrap();
+    let opts = WriterOptions {
+        finite_policy: FinitePolicy::Record,
+        ..small_opts()
+    };
+    let mut w = DatasetWriter::new(&ds, opts).await.unwrap();
+    let bits = [
+        0x7fc1u16, 0xff80, 0x3f80, 0x0001, 0x8000, 0x7f80, 0x4049, 0xc2f7,
+    ];
+    let s = Sample {
+        sample_id: 3,
+        input_ids: vec![1, 2],
+        loss_mask: vec![1, 1],
+        tensors: vec![TensorData::from_bf16_bits(&bits, vec![2, 4])],
+    };
+    w.append(&s).await.unwrap();
+    w.commit().await.unwrap();
+    let r = DatasetReader::open(&ds, None).await.unwrap();
+    assert_eq!(r.get_sample(3).await.unwrap(), s);
+}
+
+async fn rejects_tp_shard_shape_and_commits_nothing(b: Backend) {
+    let Some(url) = fresh_url(b) else { return };
+    // The seed deployment's failure: [512] where [512, 7168] was due.
+    let ds = Dataset::create(
+        &url,
+        schema(DType::Bf16, 7168, &[2, 30]),
+        Provenance::default(),
+    )
+    .await
+    .unwrap();
+    let mut w = DatasetWriter::new(&ds, WriterOptions::default())
+        .await
+        .unwrap();
+    let s = Sample {
+        sample_id: 0,
+        input_ids: vec![1; 512],
+        loss_mask: vec![1; 512],
+        tensors: vec![
+            TensorData::zeros(DType::Bf16, vec![512, 7168]),
+            TensorData::zeros(DType::Bf16, vec![512]),
+        ],
+    };
+    let err = w.append(&s).await.unwrap_err();
+    assert!(matches!(err, StoreError::InvalidSample { .. }));
+    assert!(
+        err.to_string()
+            .contains("layer 30: expected shape [512, 7168], got [512]"),
+        "{err}"
+    );
+    assert_eq!(w.commit().await.unwrap(), None);
+    assert_eq!(ds.versions().await.unwrap(), vec![0]);
+    assert_eq!(
+        DatasetReader::open(&ds, None)
+            .await
+            .unwrap()
+            .manifest()
+            .num_samples(),
+        0
+    );
+}
+
+async fn verify_names_flipped_byte_and_truncated_shard(b: Backend) {
+    let Some(url) = fresh_url(b) else { return };
+    let ds = Dataset::create(&url, schema(DType::Bf16, 16, &[2]), Provenance::default())
+        .await
+        .unwrap();
+    write_synth(&ds, 0..40, 1, 100).await;
+    assert!(verify(&ds, None, |_| {}).await.unwrap().is_clean());
+    let m = ds.manifest(None).await.unwrap();
+    assert!(
+        m.shards.len() >= 2,
+        "small shard target gives several shards"
+    );
+    let store = ds.object_store();
+    let (a, t) = (&m.shards[0], &m.shards[1]);
+    let pa = ds.object_path(&a.path);
+    let mut bytes = store
+        .get(&pa)
+        .await
+        .unwrap()
+        .bytes()
+        .await
+        .unwrap()
+        .to_vec();
+    let mid = bytes.len() / 2;
+    bytes[mid] ^= 0x40;
+    store.put(&pa, PutPayload::from(bytes)).await.unwrap();
+    let pt = ds.object_path(&t.path);
+    let bytes = store.get(&pt).await.unwrap().bytes().await.unwrap();
+    store
+        .put(&pt, PutPayload::from(bytes.slice(..bytes.len() - 100)))
+        .await
+        .unwrap();
+    let report = verify(&ds, None, |_| {}).await.unwrap();
+    let text: Vec<String> = report.problems.iter().map(|p| p.to_string()).collect();
+    assert!(
+        text.iter()
+            .any(|p| p.contains(&a.path) && p.contains("checksum mismatch")),
+        "{text:#?}"
+    );
+    assert!(
+        text.iter()
+            .any(|p| p.contains(&t.path) && p.contains("truncated")),
+        "{text:#?}"
+    );
+}
+
+async fn concurrent_writers_never_lose_a_commit(b: Backend) {
+    let Some(url) = fresh_url(b) else { return };
+    let ds = Dataset::create(&url, schema(DType::Bf16, 8, &[1]), Provenance::default())
+        .await
+        .unwrap();
+    let (d1, d2) = (ds.clone(), ds.clone());
+    let t1 = tokio::spawn(async move { write_synth(&d1, 0..30, 1, 2).await });
+    let t2 = tokio::spawn(async move { write_synth(&d2, 1000..1030, 2, 3).await });
+    t1.await.unwrap();
+    t2.await.unwrap();
+    let mut ids = DatasetReader::open(&ds, None)
+        .await
+        .unwrap()
+        .sample_ids()
+        .await
+        .unwrap();
+    ids.sort_unstable();
+    let want: Vec<u64> = (0..30).chain(1000..1030).collect();
+    assert_eq!(ids, want);
+}
+
+async fn crash_before_commit_leaves_previous_version_and_vacuum_removes_orphan(b: Backend) {
+    let Some(url) = fresh_url(b) else { return };
+    let ds = Dataset::create(&url, schema(DType::Bf16, 16, &[2]), Provenance::default())
+        .await
+        .unwrap();
+    write_synth(&ds, 0..5, 1, 100).await;
+    let before = ds.manifest(None).await.unwrap();
+    {
+        // Shards are written (small targets close them) but the writer dies before commit.
+        let gen = SynthModel::new(before.schema.clone(), (3, 12), 9);
+        let mut w = DatasetWriter::new(&ds, small_opts()).await.unwrap();
+        for id in 100..140 {
+            w.append(&gen.sample(id)).await.unwrap();
+        }
+        assert!(w.uncommitted_samples() > 0);
+        drop(w);
+    }
+    let after = ds.manifest(None).await.unwrap();
+    assert_eq!(after, before);
+    let dry = vacuum(&ds, Duration::ZERO, true).await.unwrap();
+    assert!(!dry.deleted.is_empty(), "orphans found");
+    let rec = vacuum(&ds, Duration::from_secs(3600), false).await.unwrap();
+    assert!(
+        rec.deleted.is_empty() && !rec.too_recent.is_empty(),
+        "grace period protects young files"
+    );
+    let rep = vacuum(&ds, Duration::ZERO, false).await.unwrap();
+    assert_eq!(rep.deleted, dry.deleted);
+    assert!(vacuum(&ds, Duration::ZERO, true)
+        .await
+        .unwrap()
+        .deleted
+        .is_empty());
+    assert!(verify(&ds, None, |_| {}).await.unwrap().is_clean());
+}
+
+async fn readers_pin_a_version(b: Backend) {
+    let Some(url) = fresh_url(b) else { return };
+    let ds = Dataset::create(&url, schema(DType::Bf16, 8, &[1]), Provenance::default())
+        .await
+        .unwrap();
+    write_synth(&ds, 0..4, 1, 100).await;
+    let pinned = DatasetReader::open(&ds, None).await.unwrap();
+    write_synth(&ds, 4..8, 1, 100).await;
+    assert_eq!(pinned.sample_ids().await.unwrap().len(), 4);
+    assert_eq!(
+        DatasetReader::open(&ds, None)
+            .await
+            .unwrap()
+            .sample_ids()
+            .await
+            .unwrap()
+            .len(),
+        8
+    );
+    let old = DatasetReader::open(&ds, Some(pinned.manifest().version))
+        .await
+        .unwrap();
+    assert_eq!(old.manifest().num_samples(), 4);
+}
+
+async fn one_sample_takes_one_ranged_read_once_the_footer_is_cached(b: Backend) {
+    let Some(url) = fresh_url(b) else { return };
+    let ds = Dataset::create(
+        &url,
+        schema(DType::Bf16, 16, &[2, 30]),
+        Provenance::default(),
+    )
+    .await
+    .unwrap();
+    write_synth(&ds, 0..40, 1, 100).await;
+    let r = DatasetReader::open(&ds, None).await.unwrap();
+    for i in 0..r.manifest().shards.len() {
+        r.shard_metadata(i).await.unwrap();
+    }
+    let (_, req0) = r.io();
+    r.get_sample(23).await.unwrap();
+    let (_, req1) = r.io();
+    assert!(req1 - req0 <= 2, "{} requests", req1 - req0);
+}
+
+async fn copy_round_trips_to_another_store(b: Backend) {
+    let Some(url) = fresh_url(b) else { return };
+    let ds = Dataset::create(&url, schema(DType::Bf16, 16, &[2]), Provenance::default())
+        .await
+        .unwrap();
+    let written = write_synth(&ds, 0..20, 4, 7).await;
+    let mid = fresh_url(Backend::Local).unwrap();
+    let rep = copy_dataset(&ds, &mid, |_| {}).await.unwrap();
+    assert_eq!(rep.versions, ds.versions().await.unwrap().len());
+    let back_url = fresh_url(b).unwrap();
+    copy_dataset(&Dataset::open(&mid).await.unwrap(), &back_url, |_| {})
+        .await
+        .unwrap();
+    let back = Dataset::open(&back_url).await.unwrap();
+    assert!(verify(&back, None, |_| {}).await.unwrap().is_clean());
+    let r = DatasetReader::open(&back, None).await.unwrap();
+    for s in &written {
+        assert_eq!(&r.get_sample(s.sample_id).await.unwrap(), s);
+    }
+    let err = copy_dataset(&ds, &back_url, |_| {}).await.unwrap_err();
+    assert!(matches!(err, StoreError::AlreadyExists { .. }), "{err}");
+}
+
+async fn bad_input_gets_named_errors(b: Backend) {
+    let Some(url) = fresh_url(b) else { return };
+    let err = Dataset::open(&url).await.unwrap_err();
+    assert!(err.to_string().contains("not an hslake dataset"), "{err}");
+    let ds = Dataset::create(&url, schema(DType::Bf16, 8, &[1]), Provenance::default())
+        .await
+        .unwrap();
+    let err = Dataset::create(&url, schema(DType::Bf16, 8, &[1]), Provenance::default())
+        .await
+        .unwrap_err();
+    assert!(matches!(err, StoreError::AlreadyExists { .. }));
+    let err = Dataset::open_or_create(&url, schema(DType::F16, 8, &[1]), Provenance::default())
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("dtype"), "{err}");
+    let err = ds.manifest(Some(9)).await.unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        format!("{}: version 9 does not exist (latest is 0)", ds.url())
+    );
+    // A manifest written by a future hslake.
+    let mut m = ds.manifest(None).await.unwrap();
+    m.version = 1;
+    let mut json: serde_json::Value = serde_json::from_slice(&m.to_json()).unwrap();
+    json["format_version"] = 2.into();
+    let path = ds.object_path(&hslake_store::manifest_path(1));
+    ds.object_store()
+        .put(&path, PutPayload::from(serde_json::to_vec(&json).unwrap()))
+        .await
+        .unwrap();
+    let err = Dataset::open(&url)
+        .await
+        .unwrap()
+        .manifest(None)
+        .await
+        .unwrap_err();
+    assert!(
+        err.to_string().contains("format version 2 is newer"),
+        "{err}"
+    );
+    let mut w = DatasetWriter::new(&ds, WriterOptions::default()).await;
+    assert!(w.as_mut().is_err());
+    let _ = BTreeMap::<String, String>::new();
+}
+
+macro_rules! suite {
+    ($($name:ident),* $(,)?) => {
+        mod memory { $( #[tokio::test] async fn $name() { super::$name(super::Backend::Memory).await } )* }
+        mod local { $( #[tokio::test] async fn $name() { super::$name(super::Backend::Local).await } )* }
+        mod s3 { $( #[tokio::test(flavor = "multi_thread", worker_threads = 2)] async fn $name() { super::$name(super::Backend::S3).await } )* }
+    };
+}
+
+suite!(
+    round_trip_is_bit_exact_for_every_dtype,
+    nan_bits_survive_under_record_policy,
+    rejects_tp_shard_shape_and_commits_nothing,
+    verify_names_flipped_byte_and_truncated_shard,
+    concurrent_writers_never_lose_a_commit,
+    crash_before_commit_leaves_previous_version_and_vacuum_removes_orphan,
+    readers_pin_a_version,
+    one_sample_takes_one_ranged_read_once_the_footer_is_cached,
+    copy_round_trips_to_another_store,
+    bad_input_gets_named_errors,
+);
