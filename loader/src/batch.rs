@@ -1,0 +1,337 @@
+//! EAGLE-3 batches: assembly of picked rows into padded or packed host tensors.
+use std::sync::Arc;
+
+use arrow_buffer::MutableBuffer;
+use hslake_schemas::{f32_to_bf16_bits, fp8_e4m3_to_f32, DType};
+
+use crate::rowgroup::RowGroupData;
+use crate::{Layout, LoaderState};
+
+/// Element type of a host tensor.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ElemType {
+    /// 64-bit signed integers (token ids, masks, positions).
+    I64,
+    /// 32-bit signed integers (`cu_seqlens`, as flash-attention wants them).
+    I32,
+    /// bfloat16 bits.
+    Bf16,
+    /// IEEE half.
+    F16,
+    /// IEEE single.
+    F32,
+}
+
+impl ElemType {
+    /// Bytes per element.
+    pub fn size(self) -> usize {
+        match self {
+            ElemType::I64 => 8,
+            ElemType::I32 | ElemType::F32 => 4,
+            ElemType::Bf16 | ElemType::F16 => 2,
+        }
+    }
+
+    /// The torch dtype name (`torch.<name>`).
+    pub fn torch_name(self) -> &'static str {
+        match self {
+            ElemType::I64 => "int64",
+            ElemType::I32 => "int32",
+            ElemType::Bf16 => "bfloat16",
+            ElemType::F16 => "float16",
+            ElemType::F32 => "float32",
+        }
+    }
+
+    /// The element type hidden states of a stored dtype are delivered in; fp8 is dequantised
+    /// (value × token scale) to bf16, the dtype EAGLE-3 trains in.
+    pub fn for_hidden(d: DType) -> Self {
+        match d {
+            DType::Bf16 | DType::Fp8E4m3 => ElemType::Bf16,
+            DType::F16 => ElemType::F16,
+            DType::F32 => ElemType::F32,
+        }
+    }
+}
+
+/// A dense, row-major, little-endian host tensor in a 64-byte aligned buffer.
+#[derive(Debug)]
+pub struct HostTensor {
+    /// Element type.
+    pub dtype: ElemType,
+    /// Shape.
+    pub shape: Vec<usize>,
+    data: MutableBuffer,
+}
+
+impl HostTensor {
+    /// A tensor of zeros.
+    pub fn zeros(dtype: ElemType, shape: Vec<usize>) -> Self {
+        let n: usize = shape.iter().product();
+        HostTensor {
+            dtype,
+            data: MutableBuffer::from_len_zeroed(n * dtype.size()),
+            shape,
+        }
+    }
+
+    /// The raw bytes.
+    pub fn bytes(&self) -> &[u8] {
+        self.data.as_slice()
+    }
+
+    /// The raw bytes, writable.
+    pub fn bytes_mut(&mut self) -> &mut [u8] {
+        self.data.as_slice_mut()
+    }
+
+    /// Number of elements.
+    pub fn numel(&self) -> usize {
+        self.shape.iter().product()
+    }
+
+    /// Values of an `I64` tensor (empty for other types).
+    pub fn to_i64_vec(&self) -> Vec<i64> {
+        if self.dtype != ElemType::I64 {
+            return Vec::new();
+        }
+        self.bytes()
+            .chunks_exact(8)
+            .map(|c| i64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]))
+            .collect()
+    }
+
+    /// Values of an `I32` tensor (empty for other types).
+    pub fn to_i32_vec(&self) -> Vec<i32> {
+        if self.dtype != ElemType::I32 {
+            return Vec::new();
+        }
+        self.bytes()
+            .chunks_exact(4)
+            .map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect()
+    }
+
+    fn fill_i64(&mut self, v: i64) {
+        for c in self.bytes_mut().chunks_exact_mut(8) {
+            c.copy_from_slice(&v.to_le_bytes());
+        }
+    }
+
+    fn set_i64(&mut self, i: usize, v: i64) {
+        self.bytes_mut()[8 * i..8 * i + 8].copy_from_slice(&v.to_le_bytes());
+    }
+}
+
+/// One batch ready for EAGLE-3 training.
+///
+/// Padded: `input_ids`, `loss_mask`, `attention_mask`, `position_ids` are `[B, T]`,
+/// `aux_hidden_states` `[B, T, k·H]`, `target_hidden_states` `[B, T, H]`.
+/// Packed: the same with `B = 1` and `T = ΣT_i`, no `attention_mask`, plus `cu_seqlens`
+/// `[n + 1]` (int32) and `document_ids` `[1, T]`; `position_ids` restart at each document.
+#[derive(Debug)]
+pub struct Batch {
+    /// The samples, in order.
+    pub sample_ids: Vec<u64>,
+    /// Their lengths after truncation.
+    pub seq_lens: Vec<usize>,
+    /// Named tensors, in a fixed order.
+    pub fields: Vec<(&'static str, HostTensor)>,
+    /// The loader state just after this batch: resuming from it continues with the next batch.
+    pub state: LoaderState,
+}
+
+impl Batch {
+    /// A field by name.
+    pub fn field(&self, name: &str) -> Option<&HostTensor> {
+        self.fields.iter().find(|(n, _)| *n == name).map(|(_, t)| t)
+    }
+
+    /// Tokens in the batch (padding excluded).
+    pub fn num_tokens(&self) -> usize {
+        self.seq_lens.iter().sum()
+    }
+}
+
+/// Settings of batch assembly.
+#[derive(Debug, Clone)]
+pub(crate) struct Assembly {
+    pub layout: Layout,
+    pub truncate: Option<usize>,
+    pub pad_multiple: Option<usize>,
+    pub pad_token_id: i64,
+    pub hidden: usize,
+    pub dtype: DType,
+}
+
+/// Assemble rows (a row group and a row in it) into a batch; `state` is set by the caller.
+pub(crate) fn assemble(
+    spec: &Assembly,
+    rows: &[(Arc<RowGroupData>, usize)],
+    state: LoaderState,
+) -> Batch {
+    let lens: Vec<usize> = rows
+        .iter()
+        .map(|(g, r)| {
+            let l = g.seq_len(*r);
+            spec.truncate.map_or(l, |t| l.min(t))
+        })
+        .collect();
+    let n = rows.len();
+    let packed = spec.layout == Layout::Packed;
+    // Token offset of each sample in the flattened [B * T] grid.
+    let (b, t, starts): (usize, usize, Vec<usize>) = if packed {
+        let mut starts = Vec::with_capacity(n + 1);
+        let mut acc = 0;
+        for &l in &lens {
+            starts.push(acc);
+            acc += l;
+        }
+        (1, acc, starts)
+    } else {
+        let longest = lens.iter().copied().max().unwrap_or(0);
+        let t = match spec.pad_multiple {
+            Some(m) => longest.div_ceil(m) * m,
+            None => longest,
+        };
+        (n, t, (0..n).map(|i| i * t).collect())
+    };
+    let k = rows.first().map_or(0, |(g, _)| g.aux.len());
+    let h = spec.hidden;
+    let out = ElemType::for_hidden(spec.dtype);
+
+    let mut input_ids = HostTensor::zeros(ElemType::I64, vec![b, t]);
+    input_ids.fill_i64(spec.pad_token_id);
+    let mut loss_mask = HostTensor::zeros(ElemType::I64, vec![b, t]);
+    let mut attention = HostTensor::zeros(ElemType::I64, vec![b, t]);
+    let mut positions = HostTensor::zeros(ElemType::I64, vec![b, t]);
+    let mut documents = HostTensor::zeros(ElemType::I64, vec![b, t]);
+    let mut aux = HostTensor::zeros(out, vec![b, t, k * h]);
+    let mut target = HostTensor::zeros(out, vec![b, t, h]);
+    let es = out.size();
+
+    for (i, ((g, r), &len)) in rows.iter().zip(&lens).enumerate() {
+        let r = *r;
+        let s = starts[i];
+        let o = g.offsets[r];
+        let ids = &g.input_ids.values()[o..o + len];
+        let mask = &g.loss_mask.values()[o..o + len];
+        for j in 0..len {
+            input_ids.set_i64(s + j, ids[j] as i64);
+            loss_mask.set_i64(s + j, mask[j] as i64);
+            attention.set_i64(s + j, 1);
+            positions.set_i64(s + j, j as i64);
+            documents.set_i64(s + j, i as i64);
+        }
+        let full = g.seq_len(r);
+        let row_bytes = k * h * es;
+        for (j, col) in g.aux.iter().enumerate() {
+            let dst = &mut aux.bytes_mut()[s * row_bytes + j * h * es..];
+            write_tokens(
+                col.values.value(r),
+                col.scales.as_ref().map(|c| c.value(r)),
+                spec.dtype,
+                full,
+                len,
+                h,
+                dst,
+                row_bytes,
+            );
+        }
+        let dst = &mut target.bytes_mut()[s * h * es..];
+        let col = &g.target;
+        write_tokens(
+            col.values.value(r),
+            col.scales.as_ref().map(|c| c.value(r)),
+            spec.dtype,
+            full,
+            len,
+            h,
+            dst,
+            h * es,
+        );
+    }
+
+    let sample_ids: Vec<u64> = rows.iter().map(|(g, r)| g.sample_ids.value(*r)).collect();
+    let mut ids_t = HostTensor::zeros(ElemType::I64, vec![n]);
+    for (i, &id) in sample_ids.iter().enumerate() {
+        ids_t.set_i64(i, id as i64);
+    }
+    let mut fields = vec![("input_ids", input_ids), ("loss_mask", loss_mask)];
+    if packed {
+        let mut cu = HostTensor::zeros(ElemType::I32, vec![n + 1]);
+        for (i, c) in starts.iter().copied().chain([t]).enumerate() {
+            cu.bytes_mut()[4 * i..4 * i + 4].copy_from_slice(&(c as i32).to_le_bytes());
+        }
+        fields.push(("cu_seqlens", cu));
+        fields.push(("document_ids", documents));
+    } else {
+        fields.push(("attention_mask", attention));
+    }
+    fields.push(("position_ids", positions));
+    fields.push(("aux_hidden_states", aux));
+    fields.push(("target_hidden_states", target));
+    fields.push(("sample_ids", ids_t));
+    Batch {
+        sample_ids,
+        seq_lens: lens,
+        fields,
+        state,
+    }
+}
+
+/// Write the first `tokens` token rows of a byte-split `[full, hidden]` value into `dst`,
+/// token rows `stride` bytes apart: the un-split and the strided copy (for the aux
+/// concatenation) in one pass, without an intermediate buffer.
+#[allow(clippy::too_many_arguments)]
+fn write_tokens(
+    split: &[u8],
+    scales: Option<&[u8]>,
+    dtype: DType,
+    full: usize,
+    tokens: usize,
+    hidden: usize,
+    dst: &mut [u8],
+    stride: usize,
+) {
+    let n = full * hidden;
+    match dtype {
+        DType::Bf16 | DType::F16 => {
+            let (lo, hi) = split.split_at(n);
+            for t in 0..tokens {
+                let src = t * hidden..(t + 1) * hidden;
+                let d = &mut dst[t * stride..t * stride + 2 * hidden];
+                for ((o, &a), &b) in d.chunks_exact_mut(2).zip(&lo[src.clone()]).zip(&hi[src]) {
+                    o[0] = a;
+                    o[1] = b;
+                }
+            }
+        }
+        DType::F32 => {
+            for t in 0..tokens {
+                let d = &mut dst[t * stride..t * stride + 4 * hidden];
+                for (x, o) in d.chunks_exact_mut(4).enumerate() {
+                    let i = t * hidden + x;
+                    o.copy_from_slice(&[
+                        split[i],
+                        split[n + i],
+                        split[2 * n + i],
+                        split[3 * n + i],
+                    ]);
+                }
+            }
+        }
+        DType::Fp8E4m3 => {
+            for t in 0..tokens {
+                let scale = scales.map_or(1.0, |s| {
+                    f32::from_le_bytes([s[t], s[full + t], s[2 * full + t], s[3 * full + t]])
+                });
+                let d = &mut dst[t * stride..t * stride + 2 * hidden];
+                for (x, o) in d.chunks_exact_mut(2).enumerate() {
+                    let v = fp8_e4m3_to_f32(split[t * hidden + x]) * scale;
+                    o.copy_from_slice(&f32_to_bf16_bits(v).to_le_bytes());
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,1088 @@
+//! The pipeline: plan → ranged row-group reads (bounded, ahead of use) → batch assembly on a
+//! bounded set of blocking threads → an ordered, bounded queue of ready batches.
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use hslake_schemas::{CapturePoint, DatasetSchema};
+use hslake_store::{Dataset, DatasetReader, Manifest};
+use tokio::sync::{mpsc, Semaphore};
+use tokio::task::JoinHandle;
+
+use crate::batch::{assemble, Assembly};
+use crate::plan::{EpochPlan, Part, Unit};
+use crate::rowgroup::{from_batch, needed_columns, RowGroupData};
+use crate::{Batch, Batching, CorruptPolicy, Layout, LoaderConfig, LoaderError, LoaderState};
+
+/// Counters a loader keeps while it runs (shared by all its streams).
+#[derive(Debug, Default)]
+pub struct LoaderStats {
+    /// Row groups read from storage.
+    pub row_groups_read: AtomicU64,
+    /// Row groups left out under [`CorruptPolicy::Skip`].
+    pub row_groups_skipped: AtomicU64,
+    /// Samples left out with them.
+    pub samples_skipped: AtomicU64,
+    /// Batches delivered.
+    pub batches: AtomicU64,
+}
+
+/// A loader over one pinned dataset version: opens the dataset, checks the configuration
+/// against it, and starts [`BatchStream`]s from any [`LoaderState`].
+pub struct Loader {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    dataset: Dataset,
+    reader: DatasetReader,
+    config: LoaderConfig,
+    version: u64,
+    aux: Vec<CapturePoint>,
+    target: CapturePoint,
+    columns: Vec<String>,
+    stats: Arc<LoaderStats>,
+}
+
+/// Run a storage call under the configured time limit.
+async fn timed<T, F>(
+    limit: Duration,
+    what: impl Fn() -> String,
+    url: &str,
+    fut: F,
+) -> Result<T, LoaderError>
+where
+    F: Future<Output = Result<T, hslake_store::StoreError>>,
+{
+    match tokio::time::timeout(limit, fut).await {
+        Ok(r) => r.map_err(LoaderError::from),
+        Err(_) => Err(LoaderError::Timeout {
+            what: what(),
+            seconds: limit.as_secs_f64(),
+            hint: endpoint_hint(url),
+        }),
+    }
+}
+
+fn endpoint_hint(url: &str) -> String {
+    if url.starts_with("s3") {
+        match std::env::var("AWS_ENDPOINT").or_else(|_| std::env::var("AWS_ENDPOINT_URL")) {
+            Ok(e) => format!("{url} via AWS_ENDPOINT={e}"),
+            Err(_) => format!("{url} via AWS S3 (AWS_ENDPOINT is not set)"),
+        }
+    } else {
+        url.to_string()
+    }
+}
+
+fn list_points(s: &DatasetSchema) -> String {
+    s.points
+        .iter()
+        .map(|p| p.column())
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// The auxiliary and target points: as configured, checked against the schema, or the
+/// defaults (`final_norm`, else the last point, as target; every other point as aux).
+fn resolve_points(
+    url: &str,
+    s: &DatasetSchema,
+    c: &LoaderConfig,
+) -> Result<(Vec<CapturePoint>, CapturePoint), LoaderError> {
+    let missing = |p: CapturePoint, role| LoaderError::MissingPoint {
+        url: url.to_string(),
+        wanted: p.column(),
+        role,
+        available: list_points(s),
+    };
+    let target = match c.target {
+        Some(t) if s.point_index(t).is_none() => return Err(missing(t, "target")),
+        Some(t) => t,
+        None => match s.point_index(CapturePoint::FinalNorm) {
+            Some(_) => CapturePoint::FinalNorm,
+            None => *s
+                .points
+                .last()
+                .ok_or_else(|| LoaderError::Config("the dataset has no capture points".into()))?,
+        },
+    };
+    let aux = match &c.aux_layers {
+        Some(list) => {
+            for &p in list {
+                if s.point_index(p).is_none() {
+                    return Err(missing(p, "aux_layers"));
+                }
+            }
+            list.clone()
+        }
+        None => s.points.iter().copied().filter(|&p| p != target).collect(),
+    };
+    Ok((aux, target))
+}
+
+impl Loader {
+    /// Open a dataset (`file://`, `s3://`, `memory://` or a path) for loading.
+    pub async fn open(url: &str, config: LoaderConfig) -> Result<Self, LoaderError> {
+        config.check()?;
+        let limit = config.io_timeout;
+        let dataset = timed(limit, || format!("opening {url}"), url, Dataset::open(url)).await?;
+        let reader = timed(
+            limit,
+            || format!("reading the manifest of {url}"),
+            url,
+            DatasetReader::open(&dataset, config.version),
+        )
+        .await?;
+        let manifest = reader.manifest();
+        let version = manifest.version;
+        let schema = &manifest.schema;
+        let (aux, target) = resolve_points(dataset.url(), schema, &config)?;
+        if aux.is_empty() {
+            tracing::warn!("loader: no auxiliary layers: aux_hidden_states will have width 0");
+        }
+        let columns = needed_columns(schema.dtype, &aux, target);
+        tracing::info!(
+            "loader: {} version {version}: {} samples, {} tokens in {} shards; rank {}/{}; aux [{}], target {}",
+            dataset.url(),
+            manifest.num_samples(),
+            manifest.num_tokens(),
+            manifest.shards.len(),
+            config.rank,
+            config.world_size,
+            aux.iter().map(|p| p.column()).collect::<Vec<_>>().join(", "),
+            target.column()
+        );
+        Ok(Loader {
+            inner: Arc::new(Inner {
+                dataset,
+                reader,
+                config,
+                version,
+                aux,
+                target,
+                columns,
+                stats: Default::default(),
+            }),
+        })
+    }
+
+    /// The pinned version.
+    pub fn version(&self) -> u64 {
+        self.inner.version
+    }
+
+    /// The pinned manifest.
+    pub fn manifest(&self) -> &Manifest {
+        self.inner.reader.manifest()
+    }
+
+    /// The dataset schema.
+    pub fn schema(&self) -> &DatasetSchema {
+        self.inner.reader.schema()
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &LoaderConfig {
+        &self.inner.config
+    }
+
+    /// The auxiliary points, in the order they are concatenated.
+    pub fn aux_points(&self) -> &[CapturePoint] {
+        &self.inner.aux
+    }
+
+    /// The target point.
+    pub fn target_point(&self) -> CapturePoint {
+        self.inner.target
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> &LoaderStats {
+        &self.inner.stats
+    }
+
+    /// The state at the start of epoch 0.
+    pub fn initial_state(&self) -> LoaderState {
+        LoaderState::start(&self.inner.config, self.inner.version, 0)
+    }
+
+    /// Samples this reader visits per epoch of the pinned version (after padding or dropping).
+    pub fn samples_per_epoch(&self) -> u64 {
+        self.inner
+            .plan(units_of(self.manifest(), None), 0, self.inner.version)
+            .len()
+    }
+
+    /// Start streaming batches from `state` (which must come from this configuration); must be
+    /// called inside a tokio runtime, whose threads run the reads.
+    pub fn stream(&self, state: &LoaderState) -> Result<BatchStream, LoaderError> {
+        state.check_matches(&self.inner.config, self.inner.version)?;
+        let (tx, rx) = mpsc::channel(self.inner.config.prefetch_batches);
+        let inner = self.inner.clone();
+        let start = state.clone();
+        let driver = tokio::spawn(async move {
+            let tx2 = tx.clone();
+            if let Err(e) = inner.drive(start, tx).await {
+                let _ = tx2.send(Msg::Error(e)).await;
+            }
+        });
+        Ok(BatchStream {
+            rx,
+            driver,
+            state: state.clone(),
+            done: false,
+        })
+    }
+}
+
+/// Units of a manifest's shards, leaving out shards whose paths are in `exclude`.
+fn units_of(m: &Manifest, exclude: Option<&Manifest>) -> Vec<Unit> {
+    let old: std::collections::HashSet<&str> = exclude
+        .map(|e| e.shards.iter().map(|s| s.path.as_str()).collect())
+        .unwrap_or_default();
+    let mut units = Vec::new();
+    for (shard, s) in m.shards.iter().enumerate() {
+        if old.contains(s.path.as_str()) {
+            continue;
+        }
+        for (row_group, &rows) in s.row_groups.iter().enumerate() {
+            units.push(Unit {
+                shard,
+                row_group,
+                rows,
+            });
+        }
+    }
+    units
+}
+
+enum Msg {
+    Batch(JoinHandle<Batch>),
+    Error(LoaderError),
+    End(LoaderState),
+}
+
+impl Inner {
+    fn plan(&self, units: Vec<Unit>, epoch: u64, segment: u64) -> EpochPlan {
+        let c = &self.config;
+        let part = Part {
+            rank: c.rank,
+            world_size: c.world_size,
+            worker: c.worker,
+            num_workers: c.num_workers,
+        };
+        EpochPlan::new(
+            units,
+            c.shuffle.then_some([c.seed, epoch, segment]),
+            c.shuffle_window,
+            part,
+            c.remainder,
+        )
+    }
+
+    fn url(&self) -> &str {
+        self.dataset.url()
+    }
+
+    /// The reader and units of one segment: the pinned version whole, or a later version's
+    /// newly added shards.
+    async fn segment(&self, seg: u64) -> Result<(DatasetReader, Vec<Unit>), LoaderError> {
+        if seg == self.version {
+            return Ok((self.reader.clone(), units_of(self.reader.manifest(), None)));
+        }
+        let limit = self.config.io_timeout;
+        let url = self.url();
+        let reader = timed(
+            limit,
+            || format!("reading version {seg} of {url}"),
+            url,
+            DatasetReader::open(&self.dataset, Some(seg)),
+        )
+        .await?;
+        let prev = timed(
+            limit,
+            || format!("reading version {} of {url}", seg - 1),
+            url,
+            self.dataset.manifest(Some(seg - 1)),
+        )
+        .await?;
+        let units = units_of(reader.manifest(), Some(&prev));
+        Ok((reader, units))
+    }
+
+    /// Wait for version `next` to be committed; `false` after the idle timeout.
+    async fn wait_for_version(&self, next: u64) -> Result<bool, LoaderError> {
+        let Some(f) = self.config.follow else {
+            return Ok(false);
+        };
+        let since = Instant::now();
+        let url = self.url();
+        loop {
+            let latest = timed(
+                self.config.io_timeout,
+                || format!("listing versions of {url}"),
+                url,
+                self.dataset.latest_version(),
+            )
+            .await?;
+            if latest >= next {
+                return Ok(true);
+            }
+            if f.idle_timeout.is_some_and(|t| since.elapsed() >= t) {
+                tracing::info!(
+                    "loader: no new version of {url} for {:.1} s; ending the pass",
+                    since.elapsed().as_secs_f64()
+                );
+                return Ok(false);
+            }
+            tokio::time::sleep(f.poll_interval).await;
+        }
+    }
+
+    async fn drive(
+        self: Arc<Self>,
+        mut state: LoaderState,
+        tx: mpsc::Sender<Msg>,
+    ) -> Result<(), LoaderError> {
+        loop {
+            let (reader, units) = self.segment(state.segment_version).await?;
+            let plan = self.plan(units, state.epoch, state.segment_version);
+            if !self
+                .run_segment(&plan, Arc::new(reader), &state, &tx)
+                .await?
+            {
+                return Ok(());
+            }
+            state.position = plan.len();
+            if self.config.follow.is_none() {
+                let next = LoaderState::start(&self.config, self.version, state.epoch + 1);
+                let _ = tx.send(Msg::End(next)).await;
+                return Ok(());
+            }
+            if !self.wait_for_version(state.segment_version + 1).await? {
+                let _ = tx.send(Msg::End(state)).await;
+                return Ok(());
+            }
+            state.segment_version += 1;
+            state.position = 0;
+            tracing::info!(
+                "loader: following {}: reading the shards new in version {}",
+                self.url(),
+                state.segment_version
+            );
+        }
+    }
+
+    /// Stream one segment's batches from `state.position`; `false` if the consumer went away.
+    async fn run_segment(
+        self: &Arc<Self>,
+        plan: &EpochPlan,
+        reader: Arc<DatasetReader>,
+        state: &LoaderState,
+        tx: &mpsc::Sender<Msg>,
+    ) -> Result<bool, LoaderError> {
+        let c = &self.config;
+        let from = state.position;
+        // First pass over the picks: the order in which row groups are first needed, and how
+        // often each is needed, so that each is read once and dropped after its last use.
+        let mut uses = vec![0u32; plan.units().len()];
+        let mut first_use = Vec::new();
+        for p in plan.picks_from(from) {
+            if uses[p.unit] == 0 {
+                first_use.push(p.unit);
+            }
+            uses[p.unit] += 1;
+        }
+        let schema = reader.schema().clone();
+        let units = plan.units().to_vec();
+        let me = self.clone();
+        let rd = reader.clone();
+        let mut loads = futures::stream::iter(first_use)
+            .map(move |u| {
+                let me = me.clone();
+                let rd = rd.clone();
+                let unit = units[u];
+                tokio::spawn(async move { (u, me.load(&rd, unit).await) })
+            })
+            .buffered(c.prefetch_row_groups);
+
+        let spec = Assembly {
+            layout: c.layout,
+            truncate: c.truncate_to(),
+            pad_multiple: c.pad_to_multiple_of,
+            pad_token_id: c.pad_token_id,
+            hidden: schema.hidden_size,
+            dtype: schema.dtype,
+        };
+        let spec = Arc::new(spec);
+        let pool = Arc::new(Semaphore::new(c.decode_threads));
+        let mut loaded: HashMap<usize, Arc<RowGroupData>> = HashMap::new();
+        let mut skipped: std::collections::HashSet<usize> = Default::default();
+        let mut current: Vec<(Arc<RowGroupData>, usize)> = Vec::new();
+        let (mut cur_tokens, mut cur_longest) = (0usize, 0usize);
+        let mut position = from;
+
+        let emit = |rows: Vec<(Arc<RowGroupData>, usize)>, position: u64| {
+            let spec = spec.clone();
+            let pool = pool.clone();
+            let stats = self.stats.clone();
+            let st = LoaderState {
+                position,
+                ..state.clone()
+            };
+            let tx = tx.clone();
+            async move {
+                let Ok(permit) = pool.acquire_owned().await else {
+                    return false;
+                };
+                let h = tokio::task::spawn_blocking(move || {
+                    let _permit = permit;
+                    stats.batches.fetch_add(1, Ordering::Relaxed);
+                    assemble(&spec, &rows, st)
+                });
+                tx.send(Msg::Batch(h)).await.is_ok()
+            }
+        };
+
+        for pick in plan.picks_from(from) {
+            while !loaded.contains_key(&pick.unit) && !skipped.contains(&pick.unit) {
+                let Some(next) = loads.next().await else {
+                    return Err(LoaderError::Pipeline(
+                        "row-group reads ended before the plan".into(),
+                    ));
+                };
+                let (u, result) =
+                    next.map_err(|e| LoaderError::Pipeline(format!("a read task failed: {e}")))?;
+                match result {
+                    Ok(data) => {
+                        loaded.insert(u, Arc::new(data));
+                    }
+                    Err(e) if c.on_corrupt == CorruptPolicy::Skip => {
+                        let rows = plan.units()[u].rows;
+                        tracing::warn!("loader: skipping {rows} samples: {e}");
+                        self.stats
+                            .row_groups_skipped
+                            .fetch_add(1, Ordering::Relaxed);
+                        skipped.insert(u);
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
+            let row = pick.row as usize;
+            if let Some(g) = loaded.get(&pick.unit) {
+                let len = spec
+                    .truncate
+                    .map_or(g.seq_len(row), |t| g.seq_len(row).min(t));
+                let overflow = match c.batching {
+                    Batching::Tokens(budget) if !current.is_empty() => match c.layout {
+                        Layout::Padded => (current.len() + 1) * cur_longest.max(len) > budget,
+                        Layout::Packed => cur_tokens + len > budget,
+                    },
+                    _ => false,
+                };
+                if overflow {
+                    if !emit(std::mem::take(&mut current), position).await {
+                        return Ok(false);
+                    }
+                    (cur_tokens, cur_longest) = (0, 0);
+                }
+                current.push((g.clone(), row));
+                cur_tokens += len;
+                cur_longest = cur_longest.max(len);
+            } else {
+                self.stats.samples_skipped.fetch_add(1, Ordering::Relaxed);
+            }
+            position += 1;
+            if let Some(n) = uses.get_mut(pick.unit) {
+                *n -= 1;
+                if *n == 0 {
+                    loaded.remove(&pick.unit);
+                }
+            }
+            if matches!(c.batching, Batching::Samples(b) if current.len() >= b) {
+                if !emit(std::mem::take(&mut current), position).await {
+                    return Ok(false);
+                }
+                (cur_tokens, cur_longest) = (0, 0);
+            }
+        }
+        if !current.is_empty()
+            && !c.drop_last_batch
+            && !emit(std::mem::take(&mut current), plan.len()).await
+        {
+            return Ok(false);
+        }
+        Ok(true)
+    }
+
+    async fn load(&self, reader: &DatasetReader, unit: Unit) -> Result<RowGroupData, LoaderError> {
+        let path = reader
+            .manifest()
+            .shards
+            .get(unit.shard)
+            .map(|s| s.path.clone())
+            .unwrap_or_default();
+        let schema = reader.schema();
+        let fut = reader.read_row_group(unit.shard, unit.row_group, Some(&self.columns));
+        let batch = match tokio::time::timeout(self.config.io_timeout, fut).await {
+            Ok(Ok(b)) => b,
+            Ok(Err(e)) => {
+                return Err(LoaderError::Shard {
+                    path,
+                    row_group: unit.row_group,
+                    message: e.to_string(),
+                });
+            }
+            Err(_) => {
+                return Err(LoaderError::Timeout {
+                    what: format!("reading {path} row group {}", unit.row_group),
+                    seconds: self.config.io_timeout.as_secs_f64(),
+                    hint: endpoint_hint(self.url()),
+                })
+            }
+        };
+        self.stats.row_groups_read.fetch_add(1, Ordering::Relaxed);
+        let data = from_batch(
+            &batch,
+            &path,
+            unit.row_group,
+            schema.dtype,
+            schema.hidden_size,
+            &self.aux,
+            self.target,
+        )?;
+        if data.rows() as u64 != unit.rows {
+            return Err(LoaderError::Shard {
+                path,
+                row_group: unit.row_group,
+                message: format!("{} rows, but the manifest says {}", data.rows(), unit.rows),
+            });
+        }
+        Ok(data)
+    }
+}
+
+/// Batches of one pass (an epoch, or in follow mode until no new version arrives), in order.
+pub struct BatchStream {
+    rx: mpsc::Receiver<Msg>,
+    driver: JoinHandle<()>,
+    state: LoaderState,
+    done: bool,
+}
+
+impl BatchStream {
+    /// The next batch; `None` at the end of the pass.
+    pub async fn next(&mut self) -> Option<Result<Batch, LoaderError>> {
+        if self.done {
+            return None;
+        }
+        let msg = self.rx.recv().await;
+        match msg {
+            Some(Msg::Batch(h)) => match h.await {
+                Ok(b) => {
+                    self.state = b.state.clone();
+                    Some(Ok(b))
+                }
+                Err(e) => {
+                    self.done = true;
+                    Some(Err(LoaderError::Pipeline(format!(
+                        "batch assembly failed: {e}"
+                    ))))
+                }
+            },
+            Some(Msg::Error(e)) => {
+                self.done = true;
+                Some(Err(e))
+            }
+            Some(Msg::End(next)) => {
+                self.done = true;
+                self.state = next;
+                None
+            }
+            None => {
+                self.done = true;
+                Some(Err(LoaderError::Pipeline(
+                    "the reading task stopped without a reason".into(),
+                )))
+            }
+        }
+    }
+
+    /// [`BatchStream::next`] for synchronous callers; must not be called on a runtime thread.
+    pub fn blocking_next(&mut self) -> Option<Result<Batch, LoaderError>> {
+        futures::executor::block_on(self.next())
+    }
+
+    /// The state after the last batch delivered (after the end: the start of the next pass).
+    pub fn state(&self) -> &LoaderState {
+        &self.state
+    }
+}
+
+impl Drop for BatchStream {
+    fn drop(&mut self) {
+        self.driver.abort();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+
+    use hslake_schemas::{bf16_bits_to_f32, f32_to_bf16_bits, DType, Sample, TensorData};
+    use hslake_store::{DatasetWriter, Provenance, WriterOptions};
+
+    use super::*;
+    use crate::{Follow, HostTensor, Remainder};
+
+    const H: usize = 8;
+
+    fn points() -> Vec<CapturePoint> {
+        vec![
+            CapturePoint::LayerOutput(0),
+            CapturePoint::LayerOutput(1),
+            CapturePoint::LayerOutput(2),
+        ]
+    }
+
+    /// The value every test expects at (sample, point, token, hidden index).
+    fn value(id: u64, p: usize, t: usize, h: usize) -> u16 {
+        f32_to_bf16_bits(id as f32 + p as f32 * 0.25 + t as f32 * 0.01 + h as f32 * 0.001)
+    }
+
+    fn seq_len(id: u64) -> usize {
+        3 + (id as usize * 7) % 9
+    }
+
+    fn sample(id: u64) -> Sample {
+        let n = seq_len(id);
+        let tensors = (0..3)
+            .map(|p| {
+                let bits: Vec<u16> = (0..n * H).map(|i| value(id, p, i / H, i % H)).collect();
+                TensorData::from_bf16_bits(&bits, vec![n, H])
+            })
+            .collect();
+        Sample {
+            sample_id: id,
+            input_ids: (0..n).map(|t| (id as i32 * 10 + t as i32) % 1000).collect(),
+            loss_mask: (0..n).map(|t| (t % 2) as u8).collect(),
+            tensors,
+        }
+    }
+
+    fn small_shards() -> WriterOptions {
+        WriterOptions {
+            shard_target_bytes: 3000,
+            row_group_target_bytes: 700,
+            ..Default::default()
+        }
+    }
+
+    /// A dataset with samples `0..n` in one committed version.
+    async fn make(url: &str, n: u64) -> Dataset {
+        let schema =
+            DatasetSchema::new("m", "LlamaForCausalLM", H, 3, 1000, DType::Bf16, points()).unwrap();
+        let ds = Dataset::create(url, schema, Provenance::default())
+            .await
+            .unwrap();
+        append(&ds, &[0..n, n..n]).await;
+        ds
+    }
+
+    /// Append and commit each range of ids (an empty range commits nothing).
+    async fn append(ds: &Dataset, commits: &[std::ops::Range<u64>]) {
+        let mut w = DatasetWriter::new(ds, small_shards()).await.unwrap();
+        for r in commits {
+            for id in r.clone() {
+                w.append(&sample(id)).await.unwrap();
+            }
+            w.commit().await.unwrap();
+        }
+    }
+
+    fn cfg(batch: usize) -> LoaderConfig {
+        LoaderConfig {
+            batching: Batching::Samples(batch),
+            seed: 3,
+            shuffle_window: 2,
+            ..Default::default()
+        }
+    }
+
+    async fn collect(
+        l: &Loader,
+        state: &LoaderState,
+        max_batches: Option<usize>,
+    ) -> (Vec<Batch>, LoaderState) {
+        let mut s = l.stream(state).unwrap();
+        let mut out = vec![];
+        while max_batches.is_none_or(|m| out.len() < m) {
+            match s.next().await {
+                Some(b) => out.push(b.unwrap()),
+                None => break,
+            }
+        }
+        (out, s.state().clone())
+    }
+
+    fn ids(batches: &[Batch]) -> Vec<u64> {
+        batches.iter().flat_map(|b| b.sample_ids.clone()).collect()
+    }
+
+    #[tokio::test]
+    async fn one_epoch_yields_every_sample_once_in_shuffled_order() {
+        make("memory://l-epoch", 40).await;
+        let l = Loader::open("memory://l-epoch", cfg(6)).await.unwrap();
+        assert!(
+            l.manifest().shards.len() > 1 && l.manifest().shards[0].row_groups.len() > 1,
+            "test needs several units"
+        );
+        let (b, next) = collect(&l, &l.initial_state(), None).await;
+        let got = ids(&b);
+        assert_eq!(
+            got.iter().copied().collect::<BTreeSet<_>>(),
+            (0..40).collect()
+        );
+        assert_eq!(got.len(), 40);
+        assert_ne!(got, (0..40).collect::<Vec<_>>(), "shuffled");
+        assert_eq!((next.epoch, next.position), (1, 0));
+        let (b1, _) = collect(&l, &next, None).await;
+        assert_ne!(ids(&b1), got, "epoch 1 has another order");
+        let (again, _) = collect(&l, &l.initial_state(), None).await;
+        assert_eq!(
+            ids(&again),
+            got,
+            "the same (seed, epoch) gives the same order"
+        );
+    }
+
+    #[tokio::test]
+    async fn ranks_are_disjoint_and_cover_the_dataset() {
+        make("memory://l-ranks", 41).await;
+        for (rem, expect_len) in [(Remainder::Drop, 40usize), (Remainder::Pad, 42)] {
+            let mut all = vec![];
+            for rank in 0..2 {
+                let c = LoaderConfig {
+                    rank,
+                    world_size: 2,
+                    remainder: rem,
+                    ..cfg(4)
+                };
+                let l = Loader::open("memory://l-ranks", c).await.unwrap();
+                let (b, _) = collect(&l, &l.initial_state(), None).await;
+                assert_eq!(ids(&b).len() as u64, l.samples_per_epoch());
+                all.push(ids(&b));
+            }
+            let a: BTreeSet<u64> = all[0].iter().copied().collect();
+            let b: BTreeSet<u64> = all[1].iter().copied().collect();
+            assert_eq!(all[0].len() + all[1].len(), expect_len, "{rem:?}");
+            match rem {
+                Remainder::Drop => {
+                    assert!(a.is_disjoint(&b));
+                    assert_eq!(a.union(&b).count(), 40);
+                }
+                _ => assert_eq!(
+                    a.union(&b).copied().collect::<BTreeSet<_>>(),
+                    (0..41).collect()
+                ),
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn resuming_mid_epoch_continues_exactly() {
+        make("memory://l-resume", 37).await;
+        for batching in [Batching::Samples(5), Batching::Tokens(40)] {
+            let c = LoaderConfig {
+                batching,
+                decode_threads: 3,
+                prefetch_batches: 2,
+                ..cfg(1)
+            };
+            let l = Loader::open("memory://l-resume", c.clone()).await.unwrap();
+            let (whole, _) = collect(&l, &l.initial_state(), None).await;
+            let (first, state) = collect(&l, &l.initial_state(), Some(3)).await;
+            // A fresh loader, as another process would build, from the JSON state.
+            let l2 = Loader::open("memory://l-resume", c).await.unwrap();
+            let restored = LoaderState::from_json(&state.to_json()).unwrap();
+            let (rest, _) = collect(&l2, &restored, None).await;
+            let joined: Vec<Vec<u64>> = first
+                .iter()
+                .chain(&rest)
+                .map(|b| b.sample_ids.clone())
+                .collect();
+            let expect: Vec<Vec<u64>> = whole.iter().map(|b| b.sample_ids.clone()).collect();
+            assert_eq!(joined, expect, "{batching:?}");
+        }
+    }
+
+    #[tokio::test]
+    async fn token_budget_is_never_exceeded() {
+        make("memory://l-tokens", 30).await;
+        for layout in [Layout::Padded, Layout::Packed] {
+            let c = LoaderConfig {
+                batching: Batching::Tokens(24),
+                layout,
+                ..cfg(1)
+            };
+            let l = Loader::open("memory://l-tokens", c).await.unwrap();
+            let (b, _) = collect(&l, &l.initial_state(), None).await;
+            assert_eq!(ids(&b).len(), 30);
+            for x in &b {
+                let shape = &x.field("input_ids").unwrap().shape;
+                assert!(shape[0] * shape[1] <= 24, "{layout:?} {shape:?}");
+                assert!(x.seq_lens.iter().all(|&n| n <= 24));
+            }
+        }
+    }
+
+    fn bf16_at(t: &HostTensor, i: usize) -> u16 {
+        u16::from_le_bytes([t.bytes()[2 * i], t.bytes()[2 * i + 1]])
+    }
+
+    #[tokio::test]
+    async fn padded_batch_holds_the_stored_values_with_aux_in_configured_order() {
+        make("memory://l-values", 12).await;
+        let aux = vec![CapturePoint::LayerOutput(1), CapturePoint::LayerOutput(0)];
+        let c = LoaderConfig {
+            aux_layers: Some(aux),
+            max_seq_len: Some(6),
+            pad_token_id: -1,
+            ..cfg(4)
+        };
+        let l = Loader::open("memory://l-values", c).await.unwrap();
+        assert_eq!(l.target_point(), CapturePoint::LayerOutput(2));
+        let (batches, _) = collect(&l, &l.initial_state(), None).await;
+        for b in &batches {
+            let ids_t = b.field("input_ids").unwrap();
+            let (bsz, t) = (ids_t.shape[0], ids_t.shape[1]);
+            let aux = b.field("aux_hidden_states").unwrap();
+            let tgt = b.field("target_hidden_states").unwrap();
+            assert_eq!(aux.shape, vec![bsz, t, 2 * H]);
+            assert_eq!(aux.dtype, crate::ElemType::Bf16);
+            let ids_v = ids_t.to_i64_vec();
+            let mask = b.field("attention_mask").unwrap().to_i64_vec();
+            let pos = b.field("position_ids").unwrap().to_i64_vec();
+            for (i, &id) in b.sample_ids.iter().enumerate() {
+                let n = seq_len(id).min(6);
+                assert_eq!(b.seq_lens[i], n);
+                for tok in 0..t {
+                    let real = tok < n;
+                    assert_eq!(mask[i * t + tok], real as i64);
+                    let want_id = if real {
+                        (id as i64 * 10 + tok as i64) % 1000
+                    } else {
+                        -1
+                    };
+                    assert_eq!(ids_v[i * t + tok], want_id);
+                    assert_eq!(pos[i * t + tok], if real { tok as i64 } else { 0 });
+                    for h in 0..H {
+                        let a0 = bf16_at(aux, (i * t + tok) * 2 * H + h);
+                        let a1 = bf16_at(aux, (i * t + tok) * 2 * H + H + h);
+                        let g = bf16_at(tgt, (i * t + tok) * H + h);
+                        if real {
+                            assert_eq!(
+                                (a0, a1, g),
+                                (
+                                    value(id, 1, tok, h),
+                                    value(id, 0, tok, h),
+                                    value(id, 2, tok, h)
+                                )
+                            );
+                        } else {
+                            assert_eq!((a0, a1, g), (0, 0, 0), "padding is zero");
+                        }
+                    }
+                }
+            }
+        }
+        assert!(bf16_bits_to_f32(value(3, 1, 2, 1)) > 3.0);
+    }
+
+    #[tokio::test]
+    async fn packed_batch_has_cu_seqlens_document_ids_and_restarting_positions() {
+        make("memory://l-packed", 9).await;
+        let c = LoaderConfig {
+            layout: Layout::Packed,
+            shuffle: false,
+            ..cfg(3)
+        };
+        let l = Loader::open("memory://l-packed", c).await.unwrap();
+        let (batches, _) = collect(&l, &l.initial_state(), None).await;
+        let b = &batches[0];
+        assert_eq!(b.sample_ids, vec![0, 1, 2]);
+        let lens: Vec<usize> = (0..3).map(seq_len).collect();
+        let total: usize = lens.iter().sum();
+        assert_eq!(b.field("input_ids").unwrap().shape, vec![1, total]);
+        assert!(b.field("attention_mask").is_none());
+        let cu = b.field("cu_seqlens").unwrap().to_i32_vec();
+        assert_eq!(
+            cu,
+            vec![0, lens[0] as i32, (lens[0] + lens[1]) as i32, total as i32]
+        );
+        let docs = b.field("document_ids").unwrap().to_i64_vec();
+        let pos = b.field("position_ids").unwrap().to_i64_vec();
+        assert_eq!(docs[lens[0]], 1);
+        assert_eq!(pos[lens[0]], 0);
+        assert_eq!(pos[lens[0] - 1], lens[0] as i64 - 1);
+        let tgt = b.field("target_hidden_states").unwrap();
+        assert_eq!(bf16_at(tgt, (lens[0] + 1) * H + 3), value(1, 2, 1, 3));
+    }
+
+    #[tokio::test]
+    async fn follow_mode_reads_new_versions_without_repeating() {
+        let ds = make("memory://l-follow", 10).await;
+        let c = LoaderConfig {
+            follow: Some(Follow {
+                poll_interval: Duration::from_millis(20),
+                idle_timeout: Some(Duration::from_millis(1500)),
+            }),
+            ..cfg(4)
+        };
+        let l = Loader::open("memory://l-follow", c).await.unwrap();
+        let mut s = l.stream(&l.initial_state()).unwrap();
+        let mut got = vec![];
+        // Take the first batch, then commit two more versions while the stream is running.
+        got.extend(s.next().await.unwrap().unwrap().sample_ids);
+        append(&ds, &[10..17, 17..20]).await;
+        while let Some(b) = s.next().await {
+            got.extend(b.unwrap().sample_ids);
+        }
+        let set: BTreeSet<u64> = got.iter().copied().collect();
+        assert_eq!(set.len(), got.len(), "nothing repeated");
+        assert_eq!(set, (0..20).collect());
+        assert_eq!(s.state().segment_version, l.version() + 2);
+        // Resuming at the end waits for another version, sees none, and yields nothing.
+        let (more, _) = collect(&l, &s.state().clone(), None).await;
+        assert!(more.is_empty());
+    }
+
+    #[tokio::test]
+    async fn rejects_missing_layer_bad_rank_and_unknown_version() {
+        make("memory://l-bad", 3).await;
+        let c = LoaderConfig {
+            aux_layers: Some(vec![CapturePoint::LayerOutput(7)]),
+            ..cfg(2)
+        };
+        let err = Loader::open("memory://l-bad", c)
+            .await
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(
+            err.contains("has no layer_7") && err.contains("layer_0, layer_1, layer_2"),
+            "{err}"
+        );
+        let c = LoaderConfig {
+            target: Some(CapturePoint::FinalNorm),
+            ..cfg(2)
+        };
+        assert!(Loader::open("memory://l-bad", c)
+            .await
+            .err()
+            .unwrap()
+            .to_string()
+            .contains("final_norm"));
+        let c = LoaderConfig {
+            rank: 3,
+            world_size: 2,
+            ..cfg(2)
+        };
+        assert!(Loader::open("memory://l-bad", c)
+            .await
+            .err()
+            .unwrap()
+            .to_string()
+            .contains("rank 3"));
+        let c = LoaderConfig {
+            version: Some(99),
+            ..cfg(2)
+        };
+        let err = Loader::open("memory://l-bad", c)
+            .await
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(err.contains("99"), "{err}");
+    }
+
+    #[tokio::test]
+    async fn resume_state_of_another_rank_is_refused() {
+        make("memory://l-mismatch", 3).await;
+        let a = Loader::open(
+            "memory://l-mismatch",
+            LoaderConfig {
+                world_size: 2,
+                ..cfg(2)
+            },
+        )
+        .await
+        .unwrap();
+        let b = Loader::open(
+            "memory://l-mismatch",
+            LoaderConfig {
+                world_size: 2,
+                rank: 1,
+                ..cfg(2)
+            },
+        )
+        .await
+        .unwrap();
+        let err = b.stream(&a.initial_state()).err().unwrap().to_string();
+        assert!(err.contains("rank = 0"), "{err}");
+    }
+
+    /// Overwrite the middle of the first shard file with garbage.
+    fn corrupt_first_shard(dir: &std::path::Path, l: &Loader) -> String {
+        let rel = l.manifest().shards[0].path.clone();
+        let file = dir.join(&rel);
+        let mut bytes = std::fs::read(&file).unwrap();
+        let mid = bytes.len() / 3;
+        for b in &mut bytes[mid..mid + 200] {
+            *b ^= 0x5a;
+        }
+        std::fs::write(&file, bytes).unwrap();
+        rel
+    }
+
+    #[tokio::test]
+    async fn corrupt_shard_errors_naming_the_file_or_is_skipped_and_counted() {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("file://{}", dir.path().display());
+        make(&url, 30).await;
+        let c = LoaderConfig {
+            shuffle: false,
+            shuffle_window: 1,
+            ..cfg(4)
+        };
+        let l = Loader::open(&url, c.clone()).await.unwrap();
+        let rel = corrupt_first_shard(dir.path(), &l);
+        let mut s = l.stream(&l.initial_state()).unwrap();
+        let mut err = None;
+        while let Some(b) = s.next().await {
+            if let Err(e) = b {
+                err = Some(e.to_string());
+            }
+        }
+        let err = err.expect("a corrupt shard is an error by default");
+        assert!(err.contains(&rel), "{err}");
+
+        let l = Loader::open(
+            &url,
+            LoaderConfig {
+                on_corrupt: CorruptPolicy::Skip,
+                ..c
+            },
+        )
+        .await
+        .unwrap();
+        let (b, _) = collect(&l, &l.initial_state(), None).await;
+        let skipped = l.stats().samples_skipped.load(Ordering::Relaxed);
+        assert!(skipped > 0 && l.stats().row_groups_skipped.load(Ordering::Relaxed) > 0);
+        assert_eq!(ids(&b).len() as u64 + skipped, 30);
+    }
+}

@@ -1,0 +1,189 @@
+//! One row group as read from a shard, with only the columns the loader needs, checked once
+//! so that batch assembly can slice it without further checks.
+use arrow_array::cast::AsArray;
+use arrow_array::types::{Int32Type, UInt64Type, UInt8Type};
+use arrow_array::{Array, Int32Array, LargeBinaryArray, RecordBatch, UInt64Array, UInt8Array};
+use hslake_schemas::{CapturePoint, DType};
+
+use crate::LoaderError;
+
+/// A tensor column and, for fp8, its per-token scales.
+#[derive(Debug, Clone)]
+pub(crate) struct TensorColumn {
+    pub values: LargeBinaryArray,
+    pub scales: Option<LargeBinaryArray>,
+}
+
+/// The columns of one row group that batches are assembled from.
+#[derive(Debug)]
+pub(crate) struct RowGroupData {
+    pub sample_ids: UInt64Array,
+    /// `offsets[r]..offsets[r + 1]` are row r's tokens in `input_ids` and `loss_mask`.
+    pub offsets: Vec<usize>,
+    pub input_ids: Int32Array,
+    pub loss_mask: UInt8Array,
+    /// Auxiliary tensors, in the configured order.
+    pub aux: Vec<TensorColumn>,
+    pub target: TensorColumn,
+}
+
+impl RowGroupData {
+    /// Tokens of row `r`.
+    pub(crate) fn seq_len(&self, r: usize) -> usize {
+        self.offsets[r + 1] - self.offsets[r]
+    }
+
+    /// Rows in the row group.
+    pub(crate) fn rows(&self) -> usize {
+        self.sample_ids.len()
+    }
+}
+
+/// Names of the columns to read for these points.
+pub(crate) fn needed_columns(
+    dtype: DType,
+    aux: &[CapturePoint],
+    target: CapturePoint,
+) -> Vec<String> {
+    let mut cols: Vec<String> = ["sample_id", "input_ids", "loss_mask"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    let mut points: Vec<CapturePoint> = aux.to_vec();
+    if !points.contains(&target) {
+        points.push(target);
+    }
+    for p in points {
+        cols.push(p.column());
+        if dtype.has_scales() {
+            cols.push(format!("{}_scale", p.column()));
+        }
+    }
+    cols
+}
+
+/// Pick and check the columns of a freshly read row group.
+pub(crate) fn from_batch(
+    batch: &RecordBatch,
+    path: &str,
+    row_group: usize,
+    dtype: DType,
+    hidden: usize,
+    aux: &[CapturePoint],
+    target: CapturePoint,
+) -> Result<RowGroupData, LoaderError> {
+    let bad = |message: String| LoaderError::Shard {
+        path: path.to_string(),
+        row_group,
+        message,
+    };
+    let col = |name: &str| {
+        batch
+            .column_by_name(name)
+            .ok_or_else(|| bad(format!("column {name:?} is missing")))
+    };
+    let wrong = |name: &str, want: &str| bad(format!("column {name:?} is not {want}"));
+
+    let sample_ids = col("sample_id")?
+        .as_primitive_opt::<UInt64Type>()
+        .ok_or_else(|| wrong("sample_id", "UInt64"))?
+        .clone();
+    let ids_list = col("input_ids")?
+        .as_list_opt::<i32>()
+        .ok_or_else(|| wrong("input_ids", "List<Int32>"))?;
+    let mask_list = col("loss_mask")?
+        .as_list_opt::<i32>()
+        .ok_or_else(|| wrong("loss_mask", "List<UInt8>"))?;
+    let input_ids = ids_list
+        .values()
+        .as_primitive_opt::<Int32Type>()
+        .ok_or_else(|| wrong("input_ids", "List<Int32>"))?;
+    let loss_mask = mask_list
+        .values()
+        .as_primitive_opt::<UInt8Type>()
+        .ok_or_else(|| wrong("loss_mask", "List<UInt8>"))?;
+    if ids_list.offsets() != mask_list.offsets() {
+        return Err(bad("input_ids and loss_mask have different lengths".into()));
+    }
+    let base = ids_list.offsets().first().copied().unwrap_or(0);
+    if base < 0 {
+        return Err(bad("input_ids has a negative offset".into()));
+    }
+    // Offsets made relative to the (possibly sliced) value arrays.
+    let offsets: Vec<usize> = ids_list
+        .offsets()
+        .iter()
+        .map(|&o| (o - base) as usize)
+        .collect();
+    let input_ids = input_ids.slice(base as usize, offsets.last().copied().unwrap_or(0));
+    let mask_base = mask_list.offsets().first().copied().unwrap_or(0) as usize;
+    let loss_mask = loss_mask.slice(mask_base, offsets.last().copied().unwrap_or(0));
+
+    if sample_ids.len() + 1 != offsets.len() {
+        return Err(bad(
+            "sample_id and input_ids have different row counts".into()
+        ));
+    }
+    let tensor = |p: CapturePoint| -> Result<TensorColumn, LoaderError> {
+        let name = p.column();
+        let values = col(&name)?
+            .as_binary_opt::<i64>()
+            .ok_or_else(|| wrong(&name, "LargeBinary"))?
+            .clone();
+        let scales = if dtype.has_scales() {
+            let sname = format!("{name}_scale");
+            Some(
+                col(&sname)?
+                    .as_binary_opt::<i64>()
+                    .ok_or_else(|| wrong(&sname, "LargeBinary"))?
+                    .clone(),
+            )
+        } else {
+            None
+        };
+        if values.len() != sample_ids.len()
+            || scales.as_ref().is_some_and(|s| s.len() != values.len())
+        {
+            return Err(bad(format!(
+                "column {name:?} has a different row count than sample_id"
+            )));
+        }
+        for r in 0..values.len() {
+            let t = offsets[r + 1] - offsets[r];
+            let expected = t * hidden * dtype.size();
+            if values.value_length(r) as usize != expected {
+                return Err(bad(format!(
+                    "row {r} (sample {}) {}: {} bytes, expected {expected} for shape [{t}, {hidden}] of {dtype}",
+                    sample_ids.value(r),
+                    p.label(),
+                    values.value_length(r)
+                )));
+            }
+            if let Some(s) = &scales {
+                if s.value_length(r) as usize != t * 4 {
+                    return Err(bad(format!(
+                        "row {r} (sample {}) {} scales: {} bytes, expected {} (one f32 per token)",
+                        sample_ids.value(r),
+                        p.label(),
+                        s.value_length(r),
+                        t * 4
+                    )));
+                }
+            }
+        }
+        Ok(TensorColumn { values, scales })
+    };
+    let aux = aux
+        .iter()
+        .map(|&p| tensor(p))
+        .collect::<Result<Vec<_>, _>>()?;
+    let target = tensor(target)?;
+    Ok(RowGroupData {
+        sample_ids,
+        offsets,
+        input_ids,
+        loss_mask,
+        aux,
+        target,
+    })
+}
