@@ -27,6 +27,8 @@ enum Command {
     Vacuum(cmd::vacuum::Args),
     /// Copy a dataset version to another store, checking checksums.
     Cp(cmd::cp::Args),
+    /// Write one sample's arrays as .npy files.
+    Export(cmd::export::Args),
     /// Benchmarks.
     #[command(subcommand)]
     Bench(cmd::bench::Bench),
@@ -34,11 +36,16 @@ enum Command {
 
 fn main() -> std::process::ExitCode {
     tracing_subscriber::fmt()
-        .with_env_filter(EnvFilter::try_from_env("HSLAKE_LOG").unwrap_or_else(|_| EnvFilter::new("info")))
+        .with_env_filter(
+            EnvFilter::try_from_env("HSLAKE_LOG").unwrap_or_else(|_| EnvFilter::new("info")),
+        )
         .with_writer(std::io::stderr)
         .init();
     let cli = Cli::parse();
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("error: cannot start the async runtime: {e}");
@@ -53,6 +60,7 @@ fn main() -> std::process::ExitCode {
             Command::Verify(a) => cmd::verify::run(a).await,
             Command::Vacuum(a) => cmd::vacuum::run(a).await,
             Command::Cp(a) => cmd::cp::run(a).await,
+            Command::Export(a) => cmd::export::run(a).await,
             Command::Bench(b) => cmd::bench::run(b).await,
         }
     });

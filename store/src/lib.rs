@@ -20,6 +20,7 @@
 //! ```
 #![deny(missing_docs)]
 
+pub mod bench;
 pub mod codec;
 mod copy;
 
@@ -43,4 +44,4 @@ pub use reader::DatasetReader;
 pub use copy::{copy_dataset, CopyReport};
 pub use vacuum::{vacuum, VacuumReport};
 pub use verify::{verify, Problem, VerifyReport};
-pub use writer::{Appended, DatasetWriter, WriterOptions, WriterStats};
+pub use writer::{encode_sample, Appended, DatasetWriter, WriterOptions, WriterStats};

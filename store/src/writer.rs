@@ -106,6 +106,30 @@ struct OpenShard {
     row_groups: Vec<u64>,
 }
 
+/// Validate a sample against the schema, byte-split its tensors and compute their statistics;
+/// `None` when the finiteness policy skips it. Pure CPU work: run it on as many threads as
+/// the encoding needs, then hand the results to [`DatasetWriter::append_encoded`].
+pub fn encode_sample(
+    schema: &DatasetSchema,
+    policy: FinitePolicy,
+    sample: &Sample,
+) -> Result<Option<EncodedSample>> {
+    let invalid = |source: SchemaError| StoreError::InvalidSample {
+        sample_id: sample.sample_id,
+        source,
+    };
+    schema.validate(sample).map_err(invalid)?;
+    let enc = EncodedSample::new(sample);
+    let keep = schema
+        .apply_finite_policy(
+            sample.sample_id,
+            enc.stats.iter().map(|s| (s.nan_count, s.inf_count)),
+            policy,
+        )
+        .map_err(invalid)?;
+    Ok(keep.then_some(enc))
+}
+
 /// Appends samples to a dataset; `commit` makes them visible atomically as a new version.
 pub struct DatasetWriter {
     ds: Dataset,
@@ -158,6 +182,11 @@ impl DatasetWriter {
         })
     }
 
+    /// The options the writer was made with.
+    pub fn options(&self) -> WriterOptions {
+        self.opts
+    }
+
     /// The dataset schema samples are checked against.
     pub fn schema(&self) -> &DatasetSchema {
         &self.schema
@@ -169,23 +198,9 @@ impl DatasetWriter {
         self.append_encoded(enc).await
     }
 
-    /// Validate and encode a sample without buffering it; safe to run on other threads.
+    /// Validate and encode a sample without buffering it (see [`encode_sample`]).
     pub fn encode(&self, sample: &Sample) -> Result<Option<EncodedSample>> {
-        let invalid = |source: SchemaError| StoreError::InvalidSample {
-            sample_id: sample.sample_id,
-            source,
-        };
-        self.schema.validate(sample).map_err(invalid)?;
-        let enc = EncodedSample::new(sample);
-        let keep = self
-            .schema
-            .apply_finite_policy(
-                sample.sample_id,
-                enc.stats.iter().map(|s| (s.nan_count, s.inf_count)),
-                self.opts.finite_policy,
-            )
-            .map_err(invalid)?;
-        Ok(keep.then_some(enc))
+        encode_sample(&self.schema, self.opts.finite_policy, sample)
     }
 
     /// Buffer a sample encoded by [`DatasetWriter::encode`] (`None`: it was skipped).

@@ -1,0 +1,138 @@
+//! `hslake bench`: benchmarks that print figures for docs/PERFORMANCE.md.
+use anyhow::{Context, Result};
+use hslake_schemas::{CapturePoint, DType, DatasetSchema, Sample};
+use hslake_store::bench::{bench_layouts, bench_store};
+use hslake_store::synth::SynthModel;
+use hslake_store::{Dataset, DatasetReader};
+
+/// Benchmarks.
+#[derive(clap::Subcommand)]
+pub enum Bench {
+    /// Shard format: write and read+decode MB/s per core, compression, bytes per sample, layouts.
+    Store(StoreArgs),
+}
+
+/// Arguments of `hslake bench store`.
+#[derive(clap::Args)]
+pub struct StoreArgs {
+    /// Take samples from this dataset (e.g. real captured activations) instead of synthesising.
+    #[arg(long)]
+    pub from: Option<String>,
+    /// Samples to synthesise (or at most to take from --from).
+    #[arg(long, default_value_t = 200)]
+    pub samples: usize,
+    /// Synthetic sequence lengths MIN:MAX.
+    #[arg(long, default_value = "256:1024")]
+    pub seq_len: String,
+    /// Synthetic hidden size.
+    #[arg(long, default_value_t = 1024)]
+    pub hidden: usize,
+    /// Synthetic captured layers.
+    #[arg(long, value_delimiter = ',', default_value = "2,16,29,31")]
+    pub layers: Vec<u32>,
+    /// Synthetic dtype.
+    #[arg(long, default_value = "bf16")]
+    pub dtype: String,
+    /// zstd level.
+    #[arg(long, default_value_t = 1)]
+    pub zstd_level: i32,
+    /// Scratch directory (default: a temporary one).
+    #[arg(long)]
+    pub dir: Option<std::path::PathBuf>,
+    /// Print JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+async fn load_samples(a: &StoreArgs) -> Result<(DatasetSchema, Vec<Sample>)> {
+    if let Some(url) = &a.from {
+        let r = DatasetReader::open(&Dataset::open(url).await?, None).await?;
+        let mut out = vec![];
+        let mut scan = r.scan(None);
+        use futures::TryStreamExt;
+        while let Some(b) = scan.try_next().await? {
+            out.extend(hslake_store::codec::decode_samples(r.schema(), &b)?);
+            if out.len() >= a.samples {
+                out.truncate(a.samples);
+                break;
+            }
+        }
+        return Ok((r.schema().clone(), out));
+    }
+    let seq = super::synth::parse_range(&a.seq_len)?;
+    let dtype: DType = a.dtype.parse()?;
+    let points = a
+        .layers
+        .iter()
+        .map(|&l| CapturePoint::LayerOutput(l))
+        .collect();
+    let num_layers = a.layers.iter().max().map_or(1, |m| *m as usize + 1);
+    let schema = DatasetSchema::new(
+        "synthetic",
+        "Synthetic",
+        a.hidden,
+        num_layers,
+        32000,
+        dtype,
+        points,
+    )?;
+    let gen = SynthModel::new(schema.clone(), seq, 0);
+    Ok((
+        schema,
+        (0..a.samples as u64).map(|i| gen.sample(i)).collect(),
+    ))
+}
+
+/// Run a benchmark.
+pub async fn run(b: Bench) -> Result<std::process::ExitCode> {
+    let Bench::Store(a) = b;
+    let (schema, samples) = load_samples(&a).await?;
+    anyhow::ensure!(!samples.is_empty(), "no samples to benchmark");
+    let tmp = tempfile::tempdir().context("temporary directory")?;
+    let dir = a
+        .dir
+        .clone()
+        .unwrap_or_else(|| tmp.path().to_path_buf())
+        .join(format!("bench-{}", std::process::id()));
+    let url = format!("file://{}", dir.display());
+    tracing::info!(samples = samples.len(), hidden = schema.hidden_size, dtype = %schema.dtype, "benchmarking the shard format");
+    let st = bench_store(&url, schema.clone(), &samples, a.zstd_level).await?;
+    let layouts = tokio::task::block_in_place(|| bench_layouts(&schema, &samples, a.zstd_level))?;
+    let _ = std::fs::remove_dir_all(&dir);
+    if a.json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&serde_json::json!({"store": st, "layouts": layouts}))?
+        );
+    } else {
+        println!(
+            "samples {}  raw {}  file {}  ratio {:.3}x",
+            st.samples,
+            super::human_bytes(st.raw_bytes),
+            super::human_bytes(st.file_bytes),
+            st.ratio
+        );
+        println!(
+            "write (validate+stats+split+zstd+write), one core: {:.0} MB/s raw",
+            st.write_mb_s
+        );
+        println!(
+            "read+decode (fetch+zstd+unsplit), one core:        {:.0} MB/s raw",
+            st.read_mb_s
+        );
+        println!(
+            "one random sample: {} fetched in {} request(s) for {} raw",
+            super::human_bytes(st.one_sample_bytes),
+            st.one_sample_requests,
+            super::human_bytes(st.one_sample_raw)
+        );
+        println!("layout\tratio\twrite MB/s\tread MB/s");
+        for l in &layouts {
+            println!(
+                "{}\t{:.3}\t{:.0}\t{:.0}",
+                l.layout, l.ratio, l.write_mb_s, l.read_mb_s
+            );
+        }
+    }
+    Ok(std::process::ExitCode::SUCCESS)
+}

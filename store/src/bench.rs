@@ -1,0 +1,308 @@
+//! Store benchmarks: write and read+decode throughput of the shard format, compression
+//! against raw, bytes fetched for one sample, and the physical layouts it was chosen over.
+//! Shared by `hslake bench store` and `cargo bench -p hslake-store`.
+use std::sync::Arc;
+use std::time::Instant;
+
+use arrow_array::cast::AsArray;
+use arrow_array::{
+    Array, ArrayRef, FixedSizeBinaryArray, LargeBinaryArray, ListArray, RecordBatch,
+};
+use arrow_buffer::OffsetBuffer;
+use arrow_schema::{DataType, Field, Schema};
+use bytes::Bytes;
+use futures::TryStreamExt;
+use hslake_schemas::{DatasetSchema, Sample};
+use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+use parquet::arrow::ArrowWriter;
+use parquet::basic::{Compression, Encoding, ZstdLevel};
+use parquet::file::properties::WriterProperties;
+use serde::Serialize;
+
+use crate::codec::{decode_samples, split, unsplit_into};
+use crate::{Dataset, DatasetReader, DatasetWriter, Provenance, Result, StoreError, WriterOptions};
+
+/// Results of the shard-format benchmark.
+#[derive(Debug, Clone, Serialize)]
+pub struct StoreBench {
+    /// Samples written.
+    pub samples: usize,
+    /// Raw tensor bytes.
+    pub raw_bytes: u64,
+    /// Shard bytes on disk.
+    pub file_bytes: u64,
+    /// raw / file.
+    pub ratio: f64,
+    /// Raw MB/s written (validate, statistics, split, compress, write) on one core.
+    pub write_mb_s: f64,
+    /// Raw MB/s read and decoded into `[seq_len, hidden]` buffers on one core.
+    pub read_mb_s: f64,
+    /// Bytes fetched for one random sample once footers are cached.
+    pub one_sample_bytes: u64,
+    /// Requests made for it.
+    pub one_sample_requests: u64,
+    /// Raw bytes of that sample's tensors.
+    pub one_sample_raw: u64,
+}
+
+/// Write `samples` into a fresh dataset at `url` and measure the format.
+pub async fn bench_store(
+    url: &str,
+    schema: DatasetSchema,
+    samples: &[Sample],
+    zstd_level: i32,
+) -> Result<StoreBench> {
+    let ds = Dataset::create(
+        url,
+        schema.clone(),
+        Provenance {
+            software: "hslake bench".into(),
+            ..Default::default()
+        },
+    )
+    .await?;
+    let opts = WriterOptions {
+        zstd_level,
+        ..Default::default()
+    };
+    let mut w = DatasetWriter::new(&ds, opts).await?;
+    let t = Instant::now();
+    for s in samples {
+        w.append(s).await?;
+    }
+    w.commit().await?;
+    let write_s = t.elapsed().as_secs_f64();
+    let m = ds.manifest(None).await?;
+    let (raw, file) = (m.raw_bytes(), m.bytes());
+
+    let r = DatasetReader::open(&ds, None).await?;
+    let t = Instant::now();
+    let mut decoded = 0usize;
+    let mut scan = r.scan(None);
+    while let Some(b) = scan.try_next().await? {
+        decoded += decode_samples(&schema, &b)?.len();
+    }
+    let read_s = t.elapsed().as_secs_f64();
+    debug_assert_eq!(decoded, samples.len());
+
+    for i in 0..m.shards.len() {
+        r.shard_metadata(i).await?;
+    }
+    let pick = samples[samples.len() / 2].sample_id;
+    let (b0, q0) = r.io();
+    let one = r.get_sample(pick).await?;
+    let (b1, q1) = r.io();
+    Ok(StoreBench {
+        samples: samples.len(),
+        raw_bytes: raw,
+        file_bytes: file,
+        ratio: raw as f64 / file as f64,
+        write_mb_s: raw as f64 / write_s / 1e6,
+        read_mb_s: raw as f64 / read_s / 1e6,
+        one_sample_bytes: b1 - b0,
+        one_sample_requests: q1 - q0,
+        one_sample_raw: one.tensors.iter().map(|t| t.data.len() as u64).sum(),
+    })
+}
+
+/// One candidate physical layout's figures.
+#[derive(Debug, Clone, Serialize)]
+pub struct LayoutBench {
+    /// Layout name.
+    pub layout: &'static str,
+    /// raw / file bytes.
+    pub ratio: f64,
+    /// Raw MB/s encoded and compressed on one core.
+    pub write_mb_s: f64,
+    /// Raw MB/s decoded to contiguous `[seq_len, hidden]` buffers on one core.
+    pub read_mb_s: f64,
+}
+
+/// The layouts compared: tensor columns only, same zstd level, one row group per 32 MiB raw.
+pub const LAYOUTS: [&str; 4] = [
+    "blob-split (chosen)",
+    "blob-plain",
+    "list-bss",
+    "row-per-token",
+];
+
+/// Measure every layout of [`LAYOUTS`] on the same samples.
+pub fn bench_layouts(
+    schema: &DatasetSchema,
+    samples: &[Sample],
+    zstd_level: i32,
+) -> Result<Vec<LayoutBench>> {
+    let raw: u64 = samples
+        .iter()
+        .flat_map(|s| s.tensors.iter())
+        .map(|t| t.data.len() as u64)
+        .sum();
+    let k = schema.dtype.size();
+    let h = schema.hidden_size;
+    let level = ZstdLevel::try_new(zstd_level).map_err(|e| StoreError::Usage(e.to_string()))?;
+    let mut out = vec![];
+    for layout in LAYOUTS {
+        let t = Instant::now();
+        let mut buf = Vec::new();
+        let batch0 = layout_batch(layout, schema, &samples[..1])?;
+        let mut props = WriterProperties::builder()
+            .set_compression(Compression::ZSTD(level))
+            .set_dictionary_enabled(false);
+        if layout == "list-bss" {
+            props = props.set_encoding(Encoding::BYTE_STREAM_SPLIT);
+        }
+        let mut w = ArrowWriter::try_new(&mut buf, batch0.schema(), Some(props.build()))
+            .map_err(|e| StoreError::pq(layout, e))?;
+        let per_group = (32usize << 20)
+            / (samples[0]
+                .tensors
+                .iter()
+                .map(|t| t.data.len())
+                .sum::<usize>()
+                .max(1));
+        for chunk in samples.chunks(per_group.max(1)) {
+            let b = layout_batch(layout, schema, chunk)?;
+            w.write(&b).map_err(|e| StoreError::pq(layout, e))?;
+            w.flush().map_err(|e| StoreError::pq(layout, e))?;
+        }
+        w.close().map_err(|e| StoreError::pq(layout, e))?;
+        let write_s = t.elapsed().as_secs_f64();
+        let file = buf.len() as u64;
+
+        let t = Instant::now();
+        let reader = ParquetRecordBatchReaderBuilder::try_new(Bytes::from(buf))
+            .and_then(|b| b.with_batch_size(4096).build())
+            .map_err(|e| StoreError::pq(layout, e))?;
+        let mut sink = 0u64;
+        for b in reader {
+            let b = b.map_err(|e| StoreError::Arrow {
+                context: layout.into(),
+                source: e,
+            })?;
+            sink += decode_layout(layout, &b, k, h);
+        }
+        let read_s = t.elapsed().as_secs_f64();
+        debug_assert_eq!(sink, raw);
+        out.push(LayoutBench {
+            layout,
+            ratio: raw as f64 / file as f64,
+            write_mb_s: raw as f64 / write_s / 1e6,
+            read_mb_s: raw as f64 / read_s / 1e6,
+        });
+    }
+    Ok(out)
+}
+
+fn layout_batch(layout: &str, schema: &DatasetSchema, rows: &[Sample]) -> Result<RecordBatch> {
+    let k = schema.dtype.size();
+    let h = schema.hidden_size;
+    let mut fields = vec![];
+    let mut cols: Vec<ArrayRef> = vec![];
+    for (i, p) in schema.points.iter().enumerate() {
+        let name = p.column();
+        let (field, col): (Field, ArrayRef) = match layout {
+            "blob-split (chosen)" | "blob-plain" => {
+                let vals: Vec<Vec<u8>> = rows
+                    .iter()
+                    .map(|s| {
+                        if layout == "blob-plain" {
+                            s.tensors[i].data.clone()
+                        } else {
+                            split(&s.tensors[i].data, k)
+                        }
+                    })
+                    .collect();
+                (
+                    Field::new(name, DataType::LargeBinary, false),
+                    Arc::new(LargeBinaryArray::from_iter_values(vals.iter())),
+                )
+            }
+            "list-bss" => {
+                let values: Vec<&[u8]> = rows
+                    .iter()
+                    .flat_map(|s| s.tensors[i].data.chunks_exact(k))
+                    .collect();
+                let inner =
+                    FixedSizeBinaryArray::try_from_iter(values.into_iter()).map_err(|e| {
+                        StoreError::Arrow {
+                            context: layout.into(),
+                            source: e,
+                        }
+                    })?;
+                let item = Arc::new(Field::new(
+                    "item",
+                    DataType::FixedSizeBinary(k as i32),
+                    false,
+                ));
+                let offsets =
+                    OffsetBuffer::from_lengths(rows.iter().map(|s| s.tensors[i].data.len() / k));
+                let list = ListArray::try_new(item.clone(), offsets, Arc::new(inner), None)
+                    .map_err(|e| StoreError::Arrow {
+                        context: layout.into(),
+                        source: e,
+                    })?;
+                (
+                    Field::new(name, DataType::List(item), false),
+                    Arc::new(list),
+                )
+            }
+            _ => {
+                // One row per token: each token's hidden vector as one fixed-size value.
+                let values = rows
+                    .iter()
+                    .flat_map(|s| s.tensors[i].data.chunks_exact(h * k));
+                let arr =
+                    FixedSizeBinaryArray::try_from_iter(values).map_err(|e| StoreError::Arrow {
+                        context: layout.into(),
+                        source: e,
+                    })?;
+                (
+                    Field::new(name, DataType::FixedSizeBinary((h * k) as i32), false),
+                    Arc::new(arr),
+                )
+            }
+        };
+        fields.push(field);
+        cols.push(col);
+    }
+    RecordBatch::try_new(Arc::new(Schema::new(fields)), cols).map_err(|e| StoreError::Arrow {
+        context: layout.into(),
+        source: e,
+    })
+}
+
+/// Rebuild contiguous little-endian tensors from a batch of a layout; returns bytes produced.
+fn decode_layout(layout: &str, b: &RecordBatch, k: usize, h: usize) -> u64 {
+    let mut total = 0u64;
+    for col in b.columns() {
+        match layout {
+            "blob-split (chosen)" | "blob-plain" => {
+                let a = col.as_binary::<i64>();
+                for r in 0..a.len() {
+                    let v = a.value(r);
+                    let mut out = vec![0u8; v.len()];
+                    if layout == "blob-plain" {
+                        out.copy_from_slice(v);
+                    } else {
+                        unsplit_into(v, k, &mut out);
+                    }
+                    total += std::hint::black_box(out).len() as u64;
+                }
+            }
+            "list-bss" => {
+                let l = col.as_list::<i32>();
+                let data = l.values().as_fixed_size_binary().value_data();
+                for w in l.value_offsets().windows(2) {
+                    let out = data[w[0] as usize * k..w[1] as usize * k].to_vec();
+                    total += std::hint::black_box(out).len() as u64;
+                }
+            }
+            _ => {
+                let f = col.as_fixed_size_binary();
+                let out = f.value_data()[..f.len() * h * k].to_vec();
+                total += std::hint::black_box(out).len() as u64;
+            }
+        }
+    }
+    total
+}
