@@ -7,7 +7,12 @@ pub fn plan_batches(samples: &[InputSample], max_tokens_per_batch: usize) -> Vec
     let mut order: Vec<usize> = (0..samples.len()).collect();
     // Longest first: similar lengths share a batch (little padding), and the largest
     // batch runs first, so an out-of-memory budget fails at once rather than hours in.
-    order.sort_by_key(|&i| (std::cmp::Reverse(samples[i].input_ids.len()), samples[i].sample_id));
+    order.sort_by_key(|&i| {
+        (
+            std::cmp::Reverse(samples[i].input_ids.len()),
+            samples[i].sample_id,
+        )
+    });
     let mut batches: Vec<Vec<usize>> = vec![];
     let mut current: Vec<usize> = vec![];
     let mut longest = 0;
@@ -34,7 +39,11 @@ mod tests {
     fn samples(lens: &[usize]) -> Vec<InputSample> {
         lens.iter()
             .enumerate()
-            .map(|(i, &n)| InputSample { sample_id: i as u64, input_ids: vec![1; n], loss_mask: vec![1; n] })
+            .map(|(i, &n)| InputSample {
+                sample_id: i as u64,
+                input_ids: vec![1; n],
+                loss_mask: vec![1; n],
+            })
             .collect()
     }
 

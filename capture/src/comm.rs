@@ -61,21 +61,42 @@ impl LocalComm {
     pub fn group(world: usize) -> Vec<LocalComm> {
         let shared = Arc::new(Shared {
             world,
-            state: Mutex::new(BarrierState { arrived: 0, generation: 0, aborted: false }),
+            state: Mutex::new(BarrierState {
+                arrived: 0,
+                generation: 0,
+                aborted: false,
+            }),
             cv: Condvar::new(),
             slots: Mutex::new((0..world).map(|_| None).collect()),
         });
-        (0..world).map(|rank| LocalComm { rank, shared: shared.clone() }).collect()
+        (0..world)
+            .map(|rank| LocalComm {
+                rank,
+                shared: shared.clone(),
+            })
+            .collect()
     }
 
     fn err(&self, message: impl Into<String>) -> CaptureError {
-        CaptureError::Comm { rank: self.rank, message: message.into() }
+        CaptureError::Comm {
+            rank: self.rank,
+            message: message.into(),
+        }
     }
 
     fn barrier(&self) -> Result<()> {
         // A Pipeline error, so that the failing rank's own error is the one reported.
-        let aborted = || CaptureError::Pipeline(format!("rank {}: another rank failed; collective abandoned", self.rank));
-        let mut s = self.shared.state.lock().map_err(|_| self.err("barrier lock poisoned"))?;
+        let aborted = || {
+            CaptureError::Pipeline(format!(
+                "rank {}: another rank failed; collective abandoned",
+                self.rank
+            ))
+        };
+        let mut s = self
+            .shared
+            .state
+            .lock()
+            .map_err(|_| self.err("barrier lock poisoned"))?;
         if s.aborted {
             return Err(aborted());
         }
@@ -88,7 +109,11 @@ impl LocalComm {
             return Ok(());
         }
         while s.generation == generation && !s.aborted {
-            s = self.shared.cv.wait(s).map_err(|_| self.err("barrier lock poisoned"))?;
+            s = self
+                .shared
+                .cv
+                .wait(s)
+                .map_err(|_| self.err("barrier lock poisoned"))?;
         }
         if s.generation == generation {
             return Err(aborted());
@@ -112,15 +137,25 @@ impl Communicator for LocalComm {
         }
         let mine = deep_copy(&t.f_to_device(Device::Cpu)?)?;
         {
-            let mut slots = self.shared.slots.lock().map_err(|_| self.err("slot lock poisoned"))?;
+            let mut slots = self
+                .shared
+                .slots
+                .lock()
+                .map_err(|_| self.err("slot lock poisoned"))?;
             slots[self.rank] = Some(mine);
         }
         self.barrier()?;
         let sum = {
-            let slots = self.shared.slots.lock().map_err(|_| self.err("slot lock poisoned"))?;
+            let slots = self
+                .shared
+                .slots
+                .lock()
+                .map_err(|_| self.err("slot lock poisoned"))?;
             let mut acc: Option<Tensor> = None;
             for (r, slot) in slots.iter().enumerate() {
-                let x = slot.as_ref().ok_or_else(|| self.err(format!("rank {r} deposited nothing")))?;
+                let x = slot
+                    .as_ref()
+                    .ok_or_else(|| self.err(format!("rank {r} deposited nothing")))?;
                 acc = Some(match acc {
                     None => deep_copy(x)?,
                     Some(a) => a.f_add(x)?,

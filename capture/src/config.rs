@@ -37,7 +37,9 @@ impl Architecture {
             "MistralForCausalLM" => Ok(Architecture::Mistral),
             "Qwen2ForCausalLM" => Ok(Architecture::Qwen2),
             "Qwen3ForCausalLM" => Ok(Architecture::Qwen3),
-            _ => Err(CaptureError::UnknownArchitecture { name: name.to_string() }),
+            _ => Err(CaptureError::UnknownArchitecture {
+                name: name.to_string(),
+            }),
         }
     }
 }
@@ -180,9 +182,14 @@ impl ModelConfig {
     /// Reads and validates `<dir>/config.json`.
     pub fn load(dir: &Path) -> Result<Self> {
         let path = dir.join("config.json");
-        let text = std::fs::read_to_string(&path).map_err(|source| CaptureError::Io { path: path.clone(), source })?;
-        let raw: RawConfig = serde_json::from_str(&text)
-            .map_err(|e| CaptureError::Config { path: path.clone(), message: e.to_string() })?;
+        let text = std::fs::read_to_string(&path).map_err(|source| CaptureError::Io {
+            path: path.clone(),
+            source,
+        })?;
+        let raw: RawConfig = serde_json::from_str(&text).map_err(|e| CaptureError::Config {
+            path: path.clone(),
+            message: e.to_string(),
+        })?;
         Self::from_raw(&raw)
     }
 
@@ -196,12 +203,23 @@ impl ModelConfig {
             (None, Some("qwen3")) => Architecture::Qwen3,
             (None, other) => {
                 return Err(CaptureError::UnknownArchitecture {
-                    name: other.unwrap_or("<no architectures and no model_type>").to_string(),
+                    name: other
+                        .unwrap_or("<no architectures and no model_type>")
+                        .to_string(),
                 })
             }
         };
-        let unsupported = |m: String| Err(CaptureError::Unsupported(format!("{}: {m}", architecture.hf_name())));
-        if raw.num_attention_heads == 0 || raw.hidden_size == 0 || raw.num_hidden_layers == 0 || raw.vocab_size == 0 {
+        let unsupported = |m: String| {
+            Err(CaptureError::Unsupported(format!(
+                "{}: {m}",
+                architecture.hf_name()
+            )))
+        };
+        if raw.num_attention_heads == 0
+            || raw.hidden_size == 0
+            || raw.num_hidden_layers == 0
+            || raw.vocab_size == 0
+        {
             return unsupported(
                 "hidden_size, num_attention_heads, num_hidden_layers and vocab_size must all be > 0".into(),
             );
@@ -215,23 +233,31 @@ impl ModelConfig {
         }
         let head_dim = match raw.head_dim {
             Some(d) => d,
-            None if raw.hidden_size % raw.num_attention_heads == 0 => raw.hidden_size / raw.num_attention_heads,
-            None => {
-                return unsupported(format!(
-                    "no head_dim and hidden_size = {} is not a multiple of num_attention_heads = {}",
-                    raw.hidden_size, raw.num_attention_heads
-                ))
+            None if raw.hidden_size % raw.num_attention_heads == 0 => {
+                raw.hidden_size / raw.num_attention_heads
             }
+            None => return unsupported(format!(
+                "no head_dim and hidden_size = {} is not a multiple of num_attention_heads = {}",
+                raw.hidden_size, raw.num_attention_heads
+            )),
         };
         if head_dim == 0 || head_dim % 2 != 0 {
-            return unsupported(format!("head_dim = {head_dim} must be even and > 0 for rotary embeddings"));
+            return unsupported(format!(
+                "head_dim = {head_dim} must be even and > 0 for rotary embeddings"
+            ));
         }
         if let Some(act) = raw.hidden_act.as_deref() {
             if act != "silu" {
-                return unsupported(format!("hidden_act = {act:?}; only \"silu\" is implemented"));
+                return unsupported(format!(
+                    "hidden_act = {act:?}; only \"silu\" is implemented"
+                ));
             }
         }
-        let rope = raw.rope_parameters.clone().or_else(|| raw.rope_scaling.clone()).unwrap_or_default();
+        let rope = raw
+            .rope_parameters
+            .clone()
+            .or_else(|| raw.rope_scaling.clone())
+            .unwrap_or_default();
         let rope_theta = rope.rope_theta.or(raw.rope_theta).unwrap_or(10000.0);
         let rope_scaling = match rope.rope_type.as_deref().unwrap_or("default") {
             "default" => RopeScaling::None,
@@ -239,13 +265,20 @@ impl ModelConfig {
                 Some(factor) if factor > 0.0 => RopeScaling::Linear { factor },
                 _ => return unsupported("linear RoPE scaling needs a positive factor".into()),
             },
-            "llama3" => match (rope.factor, rope.low_freq_factor, rope.high_freq_factor, rope.original_max_position_embeddings) {
-                (Some(factor), Some(low), Some(high), Some(orig)) if high > low && factor > 0.0 => RopeScaling::Llama3 {
-                    factor,
-                    low_freq_factor: low,
-                    high_freq_factor: high,
-                    original_max_position_embeddings: orig,
-                },
+            "llama3" => match (
+                rope.factor,
+                rope.low_freq_factor,
+                rope.high_freq_factor,
+                rope.original_max_position_embeddings,
+            ) {
+                (Some(factor), Some(low), Some(high), Some(orig)) if high > low && factor > 0.0 => {
+                    RopeScaling::Llama3 {
+                        factor,
+                        low_freq_factor: low,
+                        high_freq_factor: high,
+                        original_max_position_embeddings: orig,
+                    }
+                }
                 _ => {
                     return unsupported(
                         "llama3 RoPE scaling needs factor, low_freq_factor < high_freq_factor and \
@@ -254,7 +287,11 @@ impl ModelConfig {
                     )
                 }
             },
-            other => return unsupported(format!("rope_type {other:?}; implemented: default, linear, llama3")),
+            other => {
+                return unsupported(format!(
+                    "rope_type {other:?}; implemented: default, linear, llama3"
+                ))
+            }
         };
         let (qkv_bias, o_bias, mlp_bias) = match architecture {
             Architecture::Llama => {
@@ -263,13 +300,20 @@ impl ModelConfig {
             }
             Architecture::Mistral => (false, false, false),
             Architecture::Qwen2 => (true, false, false),
-            Architecture::Qwen3 => (raw.attention_bias.unwrap_or(false), raw.attention_bias.unwrap_or(false), false),
+            Architecture::Qwen3 => (
+                raw.attention_bias.unwrap_or(false),
+                raw.attention_bias.unwrap_or(false),
+                false,
+            ),
         };
         let sliding_window = match architecture {
             Architecture::Mistral => raw.sliding_window,
             Architecture::Qwen2 | Architecture::Qwen3 => {
-                let sliding_layers =
-                    raw.layer_types.iter().flatten().any(|t| t != "full_attention");
+                let sliding_layers = raw
+                    .layer_types
+                    .iter()
+                    .flatten()
+                    .any(|t| t != "full_attention");
                 if raw.use_sliding_window == Some(true) || sliding_layers {
                     return unsupported("sliding-window layers (use_sliding_window / layer_types) are not implemented".into());
                 }
@@ -301,12 +345,18 @@ impl ModelConfig {
     /// Checks that `tp` ranks can split this model's heads and MLP evenly.
     pub fn check_tp(&self, tp: usize) -> Result<()> {
         let fits = |t: usize| {
-            t > 0 && self.num_heads % t == 0 && self.num_kv_heads % t == 0 && self.intermediate_size % t == 0
+            t > 0
+                && self.num_heads % t == 0
+                && self.num_kv_heads % t == 0
+                && self.intermediate_size % t == 0
         };
         if fits(tp) {
             return Ok(());
         }
-        let valid: Vec<String> = (1..=self.num_kv_heads).filter(|&t| fits(t)).map(|t| t.to_string()).collect();
+        let valid: Vec<String> = (1..=self.num_kv_heads)
+            .filter(|&t| fits(t))
+            .map(|t| t.to_string())
+            .collect();
         Err(CaptureError::TensorParallelSize {
             tp,
             heads: self.num_heads,
@@ -330,12 +380,17 @@ mod tests {
 
     #[test]
     fn reads_rope_theta_from_either_spelling() {
-        let old = raw(&format!(r#"{{"architectures": ["LlamaForCausalLM"], {BASE}, "rope_theta": 500000.0}}"#));
+        let old = raw(&format!(
+            r#"{{"architectures": ["LlamaForCausalLM"], {BASE}, "rope_theta": 500000.0}}"#
+        ));
         let new = raw(&format!(
             r#"{{"architectures": ["LlamaForCausalLM"], {BASE}, "rope_parameters": {{"rope_type": "default", "rope_theta": 500000.0}}}}"#
         ));
         assert_eq!(ModelConfig::from_raw(&old).unwrap().rope_theta, 500000.0);
-        assert_eq!(ModelConfig::from_raw(&new).unwrap(), ModelConfig::from_raw(&old).unwrap());
+        assert_eq!(
+            ModelConfig::from_raw(&new).unwrap(),
+            ModelConfig::from_raw(&old).unwrap()
+        );
     }
 
     #[test]
@@ -351,24 +406,43 @@ mod tests {
 
     #[test]
     fn names_unknown_architecture() {
-        let c = raw(&format!(r#"{{"architectures": ["GPT2LMHeadModel"], {BASE}}}"#));
+        let c = raw(&format!(
+            r#"{{"architectures": ["GPT2LMHeadModel"], {BASE}}}"#
+        ));
         let e = ModelConfig::from_raw(&c).unwrap_err().to_string();
-        assert!(e.contains("unknown architecture \"GPT2LMHeadModel\""), "{e}");
+        assert!(
+            e.contains("unknown architecture \"GPT2LMHeadModel\""),
+            "{e}"
+        );
     }
 
     #[test]
     fn rejects_unknown_rope_type_and_non_silu() {
-        let c = raw(&format!(r#"{{"architectures": ["LlamaForCausalLM"], {BASE}, "rope_scaling": {{"rope_type": "yarn", "factor": 4.0}}}}"#));
-        assert!(ModelConfig::from_raw(&c).unwrap_err().to_string().contains("rope_type \"yarn\""));
-        let c = raw(&format!(r#"{{"architectures": ["LlamaForCausalLM"], {BASE}, "hidden_act": "gelu"}}"#));
-        assert!(ModelConfig::from_raw(&c).unwrap_err().to_string().contains("gelu"));
+        let c = raw(&format!(
+            r#"{{"architectures": ["LlamaForCausalLM"], {BASE}, "rope_scaling": {{"rope_type": "yarn", "factor": 4.0}}}}"#
+        ));
+        assert!(ModelConfig::from_raw(&c)
+            .unwrap_err()
+            .to_string()
+            .contains("rope_type \"yarn\""));
+        let c = raw(&format!(
+            r#"{{"architectures": ["LlamaForCausalLM"], {BASE}, "hidden_act": "gelu"}}"#
+        ));
+        assert!(ModelConfig::from_raw(&c)
+            .unwrap_err()
+            .to_string()
+            .contains("gelu"));
     }
 
     #[test]
     fn qwen3_keeps_explicit_head_dim_and_qwen2_has_qkv_bias() {
-        let c = raw(&format!(r#"{{"architectures": ["Qwen3ForCausalLM"], {BASE}, "head_dim": 16}}"#));
+        let c = raw(&format!(
+            r#"{{"architectures": ["Qwen3ForCausalLM"], {BASE}, "head_dim": 16}}"#
+        ));
         assert_eq!(ModelConfig::from_raw(&c).unwrap().head_dim, 16);
-        let c = raw(&format!(r#"{{"architectures": ["Qwen2ForCausalLM"], {BASE}}}"#));
+        let c = raw(&format!(
+            r#"{{"architectures": ["Qwen2ForCausalLM"], {BASE}}}"#
+        ));
         let m = ModelConfig::from_raw(&c).unwrap();
         assert!(m.qkv_bias && !m.o_bias);
     }
@@ -376,12 +450,17 @@ mod tests {
     #[test]
     fn impossible_tp_size_names_head_counts_and_valid_sizes() {
         // SmolLM2-135M: 9 heads, 3 KV heads, MLP 1536.
-        let c = raw(r#"{"architectures": ["LlamaForCausalLM"], "hidden_size": 576, "intermediate_size": 1536,
-            "num_hidden_layers": 30, "num_attention_heads": 9, "num_key_value_heads": 3, "vocab_size": 49152}"#);
+        let c = raw(
+            r#"{"architectures": ["LlamaForCausalLM"], "hidden_size": 576, "intermediate_size": 1536,
+            "num_hidden_layers": 30, "num_attention_heads": 9, "num_key_value_heads": 3, "vocab_size": 49152}"#,
+        );
         let m = ModelConfig::from_raw(&c).unwrap();
         assert!(m.check_tp(3).is_ok());
         let e = m.check_tp(2).unwrap_err().to_string();
-        assert!(e.contains("num_attention_heads = 9, num_key_value_heads = 3"), "{e}");
+        assert!(
+            e.contains("num_attention_heads = 9, num_key_value_heads = 3"),
+            "{e}"
+        );
         assert!(e.contains("valid here: 1, 3"), "{e}");
     }
 }

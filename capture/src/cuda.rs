@@ -23,7 +23,13 @@ extern "C" {
     fn cudaEventRecord(event: CudaEvent, stream: CudaStream) -> c_int;
     fn cudaEventSynchronize(event: CudaEvent) -> c_int;
     fn cudaStreamWaitEvent(stream: CudaStream, event: CudaEvent, flags: u32) -> c_int;
-    fn cudaMemcpyAsync(dst: *mut c_void, src: *const c_void, count: usize, kind: c_int, stream: CudaStream) -> c_int;
+    fn cudaMemcpyAsync(
+        dst: *mut c_void,
+        src: *const c_void,
+        count: usize,
+        kind: c_int,
+        stream: CudaStream,
+    ) -> c_int;
     fn cudaGetErrorString(error: c_int) -> *const c_char;
 }
 
@@ -32,7 +38,9 @@ fn check(code: c_int, what: &str) -> Result<()> {
         return Ok(());
     }
     // SAFETY: cudaGetErrorString returns a static, NUL-terminated string for any code.
-    let msg = unsafe { CStr::from_ptr(cudaGetErrorString(code)) }.to_string_lossy().into_owned();
+    let msg = unsafe { CStr::from_ptr(cudaGetErrorString(code)) }
+        .to_string_lossy()
+        .into_owned();
     Err(CaptureError::Cuda(format!("{what}: {msg} (error {code})")))
 }
 
@@ -49,7 +57,10 @@ impl Event {
     fn new() -> Result<Self> {
         let mut e = std::ptr::null_mut();
         // SAFETY: `e` is a valid out-pointer.
-        check(unsafe { cudaEventCreateWithFlags(&mut e, EVENT_DISABLE_TIMING) }, "cudaEventCreate")?;
+        check(
+            unsafe { cudaEventCreateWithFlags(&mut e, EVENT_DISABLE_TIMING) },
+            "cudaEventCreate",
+        )?;
         Ok(Event(e))
     }
 }
@@ -74,7 +85,10 @@ impl CopyStream {
         let mut stream = std::ptr::null_mut();
         // SAFETY: `stream` is a valid out-pointer. Non-blocking: the stream must not serialise
         // with the legacy default stream libtorch computes on, or the copy would not overlap.
-        check(unsafe { cudaStreamCreateWithFlags(&mut stream, STREAM_NON_BLOCKING) }, "cudaStreamCreate")?;
+        check(
+            unsafe { cudaStreamCreateWithFlags(&mut stream, STREAM_NON_BLOCKING) },
+            "cudaStreamCreate",
+        )?;
         Ok(CopyStream { stream, device })
     }
 
@@ -83,20 +97,35 @@ impl CopyStream {
     pub fn start(&self, tensors: Vec<Tensor>) -> Result<PendingCopy> {
         let ready = Event::new()?;
         // SAFETY: recording on the legacy default stream (null), which libtorch computes on.
-        check(unsafe { cudaEventRecord(ready.0, std::ptr::null_mut()) }, "cudaEventRecord")?;
+        check(
+            unsafe { cudaEventRecord(ready.0, std::ptr::null_mut()) },
+            "cudaEventRecord",
+        )?;
         // SAFETY: both handles are live.
-        check(unsafe { cudaStreamWaitEvent(self.stream, ready.0, 0) }, "cudaStreamWaitEvent")?;
+        check(
+            unsafe { cudaStreamWaitEvent(self.stream, ready.0, 0) },
+            "cudaStreamWaitEvent",
+        )?;
         let mut host = Vec::with_capacity(tensors.len());
         let mut device = Vec::with_capacity(tensors.len());
         for t in tensors {
             let t = t.f_contiguous()?;
-            let h = Tensor::f_empty(t.size(), (t.kind(), tch::Device::Cpu))?.f_pin_memory(tch::Device::Cuda(self.device))?;
+            let h = Tensor::f_empty(t.size(), (t.kind(), tch::Device::Cpu))?
+                .f_pin_memory(tch::Device::Cuda(self.device))?;
             let bytes = t.numel() * t.kind().elt_size_in_bytes();
             // SAFETY: `h` is a pinned host buffer of exactly `bytes` bytes and `t` a contiguous
             // device tensor of the same size; both stay alive in the PendingCopy until the copy's
             // completion event has been waited for, so the caching allocator cannot reuse them early.
             check(
-                unsafe { cudaMemcpyAsync(h.data_ptr(), t.data_ptr(), bytes, MEMCPY_DEVICE_TO_HOST, self.stream) },
+                unsafe {
+                    cudaMemcpyAsync(
+                        h.data_ptr(),
+                        t.data_ptr(),
+                        bytes,
+                        MEMCPY_DEVICE_TO_HOST,
+                        self.stream,
+                    )
+                },
                 "cudaMemcpyAsync",
             )?;
             host.push(h);
@@ -104,8 +133,15 @@ impl CopyStream {
         }
         let done = Event::new()?;
         // SAFETY: both handles are live.
-        check(unsafe { cudaEventRecord(done.0, self.stream) }, "cudaEventRecord")?;
-        Ok(PendingCopy { host, device, done: Some(done) })
+        check(
+            unsafe { cudaEventRecord(done.0, self.stream) },
+            "cudaEventRecord",
+        )?;
+        Ok(PendingCopy {
+            host,
+            device,
+            done: Some(done),
+        })
     }
 }
 
@@ -126,14 +162,21 @@ pub struct PendingCopy {
 impl PendingCopy {
     /// Tensors already in host memory (the CPU path): nothing to wait for.
     pub fn ready(host: Vec<Tensor>) -> Self {
-        PendingCopy { host, device: vec![], done: None }
+        PendingCopy {
+            host,
+            device: vec![],
+            done: None,
+        }
     }
 
     /// Blocks until the copies are complete and returns the host tensors.
     pub fn wait(self) -> Result<Vec<Tensor>> {
         if let Some(done) = &self.done {
             // SAFETY: the event is live; synchronising only blocks this thread.
-            check(unsafe { cudaEventSynchronize(done.0) }, "cudaEventSynchronize")?;
+            check(
+                unsafe { cudaEventSynchronize(done.0) },
+                "cudaEventSynchronize",
+            )?;
         }
         drop(self.device);
         Ok(self.host)

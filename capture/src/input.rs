@@ -5,8 +5,11 @@ use std::fs::File;
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 
-use arrow_array::{Array, ArrayRef, BooleanArray, Int16Array, Int32Array, Int64Array, Int8Array, LargeListArray,
-    LargeStringArray, ListArray, RecordBatch, StringArray, UInt16Array, UInt32Array, UInt64Array, UInt8Array};
+use arrow_array::{
+    Array, ArrayRef, BooleanArray, Int16Array, Int32Array, Int64Array, Int8Array, LargeListArray,
+    LargeStringArray, ListArray, RecordBatch, StringArray, UInt16Array, UInt32Array, UInt64Array,
+    UInt8Array,
+};
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 
 use crate::error::{CaptureError, Result};
@@ -27,7 +30,9 @@ impl std::str::FromStr for Overlong {
         match s {
             "truncate" => Ok(Overlong::Truncate),
             "skip" => Ok(Overlong::Skip),
-            _ => Err(format!("unknown overlong policy {s:?}; expected truncate or skip")),
+            _ => Err(format!(
+                "unknown overlong policy {s:?}; expected truncate or skip"
+            )),
         }
     }
 }
@@ -82,17 +87,30 @@ struct Record {
 
 /// Reads `path` (`.parquet` by extension, JSON lines otherwise) and checks every record.
 pub fn read_inputs(path: &Path, limits: InputLimits) -> Result<Inputs> {
-    let is_parquet = path.extension().is_some_and(|e| e.eq_ignore_ascii_case("parquet"));
-    let records = if is_parquet { read_parquet(path)? } else { read_jsonl(path)? };
+    let is_parquet = path
+        .extension()
+        .is_some_and(|e| e.eq_ignore_ascii_case("parquet"));
+    let records = if is_parquet {
+        read_parquet(path)?
+    } else {
+        read_jsonl(path)?
+    };
     check_records(path, records, limits)
 }
 
 fn input_err(path: &Path, location: &str, message: impl Into<String>) -> CaptureError {
-    CaptureError::Input { path: path.to_path_buf(), location: location.to_string(), message: message.into() }
+    CaptureError::Input {
+        path: path.to_path_buf(),
+        location: location.to_string(),
+        message: message.into(),
+    }
 }
 
 fn check_records(path: &Path, records: Vec<Record>, limits: InputLimits) -> Result<Inputs> {
-    let mut out = Inputs { ids_from_input: matches!(records.first().map(|r| &r.id), Some(RawId::Int(_))), ..Default::default() };
+    let mut out = Inputs {
+        ids_from_input: matches!(records.first().map(|r| &r.id), Some(RawId::Int(_))),
+        ..Default::default()
+    };
     let mut seen: HashMap<u64, String> = HashMap::new();
     for (index, r) in records.into_iter().enumerate() {
         let err = |m: String| input_err(path, &r.location, m);
@@ -105,13 +123,24 @@ fn check_records(path: &Path, records: Vec<Record>, limits: InputLimits) -> Resu
             (RawId::None | RawId::Str, false) => index as u64,
         };
         if let Some(first) = seen.insert(sample_id, r.location.clone()) {
-            return Err(err(format!("duplicate id {sample_id} (first seen at {first})")));
+            return Err(err(format!(
+                "duplicate id {sample_id} (first seen at {first})"
+            )));
         }
-        let ids = r.input_ids.as_ref().ok_or_else(|| err("missing field \"input_ids\"".into()))?;
+        let ids = r
+            .input_ids
+            .as_ref()
+            .ok_or_else(|| err("missing field \"input_ids\"".into()))?;
         if ids.is_empty() {
-            return Err(err("empty input_ids: a sample needs at least one token".into()));
+            return Err(err(
+                "empty input_ids: a sample needs at least one token".into()
+            ));
         }
-        if let Some((pos, &tok)) = ids.iter().enumerate().find(|(_, &t)| t < 0 || t as u64 >= limits.vocab_size as u64) {
+        if let Some((pos, &tok)) = ids
+            .iter()
+            .enumerate()
+            .find(|(_, &t)| t < 0 || t as u64 >= limits.vocab_size as u64)
+        {
             return Err(err(format!(
                 "token id {tok} at position {pos} is outside the model's vocabulary (0..{})",
                 limits.vocab_size
@@ -120,11 +149,17 @@ fn check_records(path: &Path, records: Vec<Record>, limits: InputLimits) -> Resu
         let mask = match &r.loss_mask {
             None => vec![1u8; ids.len()],
             Some(m) if m.len() != ids.len() => {
-                return Err(err(format!("loss_mask has length {}, expected {} (the length of input_ids)", m.len(), ids.len())))
+                return Err(err(format!(
+                    "loss_mask has length {}, expected {} (the length of input_ids)",
+                    m.len(),
+                    ids.len()
+                )))
             }
             Some(m) => {
                 if let Some((pos, v)) = m.iter().enumerate().find(|(_, &v)| v != 0 && v != 1) {
-                    return Err(err(format!("loss_mask value {v} at position {pos}; expected 0 or 1")));
+                    return Err(err(format!(
+                        "loss_mask value {v} at position {pos}; expected 0 or 1"
+                    )));
                 }
                 m.iter().map(|&v| v as u8).collect()
             }
@@ -147,7 +182,11 @@ fn check_records(path: &Path, records: Vec<Record>, limits: InputLimits) -> Resu
                 }
             }
         }
-        out.samples.push(InputSample { sample_id, input_ids, loss_mask });
+        out.samples.push(InputSample {
+            sample_id,
+            input_ids,
+            loss_mask,
+        });
     }
     Ok(out)
 }
@@ -160,7 +199,10 @@ fn int_list(v: &serde_json::Value) -> Option<Vec<i64>> {
 }
 
 fn read_jsonl(path: &Path) -> Result<Vec<Record>> {
-    let io = |source| CaptureError::Io { path: path.to_path_buf(), source };
+    let io = |source| CaptureError::Io {
+        path: path.to_path_buf(),
+        source,
+    };
     let reader = BufReader::new(File::open(path).map_err(io)?);
     let mut out = vec![];
     for (n, line) in reader.lines().enumerate() {
@@ -169,17 +211,25 @@ fn read_jsonl(path: &Path) -> Result<Vec<Record>> {
             continue;
         }
         let location = format!("line {}", n + 1);
-        let v: serde_json::Value =
-            serde_json::from_str(&line).map_err(|e| input_err(path, &location, format!("not valid JSON: {e}")))?;
+        let v: serde_json::Value = serde_json::from_str(&line)
+            .map_err(|e| input_err(path, &location, format!("not valid JSON: {e}")))?;
         if !v.is_object() {
-            return Err(input_err(path, &location, "expected a JSON object with \"input_ids\""));
+            return Err(input_err(
+                path,
+                &location,
+                "expected a JSON object with \"input_ids\"",
+            ));
         }
         let list = |field: &str| -> Result<Option<Vec<i64>>> {
             match v.get(field) {
                 None | Some(serde_json::Value::Null) => Ok(None),
-                Some(x) => int_list(x)
-                    .map(Some)
-                    .ok_or_else(|| input_err(path, &location, format!("\"{field}\" must be a list of integers"))),
+                Some(x) => int_list(x).map(Some).ok_or_else(|| {
+                    input_err(
+                        path,
+                        &location,
+                        format!("\"{field}\" must be a list of integers"),
+                    )
+                }),
             }
         };
         let input_ids = list("input_ids")?;
@@ -187,11 +237,20 @@ fn read_jsonl(path: &Path) -> Result<Vec<Record>> {
         let id = match v.get("id") {
             None | Some(serde_json::Value::Null) => RawId::None,
             Some(serde_json::Value::String(_)) => RawId::Str,
-            Some(x) => RawId::Int(
-                x.as_i64().ok_or_else(|| input_err(path, &location, format!("\"id\" must be an integer or a string, got {x}")))?,
-            ),
+            Some(x) => RawId::Int(x.as_i64().ok_or_else(|| {
+                input_err(
+                    path,
+                    &location,
+                    format!("\"id\" must be an integer or a string, got {x}"),
+                )
+            })?),
         };
-        out.push(Record { location, id, input_ids, loss_mask });
+        out.push(Record {
+            location,
+            id,
+            input_ids,
+            loss_mask,
+        });
     }
     Ok(out)
 }
@@ -204,9 +263,21 @@ fn ints(a: &dyn Array) -> Option<Vec<Option<i64>>> {
             }
         )*};
     }
-    try_as!(Int64Array, Int32Array, Int16Array, Int8Array, UInt32Array, UInt16Array, UInt8Array);
+    try_as!(
+        Int64Array,
+        Int32Array,
+        Int16Array,
+        Int8Array,
+        UInt32Array,
+        UInt16Array,
+        UInt8Array
+    );
     if let Some(x) = a.as_any().downcast_ref::<UInt64Array>() {
-        return Some(x.iter().map(|v| v.map(|v| v.min(i64::MAX as u64) as i64)).collect());
+        return Some(
+            x.iter()
+                .map(|v| v.map(|v| v.min(i64::MAX as u64) as i64))
+                .collect(),
+        );
     }
     if let Some(x) = a.as_any().downcast_ref::<BooleanArray>() {
         return Some(x.iter().map(|v| v.map(i64::from)).collect());
@@ -221,16 +292,28 @@ fn list_rows(path: &PathBuf, name: &str, col: &ArrayRef) -> Result<Vec<Option<Ve
         message: format!("expected a list of integers, got {}", col.data_type()),
     };
     let row = |values: ArrayRef| -> Result<Vec<i64>> {
-        ints(values.as_ref()).ok_or_else(bad)?.into_iter().map(|v| v.ok_or_else(bad)).collect()
+        ints(values.as_ref())
+            .ok_or_else(bad)?
+            .into_iter()
+            .map(|v| v.ok_or_else(bad))
+            .collect()
     };
     let mut out = Vec::with_capacity(col.len());
     if let Some(l) = col.as_any().downcast_ref::<ListArray>() {
         for i in 0..l.len() {
-            out.push(if l.is_null(i) { None } else { Some(row(l.value(i))?) });
+            out.push(if l.is_null(i) {
+                None
+            } else {
+                Some(row(l.value(i))?)
+            });
         }
     } else if let Some(l) = col.as_any().downcast_ref::<LargeListArray>() {
         for i in 0..l.len() {
-            out.push(if l.is_null(i) { None } else { Some(row(l.value(i))?) });
+            out.push(if l.is_null(i) {
+                None
+            } else {
+                Some(row(l.value(i))?)
+            });
         }
     } else {
         return Err(bad());
@@ -240,13 +323,19 @@ fn list_rows(path: &PathBuf, name: &str, col: &ArrayRef) -> Result<Vec<Option<Ve
 
 fn read_parquet(path: &Path) -> Result<Vec<Record>> {
     let path = path.to_path_buf();
-    let file = File::open(&path).map_err(|source| CaptureError::Io { path: path.clone(), source })?;
+    let file = File::open(&path).map_err(|source| CaptureError::Io {
+        path: path.clone(),
+        source,
+    })?;
     let pq = |e: parquet::errors::ParquetError| CaptureError::Input {
         path: path.clone(),
         location: "file".into(),
         message: format!("not a readable Parquet file: {e}"),
     };
-    let reader = ParquetRecordBatchReaderBuilder::try_new(file).map_err(pq)?.build().map_err(pq)?;
+    let reader = ParquetRecordBatchReaderBuilder::try_new(file)
+        .map_err(pq)?
+        .build()
+        .map_err(pq)?;
     let mut out = vec![];
     for batch in reader {
         let batch: RecordBatch = batch.map_err(|e| pq(e.into()))?;
@@ -276,7 +365,12 @@ fn read_parquet(path: &Path) -> Result<Vec<Record>> {
         };
         for ((input_ids, loss_mask), id) in ids.into_iter().zip(masks).zip(id_col) {
             let location = format!("row {}", out.len());
-            out.push(Record { location, id, input_ids, loss_mask });
+            out.push(Record {
+                location,
+                id,
+                input_ids,
+                loss_mask,
+            });
         }
     }
     Ok(out)
@@ -287,10 +381,17 @@ mod tests {
     use super::*;
     use std::io::Write;
 
-    const LIMITS: InputLimits = InputLimits { vocab_size: 100, max_seq_len: None, overlong: Overlong::Truncate };
+    const LIMITS: InputLimits = InputLimits {
+        vocab_size: 100,
+        max_seq_len: None,
+        overlong: Overlong::Truncate,
+    };
 
     fn jsonl(lines: &[&str]) -> tempfile::NamedTempFile {
-        let mut f = tempfile::Builder::new().suffix(".jsonl").tempfile().unwrap();
+        let mut f = tempfile::Builder::new()
+            .suffix(".jsonl")
+            .tempfile()
+            .unwrap();
         for l in lines {
             writeln!(f, "{l}").unwrap();
         }
@@ -298,44 +399,103 @@ mod tests {
     }
 
     fn err(lines: &[&str], limits: InputLimits) -> String {
-        read_inputs(jsonl(lines).path(), limits).unwrap_err().to_string()
+        read_inputs(jsonl(lines).path(), limits)
+            .unwrap_err()
+            .to_string()
     }
 
     #[test]
     fn defaults_loss_mask_to_ones_and_ids_to_record_index() {
-        let f = jsonl(&[r#"{"input_ids": [1, 2]}"#, "", r#"{"input_ids": [3], "loss_mask": [0], "id": "conv-7"}"#]);
+        let f = jsonl(&[
+            r#"{"input_ids": [1, 2]}"#,
+            "",
+            r#"{"input_ids": [3], "loss_mask": [0], "id": "conv-7"}"#,
+        ]);
         let s = read_inputs(f.path(), LIMITS).unwrap().samples;
-        assert_eq!(s[0], InputSample { sample_id: 0, input_ids: vec![1, 2], loss_mask: vec![1, 1] });
-        assert_eq!(s[1], InputSample { sample_id: 1, input_ids: vec![3], loss_mask: vec![0] });
+        assert_eq!(
+            s[0],
+            InputSample {
+                sample_id: 0,
+                input_ids: vec![1, 2],
+                loss_mask: vec![1, 1]
+            }
+        );
+        assert_eq!(
+            s[1],
+            InputSample {
+                sample_id: 1,
+                input_ids: vec![3],
+                loss_mask: vec![0]
+            }
+        );
     }
 
     #[test]
     fn integer_ids_become_sample_ids() {
-        let f = jsonl(&[r#"{"input_ids": [1], "id": 40}"#, r#"{"input_ids": [2], "id": 7}"#]);
+        let f = jsonl(&[
+            r#"{"input_ids": [1], "id": 40}"#,
+            r#"{"input_ids": [2], "id": 7}"#,
+        ]);
         let s = read_inputs(f.path(), LIMITS).unwrap();
         assert!(s.ids_from_input);
-        assert_eq!(s.samples.iter().map(|x| x.sample_id).collect::<Vec<_>>(), vec![40, 7]);
+        assert_eq!(
+            s.samples.iter().map(|x| x.sample_id).collect::<Vec<_>>(),
+            vec![40, 7]
+        );
     }
 
     #[test]
     fn each_bad_record_names_its_line() {
-        assert!(err(&[r#"{"input_ids": [1]}"#, r#"{"ids": [1]}"#], LIMITS).ends_with("line 2: missing field \"input_ids\""));
+        assert!(err(&[r#"{"input_ids": [1]}"#, r#"{"ids": [1]}"#], LIMITS)
+            .ends_with("line 2: missing field \"input_ids\""));
         assert!(err(&[r#"{"input_ids": []}"#], LIMITS).contains("line 1: empty input_ids"));
         let e = err(&[r#"{"input_ids": [1, 100]}"#], LIMITS);
-        assert!(e.contains("line 1: token id 100 at position 1 is outside the model's vocabulary (0..100)"), "{e}");
-        assert!(err(&[r#"{"input_ids": [1], "loss_mask": [1, 0]}"#], LIMITS).contains("loss_mask has length 2, expected 1"));
+        assert!(
+            e.contains(
+                "line 1: token id 100 at position 1 is outside the model's vocabulary (0..100)"
+            ),
+            "{e}"
+        );
+        assert!(err(&[r#"{"input_ids": [1], "loss_mask": [1, 0]}"#], LIMITS)
+            .contains("loss_mask has length 2, expected 1"));
         assert!(err(&["{nope"], LIMITS).contains("line 1: not valid JSON"));
-        assert!(err(&[r#"{"input_ids": [1], "id": 3}"#, r#"{"input_ids": [1], "id": 3}"#], LIMITS)
-            .contains("line 2: duplicate id 3 (first seen at line 1)"));
+        assert!(err(
+            &[
+                r#"{"input_ids": [1], "id": 3}"#,
+                r#"{"input_ids": [1], "id": 3}"#
+            ],
+            LIMITS
+        )
+        .contains("line 2: duplicate id 3 (first seen at line 1)"));
     }
 
     #[test]
     fn overlong_samples_are_truncated_or_skipped_and_counted() {
         let lines = [r#"{"input_ids": [1, 2, 3, 4]}"#, r#"{"input_ids": [5]}"#];
-        let t = read_inputs(jsonl(&lines).path(), InputLimits { max_seq_len: Some(2), ..LIMITS }).unwrap();
-        assert_eq!((t.truncated, t.samples[0].input_ids.clone()), (1, vec![1, 2]));
-        let s = read_inputs(jsonl(&lines).path(), InputLimits { max_seq_len: Some(2), overlong: Overlong::Skip, ..LIMITS })
-            .unwrap();
-        assert_eq!((s.skipped_overlong, s.samples.len(), s.samples[0].sample_id), (1, 1, 1));
+        let t = read_inputs(
+            jsonl(&lines).path(),
+            InputLimits {
+                max_seq_len: Some(2),
+                ..LIMITS
+            },
+        )
+        .unwrap();
+        assert_eq!(
+            (t.truncated, t.samples[0].input_ids.clone()),
+            (1, vec![1, 2])
+        );
+        let s = read_inputs(
+            jsonl(&lines).path(),
+            InputLimits {
+                max_seq_len: Some(2),
+                overlong: Overlong::Skip,
+                ..LIMITS
+            },
+        )
+        .unwrap();
+        assert_eq!(
+            (s.skipped_overlong, s.samples.len(), s.samples[0].sample_id),
+            (1, 1, 1)
+        );
     }
 }

@@ -16,7 +16,10 @@ pub struct RmsNorm {
 impl RmsNorm {
     /// Loads `<prefix>.weight` of shape `[dim]`, replicated on every rank.
     pub fn load(ctx: &LoadCtx, prefix: &str, dim: usize, eps: f64) -> Result<Self> {
-        Ok(RmsNorm { weight: ctx.full(&format!("{prefix}.weight"), &[dim])?, eps })
+        Ok(RmsNorm {
+            weight: ctx.full(&format!("{prefix}.weight"), &[dim])?,
+            eps,
+        })
     }
 
     /// Normalises over the last dimension.
@@ -45,12 +48,19 @@ impl Rotary {
         let inv_freq = match cfg.rope_scaling {
             RopeScaling::None => inv_freq,
             RopeScaling::Linear { factor } => inv_freq.f_div_scalar(factor)?,
-            RopeScaling::Llama3 { factor, low_freq_factor, high_freq_factor, original_max_position_embeddings: old } => {
+            RopeScaling::Llama3 {
+                factor,
+                low_freq_factor,
+                high_freq_factor,
+                original_max_position_embeddings: old,
+            } => {
                 // Long wavelengths are divided by `factor`, short ones kept, the band between
                 // interpolated; same formula and order as transformers' _compute_llama3_parameters.
                 let low_wavelen = old / low_freq_factor;
                 let high_wavelen = old / high_freq_factor;
-                let wavelen = inv_freq.f_reciprocal()?.f_mul_scalar(2.0 * std::f64::consts::PI)?;
+                let wavelen = inv_freq
+                    .f_reciprocal()?
+                    .f_mul_scalar(2.0 * std::f64::consts::PI)?;
                 let scaled = inv_freq.f_div_scalar(factor)?;
                 let llama = scaled.f_where_self(&wavelen.f_gt(low_wavelen)?, &inv_freq)?;
                 let smooth = wavelen
@@ -64,7 +74,10 @@ impl Rotary {
                     .f_mul(&llama)?
                     .f_div_scalar(factor)?
                     .f_add(&smooth.f_mul(&llama)?)?;
-                let medium = wavelen.f_lt(high_wavelen)?.f_logical_not()?.f_logical_and(&wavelen.f_gt(low_wavelen)?.f_logical_not()?)?;
+                let medium = wavelen
+                    .f_lt(high_wavelen)?
+                    .f_logical_not()?
+                    .f_logical_and(&wavelen.f_gt(low_wavelen)?.f_logical_not()?)?;
                 smoothed.f_where_self(&medium, &llama)?
             }
         };
@@ -77,8 +90,16 @@ impl Rotary {
         // [t, 1] * [1, d/2] -> [t, d/2] angles; duplicated -> [t, d].
         let freqs = pos.f_unsqueeze(1)?.f_mul(&self.inv_freq.f_unsqueeze(0)?)?;
         let emb = Tensor::f_cat(&[&freqs, &freqs], -1)?;
-        let cos = emb.f_cos()?.f_to_kind(kind)?.f_unsqueeze(0)?.f_unsqueeze(0)?;
-        let sin = emb.f_sin()?.f_to_kind(kind)?.f_unsqueeze(0)?.f_unsqueeze(0)?;
+        let cos = emb
+            .f_cos()?
+            .f_to_kind(kind)?
+            .f_unsqueeze(0)?
+            .f_unsqueeze(0)?;
+        let sin = emb
+            .f_sin()?
+            .f_to_kind(kind)?
+            .f_unsqueeze(0)?
+            .f_unsqueeze(0)?;
         Ok((cos, sin))
     }
 }

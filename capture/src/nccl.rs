@@ -45,8 +45,13 @@ fn check(code: c_int, rank: usize, what: &str) -> Result<()> {
         return Ok(());
     }
     // SAFETY: ncclGetErrorString returns a static NUL-terminated string for any code.
-    let msg = unsafe { CStr::from_ptr(ncclGetErrorString(code)) }.to_string_lossy().into_owned();
-    Err(CaptureError::Comm { rank, message: format!("{what}: {msg} (NCCL error {code})") })
+    let msg = unsafe { CStr::from_ptr(ncclGetErrorString(code)) }
+        .to_string_lossy()
+        .into_owned();
+    Err(CaptureError::Comm {
+        rank,
+        message: format!("{what}: {msg} (NCCL error {code})"),
+    })
 }
 
 /// A fresh rendezvous token; create once and give a copy to every rank.
@@ -89,8 +94,17 @@ impl NcclComm {
         crate::cuda::set_device(rank)?;
         let mut comm = std::ptr::null_mut();
         // SAFETY: `comm` is a valid out-pointer; `id` is passed by value as NCCL expects.
-        check(unsafe { ncclCommInitRank(&mut comm, world as c_int, id, rank as c_int) }, rank, "ncclCommInitRank")?;
-        Ok(NcclComm { comm, rank, world, aborted: Cell::new(false) })
+        check(
+            unsafe { ncclCommInitRank(&mut comm, world as c_int, id, rank as c_int) },
+            rank,
+            "ncclCommInitRank",
+        )?;
+        Ok(NcclComm {
+            comm,
+            rank,
+            world,
+            aborted: Cell::new(false),
+        })
     }
 }
 
@@ -104,21 +118,39 @@ impl Communicator for NcclComm {
     }
 
     fn all_reduce_sum(&self, t: &mut Tensor) -> Result<()> {
-        let err = |m: String| CaptureError::Comm { rank: self.rank, message: m };
+        let err = |m: String| CaptureError::Comm {
+            rank: self.rank,
+            message: m,
+        };
         if self.aborted.get() {
             return Err(err("communicator was aborted".into()));
         }
         if t.device() != Device::Cuda(self.rank) {
-            return Err(err(format!("all-reduce of a tensor on {:?}, expected cuda:{}", t.device(), self.rank)));
+            return Err(err(format!(
+                "all-reduce of a tensor on {:?}, expected cuda:{}",
+                t.device(),
+                self.rank
+            )));
         }
         if !t.is_contiguous() {
             return Err(err("all-reduce needs a contiguous tensor".into()));
         }
-        let dt = nccl_type(t.kind()).ok_or_else(|| err(format!("no NCCL type for {:?}", t.kind())))?;
+        let dt =
+            nccl_type(t.kind()).ok_or_else(|| err(format!("no NCCL type for {:?}", t.kind())))?;
         let ptr = t.data_ptr();
         // SAFETY: in-place all-reduce over `numel` elements of a live contiguous CUDA tensor on
         // this rank's device; null stream = the legacy default stream libtorch enqueues on.
-        let code = unsafe { ncclAllReduce(ptr, ptr, t.numel(), dt, NCCL_SUM, self.comm, std::ptr::null_mut()) };
+        let code = unsafe {
+            ncclAllReduce(
+                ptr,
+                ptr,
+                t.numel(),
+                dt,
+                NCCL_SUM,
+                self.comm,
+                std::ptr::null_mut(),
+            )
+        };
         check(code, self.rank, "ncclAllReduce")
     }
 
@@ -147,7 +179,10 @@ mod tests {
     fn links_the_wheel_nccl_and_reports_its_version() {
         // The wheel torch 2.11 ships is NCCL 2.28.x; a CPU machine can still query the version.
         let v = version().unwrap();
-        assert!((22800..23000).contains(&v), "unexpected NCCL version code {v}");
+        assert!(
+            (22800..23000).contains(&v),
+            "unexpected NCCL version code {v}"
+        );
     }
 
     #[test]
@@ -159,6 +194,9 @@ mod tests {
         let comm = NcclComm::init(unique_id().unwrap(), 0, 1).unwrap();
         let mut t = Tensor::from_slice(&[1.5f32, -2.0, 3.25]).to_device(Device::Cuda(0));
         comm.all_reduce_sum(&mut t).unwrap();
-        assert_eq!(Vec::<f32>::try_from(t.to_device(Device::Cpu)).unwrap(), vec![1.5, -2.0, 3.25]);
+        assert_eq!(
+            Vec::<f32>::try_from(t.to_device(Device::Cpu)).unwrap(),
+            vec![1.5, -2.0, 3.25]
+        );
     }
 }

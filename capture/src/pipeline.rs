@@ -86,7 +86,12 @@ pub struct CaptureOptions {
 
 impl CaptureOptions {
     /// Defaults for everything but the four required inputs.
-    pub fn new(model_dir: PathBuf, input: PathBuf, output: String, points: Vec<CapturePoint>) -> Self {
+    pub fn new(
+        model_dir: PathBuf,
+        input: PathBuf,
+        output: String,
+        points: Vec<CapturePoint>,
+    ) -> Self {
         CaptureOptions {
             model_dir,
             input,
@@ -158,11 +163,27 @@ impl CaptureSummary {
 
 impl std::fmt::Display for CaptureSummary {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let tps = if self.run_secs > 0.0 { self.tokens as f64 / self.run_secs } else { 0.0 };
+        let tps = if self.run_secs > 0.0 {
+            self.tokens as f64 / self.run_secs
+        } else {
+            0.0
+        };
         let busy = self.compute_secs + self.storage_wait_secs;
-        let wait_pct = if busy > 0.0 { 100.0 * self.storage_wait_secs / busy } else { 0.0 };
-        writeln!(f, "capture summary for {} (now at version {})", self.dataset, self.version)?;
-        writeln!(f, "  samples written   {} ({} tokens, {:.0} tokens/s over {:.1}s)", self.samples, self.tokens, tps, self.run_secs)?;
+        let wait_pct = if busy > 0.0 {
+            100.0 * self.storage_wait_secs / busy
+        } else {
+            0.0
+        };
+        writeln!(
+            f,
+            "capture summary for {} (now at version {})",
+            self.dataset, self.version
+        )?;
+        writeln!(
+            f,
+            "  samples written   {} ({} tokens, {:.0} tokens/s over {:.1}s)",
+            self.samples, self.tokens, tps, self.run_secs
+        )?;
         writeln!(
             f,
             "  skipped           {} already committed, {} longer than --max-seq-len, {} non-finite; {} truncated",
@@ -175,7 +196,11 @@ impl std::fmt::Display for CaptureSummary {
             self.written_bytes,
             self.compression_ratio()
         )?;
-        writeln!(f, "  batches           {} ({} padding tokens)", self.batches, self.padding_tokens)?;
+        writeln!(
+            f,
+            "  batches           {} ({} padding tokens)",
+            self.batches, self.padding_tokens
+        )?;
         write!(
             f,
             "  time              load {:.1}s, compute {:.1}s, waiting on storage {:.1}s ({:.1}% of the forward loop)",
@@ -271,14 +296,17 @@ fn rank_loop(comm: Rc<dyn Communicator>, job: RankJob) -> Result<RankTimes> {
         times.compute += t.elapsed();
         let t = Instant::now();
         if let Some(out) = &job.out {
-            out.send(HostBatch { input, states }).map_err(|_| stopped("the writer pipeline"))?;
+            out.send(HostBatch { input, states })
+                .map_err(|_| stopped("the writer pipeline"))?;
         }
         times.storage_wait += t.elapsed();
         Ok(())
     };
     while let Ok(batch) = job.batches.recv() {
         let t = Instant::now();
-        let ids = Tensor::f_from_slice(&batch.ids)?.f_view([batch.rows, batch.cols])?.f_to_device(job.device)?;
+        let ids = Tensor::f_from_slice(&batch.ids)?
+            .f_view([batch.rows, batch.cols])?
+            .f_to_device(job.device)?;
         let states = model.forward(&ids, &job.points)?;
         if job.out.is_none() {
             // Only rank 0 keeps results: every rank holds the complete residual stream.
@@ -319,15 +347,26 @@ fn split_batches(
                     let n = rows.numel();
                     let mut data = vec![0u8; n * dtype.size()];
                     rows.f_copy_data_u8(&mut data, n)?;
-                    Ok(TensorData { dtype, shape: vec![len, hidden], data, scales: None })
+                    Ok(TensorData {
+                        dtype,
+                        shape: vec![len, hidden],
+                        data,
+                        scales: None,
+                    })
                 })
                 .collect::<Result<Vec<_>>>()?;
-            let sample =
-                Sample { sample_id: s.sample_id, input_ids: s.input_ids.clone(), loss_mask: s.loss_mask.clone(), tensors };
+            let sample = Sample {
+                sample_id: s.sample_id,
+                input_ids: s.input_ids.clone(),
+                loss_mask: s.loss_mask.clone(),
+                tensors,
+            };
             // The least-loaded writer (by tokens) gets it, so compression spreads evenly.
             let w = (0..writers.len()).min_by_key(|&w| load[w]).unwrap_or(0);
             load[w] += len as u64;
-            writers[w].send(sample).map_err(|_| stopped("a store writer"))?;
+            writers[w]
+                .send(sample)
+                .map_err(|_| stopped("a store writer"))?;
         }
     }
     Ok(())
@@ -355,11 +394,15 @@ impl Progress {
     fn new(total: u64, draw: bool) -> Self {
         let bar = ProgressBar::with_draw_target(
             Some(total),
-            if draw { ProgressDrawTarget::stderr() } else { ProgressDrawTarget::hidden() },
+            if draw {
+                ProgressDrawTarget::stderr()
+            } else {
+                ProgressDrawTarget::hidden()
+            },
         );
-        if let Ok(style) =
-            ProgressStyle::with_template("{bar:30} {pos}/{len} samples | {msg} | {elapsed_precise} elapsed, ETA {eta}")
-        {
+        if let Ok(style) = ProgressStyle::with_template(
+            "{bar:30} {pos}/{len} samples | {msg} | {elapsed_precise} elapsed, ETA {eta}",
+        ) {
             bar.set_style(style);
         }
         Progress {
@@ -376,14 +419,18 @@ impl Progress {
         let all_tokens = self.tokens.fetch_add(tokens, Ordering::Relaxed) + tokens;
         let samples = self.samples.fetch_add(1, Ordering::Relaxed) + 1;
         let rate = all_tokens as f64 / self.start.elapsed().as_secs_f64().max(1e-9);
-        self.bar.set_message(format!("{all_tokens} tokens, {rate:.0} tokens/s"));
+        self.bar
+            .set_message(format!("{all_tokens} tokens, {rate:.0} tokens/s"));
         self.bar.inc(1);
         if self.bar.is_hidden() {
             // Without a terminal, a line every 10 s keeps progress visible in logs.
             if let Ok(mut last) = self.last_log.lock() {
                 if last.elapsed() >= Duration::from_secs(10) {
                     *last = Instant::now();
-                    tracing::info!("captured {samples}/{} samples, {all_tokens} tokens, {rate:.0} tokens/s", self.total);
+                    tracing::info!(
+                        "captured {samples}/{} samples, {all_tokens} tokens, {rate:.0} tokens/s",
+                        self.total
+                    );
                 }
             }
         }
@@ -404,7 +451,9 @@ fn run_writer(
     let mut since_commit = 0u64;
     let mut last_commit = Instant::now();
     loop {
-        let wait = commit_interval.saturating_sub(last_commit.elapsed()).max(Duration::from_millis(1));
+        let wait = commit_interval
+            .saturating_sub(last_commit.elapsed())
+            .max(Duration::from_millis(1));
         match rx.recv_timeout(wait) {
             Ok(sample) => {
                 let tokens = sample.input_ids.len() as u64;
@@ -417,7 +466,9 @@ fn run_writer(
             Err(RecvTimeoutError::Timeout) => {}
             Err(RecvTimeoutError::Disconnected) => break,
         }
-        if since_commit > 0 && (since_commit >= commit_every || last_commit.elapsed() >= commit_interval) {
+        if since_commit > 0
+            && (since_commit >= commit_every || last_commit.elapsed() >= commit_interval)
+        {
             last_version = handle.block_on(w.commit())?.or(last_version);
             since_commit = 0;
             last_commit = Instant::now();
@@ -449,14 +500,19 @@ fn model_name(dir: &std::path::Path) -> String {
 /// and every input record have been checked.
 pub async fn capture(opts: CaptureOptions) -> Result<CaptureSummary> {
     let kind = kind_of(opts.dtype)?;
-    if opts.tp == 0 || opts.max_tokens_per_batch == 0 || opts.writers == 0 || opts.queue_depth == 0 {
-        return Err(CaptureError::Option("--tp, --max-tokens-per-batch, writers and queue depth must be > 0".into()));
+    if opts.tp == 0 || opts.max_tokens_per_batch == 0 || opts.writers == 0 || opts.queue_depth == 0
+    {
+        return Err(CaptureError::Option(
+            "--tp, --max-tokens-per-batch, writers and queue depth must be > 0".into(),
+        ));
     }
     if opts.max_seq_len == Some(0) {
         return Err(CaptureError::Option("--max-seq-len must be > 0".into()));
     }
     if opts.points.is_empty() {
-        return Err(CaptureError::Option("nothing to capture: give --layers and/or --final-norm".into()));
+        return Err(CaptureError::Option(
+            "nothing to capture: give --layers and/or --final-norm".into(),
+        ));
     }
     // 1. Checkpoint: config, TP split, every tensor's name and shape.
     let cfg = ModelConfig::load(&opts.model_dir)?;
@@ -475,22 +531,39 @@ pub async fn capture(opts: CaptureOptions) -> Result<CaptureSummary> {
     if opts.device == DeviceKind::Cuda {
         let have = tch::Cuda::device_count() as usize;
         if !tch::Cuda::is_available() || have < opts.tp {
-            return Err(CaptureError::Option(format!("--device cuda --tp {} needs {} GPUs; {have} visible", opts.tp, opts.tp)));
+            return Err(CaptureError::Option(format!(
+                "--device cuda --tp {} needs {} GPUs; {have} visible",
+                opts.tp, opts.tp
+            )));
         }
     }
     // 2. Inputs, every record checked.
-    let limits = InputLimits { vocab_size: cfg.vocab_size, max_seq_len: opts.max_seq_len, overlong: opts.overlong };
+    let limits = InputLimits {
+        vocab_size: cfg.vocab_size,
+        max_seq_len: opts.max_seq_len,
+        overlong: opts.overlong,
+    };
     let path = opts.input.clone();
     let inputs = tokio::task::spawn_blocking(move || read_inputs(&path, limits))
         .await
         .map_err(|e| CaptureError::Pipeline(format!("input reader: {e}")))??;
     // 3. The dataset, and what an earlier run already committed.
     let mut extra = BTreeMap::new();
-    extra.insert("model_dir".to_string(), serde_json::json!(opts.model_dir.display().to_string()));
-    extra.insert("input".to_string(), serde_json::json!(opts.input.display().to_string()));
+    extra.insert(
+        "model_dir".to_string(),
+        serde_json::json!(opts.model_dir.display().to_string()),
+    );
+    extra.insert(
+        "input".to_string(),
+        serde_json::json!(opts.input.display().to_string()),
+    );
     extra.insert(
         "sample_id".to_string(),
-        serde_json::json!(if inputs.ids_from_input { "the input's integer id" } else { "0-based record index of the input" }),
+        serde_json::json!(if inputs.ids_from_input {
+            "the input's integer id"
+        } else {
+            "0-based record index of the input"
+        }),
     );
     let provenance = Provenance {
         model: schema.model.clone(),
@@ -499,7 +572,10 @@ pub async fn capture(opts: CaptureOptions) -> Result<CaptureSummary> {
         tp_size: Some(opts.tp),
         layers: opts.points.clone(),
         layer_convention: LAYER_CONVENTION.to_string(),
-        software: format!("hslake-capture {} (tch 0.24, libtorch 2.11)", env!("CARGO_PKG_VERSION")),
+        software: format!(
+            "hslake-capture {} (tch 0.24, libtorch 2.11)",
+            env!("CARGO_PKG_VERSION")
+        ),
         extra,
     };
     let ds = Dataset::open_or_create(&opts.output, schema, provenance).await?;
@@ -517,10 +593,17 @@ pub async fn capture(opts: CaptureOptions) -> Result<CaptureSummary> {
             reader.sample_ids().await?.into_iter().collect()
         }
     };
-    let todo: Vec<InputSample> = inputs.samples.into_iter().filter(|s| !committed.contains(&s.sample_id)).collect();
+    let todo: Vec<InputSample> = inputs
+        .samples
+        .into_iter()
+        .filter(|s| !committed.contains(&s.sample_id))
+        .collect();
     let skipped_committed = committed.len() as u64;
     if skipped_committed > 0 {
-        tracing::info!("resuming: {skipped_committed} samples already committed, {} to go", todo.len());
+        tracing::info!(
+            "resuming: {skipped_committed} samples already committed, {} to go",
+            todo.len()
+        );
     }
     let batches = plan_batches(&todo, opts.max_tokens_per_batch);
     tracing::info!(
@@ -531,7 +614,11 @@ pub async fn capture(opts: CaptureOptions) -> Result<CaptureSummary> {
         opts.dtype.name(),
         opts.device,
         opts.tp,
-        opts.points.iter().map(|p| p.column()).collect::<Vec<_>>().join(", ")
+        opts.points
+            .iter()
+            .map(|p| p.column())
+            .collect::<Vec<_>>()
+            .join(", ")
     );
     let handle = tokio::runtime::Handle::current();
     let summary_base = CaptureSummary {
@@ -543,7 +630,17 @@ pub async fn capture(opts: CaptureOptions) -> Result<CaptureSummary> {
     };
     let ds2 = ds.clone();
     let mut summary = tokio::task::spawn_blocking(move || {
-        run_threads(handle, ds2, opts, cfg, weights, kind, todo, batches, summary_base)
+        run_threads(
+            handle,
+            ds2,
+            opts,
+            cfg,
+            weights,
+            kind,
+            todo,
+            batches,
+            summary_base,
+        )
     })
     .await
     .map_err(|e| CaptureError::Pipeline(format!("capture threads: {e}")))??;
@@ -551,7 +648,11 @@ pub async fn capture(opts: CaptureOptions) -> Result<CaptureSummary> {
     Ok(summary)
 }
 
-fn join<T>(r: std::thread::Result<Result<T>>, what: &str, errors: &mut Vec<CaptureError>) -> Option<T> {
+fn join<T>(
+    r: std::thread::Result<Result<T>>,
+    what: &str,
+    errors: &mut Vec<CaptureError>,
+) -> Option<T> {
     match r {
         Ok(Ok(v)) => Some(v),
         Ok(Err(e)) => {
@@ -591,7 +692,9 @@ fn run_threads(
             std::thread::Builder::new()
                 .name(format!("hslake-writer-{i}"))
                 .spawn(move || run_writer(handle, ds, wo, rx, every, interval, progress))
-                .map_err(|e| CaptureError::Pipeline(format!("cannot start a writer thread: {e}")))?,
+                .map_err(|e| {
+                    CaptureError::Pipeline(format!("cannot start a writer thread: {e}"))
+                })?,
         );
     }
     let (host_tx, host_rx) = sync_channel::<HostBatch>(opts.queue_depth);
@@ -603,7 +706,10 @@ fn run_threads(
 
     let inits: Vec<CommInit> = match (opts.device, opts.tp) {
         (_, 1) => vec![CommInit::Single],
-        (DeviceKind::Cpu, n) => LocalComm::group(n).into_iter().map(CommInit::Local).collect(),
+        (DeviceKind::Cpu, n) => LocalComm::group(n)
+            .into_iter()
+            .map(CommInit::Local)
+            .collect(),
         (DeviceKind::Cuda, n) => {
             let id = nccl::unique_id()?;
             (0..n).map(|r| CommInit::Nccl(id, r, n)).collect()
@@ -631,7 +737,9 @@ fn run_threads(
             std::thread::Builder::new()
                 .name(format!("hslake-rank-{rank}"))
                 .spawn(move || run_rank(init, job))
-                .map_err(|e| CaptureError::Pipeline(format!("cannot start rank thread {rank}: {e}")))?,
+                .map_err(|e| {
+                    CaptureError::Pipeline(format!("cannot start rank thread {rank}: {e}"))
+                })?,
         );
     }
     drop(weights);
@@ -649,7 +757,12 @@ fn run_threads(
         let real: usize = samples.iter().map(|s| s.input_ids.len()).sum();
         summary.padding_tokens += (samples.len() * cols - real) as u64;
         summary.batches += 1;
-        let input = Arc::new(BatchInput { ids, rows: samples.len() as i64, cols: cols as i64, samples });
+        let input = Arc::new(BatchInput {
+            ids,
+            rows: samples.len() as i64,
+            cols: cols as i64,
+            samples,
+        });
         for tx in &rank_txs {
             if tx.send(input.clone()).is_err() {
                 break 'feed;
@@ -680,7 +793,10 @@ fn run_threads(
     }
     progress.bar.finish_and_clear();
     if !errors.is_empty() {
-        let root = errors.iter().position(|e| !matches!(e, CaptureError::Pipeline(_))).unwrap_or(0);
+        let root = errors
+            .iter()
+            .position(|e| !matches!(e, CaptureError::Pipeline(_)))
+            .unwrap_or(0);
         return Err(errors.swap_remove(root));
     }
     let t = rank0.unwrap_or_default();

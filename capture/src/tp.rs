@@ -25,13 +25,19 @@ pub struct LoadCtx<'a> {
 impl LoadCtx<'_> {
     /// This rank's part of dimension `dim` of `name` (full shape `shape`).
     pub fn split(&self, name: &str, shape: &[usize], dim: usize) -> Result<Tensor> {
-        let shard = Shard::Split { dim, rank: self.comm.rank(), world: self.comm.world_size() };
-        self.weights.load(name, shape, shard, self.device, self.kind)
+        let shard = Shard::Split {
+            dim,
+            rank: self.comm.rank(),
+            world: self.comm.world_size(),
+        };
+        self.weights
+            .load(name, shape, shard, self.device, self.kind)
     }
 
     /// The whole of `name`, replicated on every rank.
     pub fn full(&self, name: &str, shape: &[usize]) -> Result<Tensor> {
-        self.weights.load(name, shape, Shard::Full, self.device, self.kind)
+        self.weights
+            .load(name, shape, Shard::Full, self.device, self.kind)
     }
 }
 
@@ -43,9 +49,19 @@ pub struct ColumnParallelLinear {
 
 impl ColumnParallelLinear {
     /// Loads `<prefix>.weight` (and `<prefix>.bias` if `bias`) of full shape `[out, in]`.
-    pub fn load(ctx: &LoadCtx, prefix: &str, in_features: usize, out_features: usize, bias: bool) -> Result<Self> {
+    pub fn load(
+        ctx: &LoadCtx,
+        prefix: &str,
+        in_features: usize,
+        out_features: usize,
+        bias: bool,
+    ) -> Result<Self> {
         let weight = ctx.split(&format!("{prefix}.weight"), &[out_features, in_features], 0)?;
-        let bias = if bias { Some(ctx.split(&format!("{prefix}.bias"), &[out_features], 0)?) } else { None };
+        let bias = if bias {
+            Some(ctx.split(&format!("{prefix}.bias"), &[out_features], 0)?)
+        } else {
+            None
+        };
         Ok(ColumnParallelLinear { weight, bias })
     }
 
@@ -64,11 +80,25 @@ pub struct RowParallelLinear {
 
 impl RowParallelLinear {
     /// Loads `<prefix>.weight` (and `<prefix>.bias` if `bias`) of full shape `[out, in]`.
-    pub fn load(ctx: &LoadCtx, prefix: &str, in_features: usize, out_features: usize, bias: bool) -> Result<Self> {
+    pub fn load(
+        ctx: &LoadCtx,
+        prefix: &str,
+        in_features: usize,
+        out_features: usize,
+        bias: bool,
+    ) -> Result<Self> {
         let weight = ctx.split(&format!("{prefix}.weight"), &[out_features, in_features], 1)?;
         // The bias is added once, after the sum, so every rank holds all of it.
-        let bias = if bias { Some(ctx.full(&format!("{prefix}.bias"), &[out_features])?) } else { None };
-        Ok(RowParallelLinear { weight, bias, comm: ctx.comm.clone() })
+        let bias = if bias {
+            Some(ctx.full(&format!("{prefix}.bias"), &[out_features])?)
+        } else {
+            None
+        };
+        Ok(RowParallelLinear {
+            weight,
+            bias,
+            comm: ctx.comm.clone(),
+        })
     }
 
     /// `[.., in / tp] -> [.., out]`, complete on every rank.
@@ -98,8 +128,19 @@ impl VocabParallelEmbedding {
         let per_rank = vocab.div_ceil(world);
         let start = (ctx.comm.rank() * per_rank).min(vocab);
         let end = (start + per_rank).min(vocab);
-        let weight = ctx.weights.load(name, &[vocab, hidden], Shard::Rows { start, end }, ctx.device, ctx.kind)?;
-        Ok(VocabParallelEmbedding { weight, start: start as i64, end: end as i64, comm: ctx.comm.clone() })
+        let weight = ctx.weights.load(
+            name,
+            &[vocab, hidden],
+            Shard::Rows { start, end },
+            ctx.device,
+            ctx.kind,
+        )?;
+        Ok(VocabParallelEmbedding {
+            weight,
+            start: start as i64,
+            end: end as i64,
+            comm: ctx.comm.clone(),
+        })
     }
 
     /// `[b, t]` token ids (int64) -> `[b, t, hidden]`.

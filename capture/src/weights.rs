@@ -52,14 +52,26 @@ impl Weights {
     pub fn open(dir: &Path) -> Result<Self> {
         let index = dir.join("model.safetensors.index.json");
         let names: Vec<String> = if index.exists() {
-            let text = std::fs::read_to_string(&index).map_err(|source| CaptureError::Io { path: index.clone(), source })?;
-            let v: serde_json::Value = serde_json::from_str(&text)
-                .map_err(|e| CaptureError::Safetensors { path: index.clone(), message: e.to_string() })?;
-            let map = v.get("weight_map").and_then(|m| m.as_object()).ok_or_else(|| CaptureError::Safetensors {
+            let text = std::fs::read_to_string(&index).map_err(|source| CaptureError::Io {
                 path: index.clone(),
-                message: "no \"weight_map\" object".into(),
+                source,
             })?;
-            let files: BTreeSet<String> = map.values().filter_map(|f| f.as_str().map(str::to_string)).collect();
+            let v: serde_json::Value =
+                serde_json::from_str(&text).map_err(|e| CaptureError::Safetensors {
+                    path: index.clone(),
+                    message: e.to_string(),
+                })?;
+            let map = v
+                .get("weight_map")
+                .and_then(|m| m.as_object())
+                .ok_or_else(|| CaptureError::Safetensors {
+                    path: index.clone(),
+                    message: "no \"weight_map\" object".into(),
+                })?;
+            let files: BTreeSet<String> = map
+                .values()
+                .filter_map(|f| f.as_str().map(str::to_string))
+                .collect();
             files.into_iter().collect()
         } else {
             vec!["model.safetensors".to_string()]
@@ -68,20 +80,41 @@ impl Weights {
         let mut by_name = HashMap::new();
         for name in names {
             let path = dir.join(&name);
-            let file = File::open(&path).map_err(|source| CaptureError::Io { path: path.clone(), source })?;
+            let file = File::open(&path).map_err(|source| CaptureError::Io {
+                path: path.clone(),
+                source,
+            })?;
             // SAFETY: the map is read-only and the checkpoint is an input we never write; like every
             // mmap-based loader we rely on nobody truncating the file while the model loads.
-            let map = unsafe { Mmap::map(&file) }.map_err(|source| CaptureError::Io { path: path.clone(), source })?;
-            let (header_len, meta) = SafeTensors::read_metadata(&map)
-                .map_err(|e| CaptureError::Safetensors { path: path.clone(), message: e.to_string() })?;
-            let infos: HashMap<String, _> =
-                meta.tensors().into_iter().map(|(k, v)| (k, v.clone())).collect();
+            let map = unsafe { Mmap::map(&file) }.map_err(|source| CaptureError::Io {
+                path: path.clone(),
+                source,
+            })?;
+            let (header_len, meta) =
+                SafeTensors::read_metadata(&map).map_err(|e| CaptureError::Safetensors {
+                    path: path.clone(),
+                    message: e.to_string(),
+                })?;
+            let infos: HashMap<String, _> = meta
+                .tensors()
+                .into_iter()
+                .map(|(k, v)| (k, v.clone()))
+                .collect();
             for k in infos.keys() {
                 by_name.insert(k.clone(), files.len());
             }
-            files.push(MappedFile { path, map, data_start: 8 + header_len, infos });
+            files.push(MappedFile {
+                path,
+                map,
+                data_start: 8 + header_len,
+                infos,
+            });
         }
-        Ok(Weights { dir: dir.to_path_buf(), files, by_name })
+        Ok(Weights {
+            dir: dir.to_path_buf(),
+            files,
+            by_name,
+        })
     }
 
     fn info(&self, name: &str) -> Result<(&MappedFile, &safetensors::tensor::TensorInfo)> {
@@ -91,7 +124,12 @@ impl Weights {
             files: self
                 .files
                 .iter()
-                .map(|f| f.path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default())
+                .map(|f| {
+                    f.path
+                        .file_name()
+                        .map(|n| n.to_string_lossy().into_owned())
+                        .unwrap_or_default()
+                })
                 .collect::<Vec<_>>()
                 .join(", "),
         };
@@ -104,19 +142,31 @@ impl Weights {
     pub fn check(&self, name: &str, expected: &[usize]) -> Result<()> {
         let (_, info) = self.info(name)?;
         if info.shape != expected {
-            return Err(CaptureError::WrongShape { name: name.into(), expected: expected.to_vec(), got: info.shape.clone() });
+            return Err(CaptureError::WrongShape {
+                name: name.into(),
+                expected: expected.to_vec(),
+                got: info.shape.clone(),
+            });
         }
         kind_of(name, info.dtype)?;
         Ok(())
     }
 
     /// Copies this rank's slice of `name` (full shape `expected`) to `device` as `kind`.
-    pub fn load(&self, name: &str, expected: &[usize], shard: Shard, device: Device, kind: Kind) -> Result<Tensor> {
+    pub fn load(
+        &self,
+        name: &str,
+        expected: &[usize],
+        shard: Shard,
+        device: Device,
+        kind: Kind,
+    ) -> Result<Tensor> {
         self.check(name, expected)?;
         let (file, info) = self.info(name)?;
         let stored = kind_of(name, info.dtype)?;
         let es = stored.elt_size_in_bytes();
-        let bytes = &file.map[file.data_start + info.data_offsets.0..file.data_start + info.data_offsets.1];
+        let bytes =
+            &file.map[file.data_start + info.data_offsets.0..file.data_start + info.data_offsets.1];
         let shape = &info.shape;
         let (local_shape, data): (Vec<usize>, std::borrow::Cow<[u8]>) = match shard {
             Shard::Full => (shape.clone(), bytes.into()),
@@ -159,7 +209,10 @@ fn kind_of(name: &str, dtype: Dtype) -> Result<Kind> {
         Dtype::BF16 => Ok(Kind::BFloat16),
         Dtype::F16 => Ok(Kind::Half),
         Dtype::F32 => Ok(Kind::Float),
-        other => Err(CaptureError::WrongDtype { name: name.into(), dtype: format!("{other:?}") }),
+        other => Err(CaptureError::WrongDtype {
+            name: name.into(),
+            dtype: format!("{other:?}"),
+        }),
     }
 }
 
@@ -169,12 +222,19 @@ mod tests {
     use safetensors::tensor::TensorView;
 
     fn write(dir: &Path, file: &str, tensors: &[(&str, Vec<usize>, Vec<f32>)]) {
-        let bytes: Vec<Vec<u8>> =
-            tensors.iter().map(|(_, _, v)| v.iter().flat_map(|x| x.to_le_bytes()).collect()).collect();
+        let bytes: Vec<Vec<u8>> = tensors
+            .iter()
+            .map(|(_, _, v)| v.iter().flat_map(|x| x.to_le_bytes()).collect())
+            .collect();
         let views: Vec<(String, TensorView)> = tensors
             .iter()
             .zip(&bytes)
-            .map(|((n, s, _), b)| (n.to_string(), TensorView::new(Dtype::F32, s.clone(), b).unwrap()))
+            .map(|((n, s, _), b)| {
+                (
+                    n.to_string(),
+                    TensorView::new(Dtype::F32, s.clone(), b).unwrap(),
+                )
+            })
             .collect();
         safetensors::serialize_to_file(views, None, &dir.join(file)).unwrap();
     }
@@ -189,16 +249,56 @@ mod tests {
         let v: Vec<f32> = (0..24).map(|x| x as f32).collect();
         write(d.path(), "model.safetensors", &[("w", vec![4, 6], v)]);
         let w = Weights::open(d.path()).unwrap();
-        let full = w.load("w", &[4, 6], Shard::Full, Device::Cpu, Kind::Float).unwrap();
+        let full = w
+            .load("w", &[4, 6], Shard::Full, Device::Cpu, Kind::Float)
+            .unwrap();
         for rank in 0..2 {
-            let rows = w.load("w", &[4, 6], Shard::Split { dim: 0, rank, world: 2 }, Device::Cpu, Kind::Float).unwrap();
+            let rows = w
+                .load(
+                    "w",
+                    &[4, 6],
+                    Shard::Split {
+                        dim: 0,
+                        rank,
+                        world: 2,
+                    },
+                    Device::Cpu,
+                    Kind::Float,
+                )
+                .unwrap();
             assert_eq!(values(&rows), values(&full.narrow(0, 2 * rank as i64, 2)));
-            let cols = w.load("w", &[4, 6], Shard::Split { dim: 1, rank, world: 2 }, Device::Cpu, Kind::Float).unwrap();
+            let cols = w
+                .load(
+                    "w",
+                    &[4, 6],
+                    Shard::Split {
+                        dim: 1,
+                        rank,
+                        world: 2,
+                    },
+                    Device::Cpu,
+                    Kind::Float,
+                )
+                .unwrap();
             assert_eq!(cols.size(), vec![4, 3]);
-            assert_eq!(values(&cols), values(&full.narrow(1, 3 * rank as i64, 3).contiguous()));
+            assert_eq!(
+                values(&cols),
+                values(&full.narrow(1, 3 * rank as i64, 3).contiguous())
+            );
         }
-        let rows = w.load("w", &[4, 6], Shard::Rows { start: 3, end: 4 }, Device::Cpu, Kind::Float).unwrap();
-        assert_eq!(values(&rows), (18..24).map(|x| x as f32).collect::<Vec<_>>());
+        let rows = w
+            .load(
+                "w",
+                &[4, 6],
+                Shard::Rows { start: 3, end: 4 },
+                Device::Cpu,
+                Kind::Float,
+            )
+            .unwrap();
+        assert_eq!(
+            values(&rows),
+            (18..24).map(|x| x as f32).collect::<Vec<_>>()
+        );
     }
 
     #[test]
@@ -212,18 +312,40 @@ mod tests {
         )
         .unwrap();
         let w = Weights::open(d.path()).unwrap();
-        assert_eq!(values(&w.load("y", &[1], Shard::Full, Device::Cpu, Kind::Float).unwrap()), vec![3.0]);
-        assert_eq!(values(&w.load("x", &[2], Shard::Full, Device::Cpu, Kind::Float).unwrap()), vec![1.0, 2.0]);
+        assert_eq!(
+            values(
+                &w.load("y", &[1], Shard::Full, Device::Cpu, Kind::Float)
+                    .unwrap()
+            ),
+            vec![3.0]
+        );
+        assert_eq!(
+            values(
+                &w.load("x", &[2], Shard::Full, Device::Cpu, Kind::Float)
+                    .unwrap()
+            ),
+            vec![1.0, 2.0]
+        );
     }
 
     #[test]
     fn names_missing_tensor_and_wrong_shape() {
         let d = tempfile::tempdir().unwrap();
-        write(d.path(), "model.safetensors", &[("w", vec![2, 2], vec![0.0; 4])]);
+        write(
+            d.path(),
+            "model.safetensors",
+            &[("w", vec![2, 2], vec![0.0; 4])],
+        );
         let w = Weights::open(d.path()).unwrap();
         let e = w.check("v", &[2, 2]).unwrap_err().to_string();
-        assert!(e.contains("missing tensor \"v\"") && e.contains("model.safetensors"), "{e}");
+        assert!(
+            e.contains("missing tensor \"v\"") && e.contains("model.safetensors"),
+            "{e}"
+        );
         let e = w.check("w", &[2, 3]).unwrap_err().to_string();
-        assert_eq!(e, "tensor \"w\" has shape [2, 2], expected [2, 3] from config.json");
+        assert_eq!(
+            e,
+            "tensor \"w\" has shape [2, 2], expected [2, 3] from config.json"
+        );
     }
 }

@@ -16,7 +16,13 @@ use crate::tp::{ColumnParallelLinear, LoadCtx, RowParallelLinear, VocabParallelE
 pub fn tensor_shapes(cfg: &ModelConfig) -> Vec<(String, Vec<usize>)> {
     let (h, d) = (cfg.hidden_size, cfg.head_dim);
     let (q, kv) = (cfg.num_heads * d, cfg.num_kv_heads * d);
-    let mut v = vec![("model.embed_tokens.weight".to_string(), vec![cfg.vocab_size, h]), ("model.norm.weight".into(), vec![h])];
+    let mut v = vec![
+        (
+            "model.embed_tokens.weight".to_string(),
+            vec![cfg.vocab_size, h],
+        ),
+        ("model.norm.weight".into(), vec![h]),
+    ];
     for i in 0..cfg.num_layers {
         let p = format!("model.layers.{i}");
         v.push((format!("{p}.input_layernorm.weight"), vec![h]));
@@ -52,9 +58,27 @@ impl Attention {
         let (h, d, tp) = (cfg.hidden_size, cfg.head_dim, ctx.comm.world_size());
         let (q, kv) = (cfg.num_heads * d, cfg.num_kv_heads * d);
         Ok(Attention {
-            q_proj: ColumnParallelLinear::load(ctx, &format!("{prefix}.q_proj"), h, q, cfg.qkv_bias)?,
-            k_proj: ColumnParallelLinear::load(ctx, &format!("{prefix}.k_proj"), h, kv, cfg.qkv_bias)?,
-            v_proj: ColumnParallelLinear::load(ctx, &format!("{prefix}.v_proj"), h, kv, cfg.qkv_bias)?,
+            q_proj: ColumnParallelLinear::load(
+                ctx,
+                &format!("{prefix}.q_proj"),
+                h,
+                q,
+                cfg.qkv_bias,
+            )?,
+            k_proj: ColumnParallelLinear::load(
+                ctx,
+                &format!("{prefix}.k_proj"),
+                h,
+                kv,
+                cfg.qkv_bias,
+            )?,
+            v_proj: ColumnParallelLinear::load(
+                ctx,
+                &format!("{prefix}.v_proj"),
+                h,
+                kv,
+                cfg.qkv_bias,
+            )?,
             o_proj: RowParallelLinear::load(ctx, &format!("{prefix}.o_proj"), q, h, cfg.o_bias)?,
             heads: (cfg.num_heads / tp) as i64,
             kv_heads: (cfg.num_kv_heads / tp) as i64,
@@ -62,20 +86,49 @@ impl Attention {
         })
     }
 
-    fn forward(&self, x: &Tensor, cos: &Tensor, sin: &Tensor, mask: Option<&Tensor>) -> Result<Tensor> {
+    fn forward(
+        &self,
+        x: &Tensor,
+        cos: &Tensor,
+        sin: &Tensor,
+        mask: Option<&Tensor>,
+    ) -> Result<Tensor> {
         let (b, t) = (x.size()[0], x.size()[1]);
         // 1. Project: [b, t, hidden] -> [b, t, heads*d] -> [b, t, heads, d] -> [b, heads, t, d].
-        let q = self.q_proj.forward(x)?.f_view([b, t, self.heads, self.head_dim])?.f_transpose(1, 2)?;
-        let k = self.k_proj.forward(x)?.f_view([b, t, self.kv_heads, self.head_dim])?.f_transpose(1, 2)?;
-        let v = self.v_proj.forward(x)?.f_view([b, t, self.kv_heads, self.head_dim])?.f_transpose(1, 2)?;
+        let q = self
+            .q_proj
+            .forward(x)?
+            .f_view([b, t, self.heads, self.head_dim])?
+            .f_transpose(1, 2)?;
+        let k = self
+            .k_proj
+            .forward(x)?
+            .f_view([b, t, self.kv_heads, self.head_dim])?
+            .f_transpose(1, 2)?;
+        let v = self
+            .v_proj
+            .forward(x)?
+            .f_view([b, t, self.kv_heads, self.head_dim])?
+            .f_transpose(1, 2)?;
         // 2. Rotate positions into q and k.
         let q = apply_rotary(&q, cos, sin)?;
         let k = apply_rotary(&k, cos, sin)?;
         // 3. Causal attention; right padding sits after every real token, so no real token sees it.
         //    An explicit mask (sliding window) replaces the built-in causal one.
-        let y = Tensor::f_scaled_dot_product_attention(&q, &k, &v, mask, 0.0, mask.is_none(), None, true)?;
+        let y = Tensor::f_scaled_dot_product_attention(
+            &q,
+            &k,
+            &v,
+            mask,
+            0.0,
+            mask.is_none(),
+            None,
+            true,
+        )?;
         // 4. [b, heads, t, d] -> [b, t, heads*d] -> row-parallel projection and all-reduce.
-        let y = y.f_transpose(1, 2)?.f_reshape([b, t, self.heads * self.head_dim])?;
+        let y = y
+            .f_transpose(1, 2)?
+            .f_reshape([b, t, self.heads * self.head_dim])?;
         self.o_proj.forward(&y)
     }
 }
@@ -94,14 +147,34 @@ impl DecoderLayer {
         Ok(DecoderLayer {
             input_layernorm: RmsNorm::load(ctx, &format!("{prefix}.input_layernorm"), h, eps)?,
             self_attn: Attention::load(ctx, &format!("{prefix}.self_attn"), cfg)?,
-            post_attention_layernorm: RmsNorm::load(ctx, &format!("{prefix}.post_attention_layernorm"), h, eps)?,
+            post_attention_layernorm: RmsNorm::load(
+                ctx,
+                &format!("{prefix}.post_attention_layernorm"),
+                h,
+                eps,
+            )?,
             mlp: Mlp::load(ctx, &format!("{prefix}.mlp"), cfg)?,
         })
     }
 
-    fn forward(&self, x: &Tensor, cos: &Tensor, sin: &Tensor, mask: Option<&Tensor>) -> Result<Tensor> {
-        let x = x.f_add(&self.self_attn.forward(&self.input_layernorm.forward(x)?, cos, sin, mask)?)?;
-        Ok(x.f_add(&self.mlp.forward(&self.post_attention_layernorm.forward(&x)?)?)?)
+    fn forward(
+        &self,
+        x: &Tensor,
+        cos: &Tensor,
+        sin: &Tensor,
+        mask: Option<&Tensor>,
+    ) -> Result<Tensor> {
+        let x = x.f_add(&self.self_attn.forward(
+            &self.input_layernorm.forward(x)?,
+            cos,
+            sin,
+            mask,
+        )?)?;
+        Ok(x.f_add(
+            &self
+                .mlp
+                .forward(&self.post_attention_layernorm.forward(&x)?)?,
+        )?)
     }
 }
 
@@ -117,10 +190,16 @@ pub struct Model {
 impl Model {
     /// Loads this rank's slice of every weight.
     pub fn load(ctx: &LoadCtx, cfg: &ModelConfig) -> Result<Self> {
-        let layers =
-            (0..cfg.num_layers).map(|i| DecoderLayer::load(ctx, &format!("model.layers.{i}"), cfg)).collect::<Result<_>>()?;
+        let layers = (0..cfg.num_layers)
+            .map(|i| DecoderLayer::load(ctx, &format!("model.layers.{i}"), cfg))
+            .collect::<Result<_>>()?;
         Ok(Model {
-            embed_tokens: VocabParallelEmbedding::load(ctx, "model.embed_tokens.weight", cfg.vocab_size, cfg.hidden_size)?,
+            embed_tokens: VocabParallelEmbedding::load(
+                ctx,
+                "model.embed_tokens.weight",
+                cfg.vocab_size,
+                cfg.hidden_size,
+            )?,
             layers,
             norm: RmsNorm::load(ctx, "model.norm", cfg.hidden_size, cfg.rms_norm_eps)?,
             rotary: Rotary::new(cfg, ctx.device)?,
@@ -132,7 +211,12 @@ impl Model {
 impl Model {
     /// The forward with an optional boolean `[t, t]` attention mask (true = attend) in place of
     /// the causal one; Mistral's sliding window uses it.
-    pub(crate) fn forward_masked(&self, input_ids: &Tensor, points: &[CapturePoint], mask: Option<&Tensor>) -> Result<Vec<Tensor>> {
+    pub(crate) fn forward_masked(
+        &self,
+        input_ids: &Tensor,
+        points: &[CapturePoint],
+        mask: Option<&Tensor>,
+    ) -> Result<Vec<Tensor>> {
         let mut captures = Captures::new(points, self.layers.len())?;
         let last = captures.last_layer(self.layers.len());
         let t = input_ids.size()[1];

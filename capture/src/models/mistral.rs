@@ -24,7 +24,11 @@ pub struct Model {
 impl Model {
     /// Loads this rank's slice of every weight.
     pub fn load(ctx: &LoadCtx, cfg: &ModelConfig) -> Result<Self> {
-        Ok(Model { inner: llama::Model::load(ctx, cfg)?, window: cfg.sliding_window, device: ctx.device })
+        Ok(Model {
+            inner: llama::Model::load(ctx, cfg)?,
+            window: cfg.sliding_window,
+            device: ctx.device,
+        })
     }
 }
 
@@ -56,8 +60,20 @@ mod tests {
 
     #[test]
     fn window_mask_keeps_the_last_w_positions_up_to_the_diagonal() {
-        let m = sliding_mask(4, 2, Device::Cpu).unwrap().to_kind(Kind::Int64);
-        let rows: Vec<Vec<i64>> = (0..4).map(|r| Vec::<i64>::try_from(m.get(r)).unwrap()).collect();
-        assert_eq!(rows, vec![vec![1, 0, 0, 0], vec![1, 1, 0, 0], vec![0, 1, 1, 0], vec![0, 0, 1, 1]]);
+        let m = sliding_mask(4, 2, Device::Cpu)
+            .unwrap()
+            .to_kind(Kind::Int64);
+        let rows: Vec<Vec<i64>> = (0..4)
+            .map(|r| Vec::<i64>::try_from(m.get(r)).unwrap())
+            .collect();
+        assert_eq!(
+            rows,
+            vec![
+                vec![1, 0, 0, 0],
+                vec![1, 1, 0, 0],
+                vec![0, 1, 1, 0],
+                vec![0, 0, 1, 1]
+            ]
+        );
     }
 }

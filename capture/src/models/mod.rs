@@ -52,7 +52,12 @@ pub fn load(
 ) -> Result<Box<dyn DecoderModel>> {
     cfg.check_tp(comm.world_size())?;
     check_checkpoint(cfg, weights)?;
-    let ctx = LoadCtx { weights, comm, device, kind };
+    let ctx = LoadCtx {
+        weights,
+        comm,
+        device,
+        kind,
+    };
     Ok(match cfg.architecture {
         Architecture::Llama => Box::new(llama::Model::load(&ctx, cfg)?),
         Architecture::Mistral => Box::new(mistral::Model::load(&ctx, cfg)?),
@@ -69,14 +74,20 @@ pub(crate) struct Captures<'a> {
 
 impl<'a> Captures<'a> {
     pub(crate) fn new(points: &'a [CapturePoint], num_layers: usize) -> Result<Self> {
-        if let Some(p) = points.iter().find(|p| p.layer().is_some_and(|l| l as usize >= num_layers)) {
+        if let Some(p) = points
+            .iter()
+            .find(|p| p.layer().is_some_and(|l| l as usize >= num_layers))
+        {
             return Err(CaptureError::Option(format!(
                 "{} does not exist: the model has {num_layers} decoder layers (0..={})",
                 p.label(),
                 num_layers - 1
             )));
         }
-        Ok(Captures { points, out: points.iter().map(|_| None).collect() })
+        Ok(Captures {
+            points,
+            out: points.iter().map(|_| None).collect(),
+        })
     }
 
     /// Layers after this one need not run (nothing later is captured).
@@ -84,7 +95,11 @@ impl<'a> Captures<'a> {
         if self.points.contains(&CapturePoint::FinalNorm) {
             return num_layers - 1;
         }
-        self.points.iter().filter_map(|p| p.layer()).max().map_or(0, |l| l as usize)
+        self.points
+            .iter()
+            .filter_map(|p| p.layer())
+            .max()
+            .map_or(0, |l| l as usize)
     }
 
     pub(crate) fn after_layer(&mut self, i: usize, x: &Tensor) {
@@ -97,7 +112,11 @@ impl<'a> Captures<'a> {
     }
 
     pub(crate) fn final_norm(&mut self, normed: impl FnOnce() -> Result<Tensor>) -> Result<()> {
-        if let Some(i) = self.points.iter().position(|p| *p == CapturePoint::FinalNorm) {
+        if let Some(i) = self
+            .points
+            .iter()
+            .position(|p| *p == CapturePoint::FinalNorm)
+        {
             self.out[i] = Some(normed()?);
         }
         Ok(())
@@ -107,7 +126,11 @@ impl<'a> Captures<'a> {
         self.points
             .iter()
             .zip(self.out)
-            .map(|(p, o)| o.ok_or_else(|| CaptureError::Pipeline(format!("{} was not produced by the forward", p.label()))))
+            .map(|(p, o)| {
+                o.ok_or_else(|| {
+                    CaptureError::Pipeline(format!("{} was not produced by the forward", p.label()))
+                })
+            })
             .collect()
     }
 }

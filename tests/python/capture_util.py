@@ -1,0 +1,136 @@
+"""Helpers for the capture tests: tiny random HF models, running the CLI, and reading a
+dataset back with nothing but pyarrow and numpy (un-splitting the byte-split tensors)."""
+import glob
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def capture_cmd():
+    """`hslake capture` (or the standalone `hslake-capture` when HSLAKE_BIN points at it)."""
+    binary = os.environ.get("HSLAKE_BIN", str(ROOT / "target" / "debug" / "hslake"))
+    if Path(binary).name.startswith("hslake-capture"):
+        return [binary]
+    return [binary, "capture"]
+
+
+def run_capture(model, inputs, out, layers, *extra, final_norm=False, check=True, timeout=600):
+    cmd = capture_cmd() + ["--model", str(model), "--input", str(inputs), "--output", f"file://{out}",
+                           "--dtype", "f32", "--device", "cpu", "--no-progress"]
+    if layers:
+        cmd += ["--layers", ",".join(str(l) for l in layers)]
+    if final_norm:
+        cmd.append("--final-norm")
+    cmd += [str(x) for x in extra]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    if check and r.returncode != 0:
+        raise AssertionError(f"capture failed ({r.returncode}):\n{r.stderr}")
+    return r
+
+
+def randomize(model, seed=0, scale=0.1):
+    """HF initialises norms to 1 and biases to 0; make every parameter matter."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            noise = torch.randn(p.shape, generator=g, dtype=torch.float32)
+            if name.endswith("norm.weight"):
+                p.copy_(1.0 + 0.2 * noise)
+            elif name.endswith(".bias"):
+                p.copy_(0.5 * noise)
+            else:
+                p.copy_(scale * noise)
+    return model
+
+
+def save_model(model, path):
+    model.save_pretrained(path)
+    return path
+
+
+def write_jsonl(path, samples):
+    with open(path, "w") as f:
+        for s in samples:
+            f.write(json.dumps(s) + "\n")
+    return path
+
+
+def random_samples(lengths, vocab, seed=0):
+    rng = np.random.default_rng(seed)
+    return [{"input_ids": rng.integers(0, vocab, n).tolist()} for n in lengths]
+
+
+def _unsplit(buf, elem, n):
+    return np.frombuffer(buf, np.uint8).reshape(elem, n).T.copy()
+
+
+def decode_tensor(buf, meta, seq_len):
+    """Rebuild [seq_len, hidden] float32 values from a byte-split column value and its metadata."""
+    hidden = meta["shape"][1]
+    n = seq_len * hidden
+    dtype = meta["dtype"]
+    if dtype == "f32":
+        vals = _unsplit(buf, 4, n).view("<f4").reshape(-1)
+    elif dtype == "bf16":
+        bits = _unsplit(buf, 2, n).view("<u2").reshape(-1).astype(np.uint32) << 16
+        vals = bits.view(np.float32)
+    elif dtype == "f16":
+        vals = _unsplit(buf, 2, n).view("<f2").reshape(-1).astype(np.float32)
+    else:
+        raise ValueError(f"unexpected dtype {dtype}")
+    return vals.reshape(seq_len, hidden)
+
+
+def manifests(ds):
+    return sorted(glob.glob(os.path.join(ds, "_hslake", "versions", "*.json")))
+
+
+def read_dataset(ds):
+    """{sample_id: {"input_ids", "loss_mask", column: [seq_len, hidden] float32}} of the latest version."""
+    files = manifests(ds)
+    assert files, f"no manifest under {ds}"
+    manifest = json.load(open(files[-1]))
+    out = {}
+    for shard in manifest["shards"]:
+        table = pq.read_table(os.path.join(ds, shard["path"]))
+        tensor_cols = {}
+        for field in table.schema:
+            if field.metadata and b"hslake.tensor" in field.metadata:
+                tensor_cols[field.name] = json.loads(field.metadata[b"hslake.tensor"])
+        rows = table.to_pylist()
+        for row in rows:
+            sid = row["sample_id"]
+            assert sid not in out, f"sample {sid} appears twice"
+            rec = {"input_ids": row["input_ids"], "loss_mask": row["loss_mask"]}
+            for col, meta in tensor_cols.items():
+                rec[col] = decode_tensor(row[col], meta, row["seq_len"])
+            out[sid] = rec
+    return out, manifest
+
+
+def hf_states(model, input_ids, layers, final_norm):
+    """Reference states of one unpadded sample: {column: [seq_len, hidden]} from HF.
+
+    layer i < L-1 comes from output_hidden_states[i + 1]; HF's last entry is after the final
+    norm, so the last layer's own output is taken with a forward hook on that layer."""
+    captured = {}
+    last = len(model.model.layers) - 1
+    hook = model.model.layers[last].register_forward_hook(
+        lambda m, i, o: captured.__setitem__("last", (o[0] if isinstance(o, tuple) else o).detach()))
+    with torch.no_grad():
+        out = model(torch.tensor([input_ids]), output_hidden_states=True)
+    hook.remove()
+    hs = out.hidden_states
+    ref = {}
+    for l in layers:
+        ref[f"layer_{l}"] = (captured["last"] if l == last else hs[l + 1])[0].float().numpy()
+    if final_norm:
+        ref["final_norm"] = hs[-1][0].float().numpy()
+    return ref
