@@ -1,1 +1,513 @@
-//! Work in progress: see the crate description in Cargo.toml.
+//! The native half of the Python module `hslake`: datasets, the loader and zero-copy batch
+//! buffers. The pure-Python package `hslake` (python/hslake/) wraps these into torch tensors.
+#![deny(missing_docs)]
+
+use std::ffi::c_int;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use hslake_loader::{
+    BatchStream, Batching, CorruptPolicy, Follow, HostTensor, Layout, Loader, LoaderConfig,
+    LoaderError, LoaderState, Remainder,
+};
+use hslake_schemas::CapturePoint;
+use hslake_store::{Dataset, StoreError};
+use pyo3::create_exception;
+use pyo3::exceptions::PyException;
+use pyo3::ffi;
+use pyo3::prelude::*;
+use serde::Deserialize;
+use tokio::runtime::Runtime;
+
+create_exception!(
+    _hslake,
+    HslakeError,
+    PyException,
+    "An hslake operation failed; the message names what is wrong."
+);
+create_exception!(
+    _hslake,
+    ConfigError,
+    HslakeError,
+    "An argument or resume state that cannot work with this dataset."
+);
+
+fn to_py(e: LoaderError) -> PyErr {
+    match e {
+        LoaderError::Config(_)
+        | LoaderError::MissingPoint { .. }
+        | LoaderError::StateMismatch { .. }
+        | LoaderError::BadState(_)
+        | LoaderError::Store(StoreError::VersionNotFound { .. })
+        | LoaderError::Store(StoreError::InvalidUrl { .. }) => ConfigError::new_err(e.to_string()),
+        other => HslakeError::new_err(other.to_string()),
+    }
+}
+
+fn runtime(threads: usize) -> PyResult<Arc<Runtime>> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(threads.max(1))
+        .thread_name("hslake-io")
+        .enable_all()
+        .build()
+        .map(Arc::new)
+        .map_err(|e| HslakeError::new_err(format!("cannot start the I/O runtime: {e}")))
+}
+
+/// A dense host buffer exported through the buffer protocol (writable, 64-byte aligned),
+/// so `torch.frombuffer` wraps it without a copy.
+#[pyclass(module = "hslake._hslake")]
+struct Buffer {
+    tensor: HostTensor,
+    // Address of the tensor's heap bytes: stable for the buffer's life (never reallocated).
+    addr: usize,
+}
+
+#[pymethods]
+impl Buffer {
+    /// Number of bytes.
+    fn __len__(&self) -> usize {
+        self.tensor.bytes().len()
+    }
+
+    unsafe fn __getbuffer__(
+        slf: Bound<'_, Self>,
+        view: *mut ffi::Py_buffer,
+        flags: c_int,
+    ) -> PyResult<()> {
+        let (addr, len) = {
+            let me = slf.borrow();
+            (me.addr, me.tensor.bytes().len())
+        };
+        // SAFETY: `view` comes from the interpreter; the bytes live as long as `slf`, which
+        // the view keeps a reference to (PyBuffer_FillInfo increments it).
+        let rc = unsafe {
+            ffi::PyBuffer_FillInfo(
+                view,
+                slf.as_ptr(),
+                addr as *mut std::ffi::c_void,
+                len as ffi::Py_ssize_t,
+                0,
+                flags,
+            )
+        };
+        if rc != 0 {
+            return Err(PyErr::fetch(slf.py()));
+        }
+        Ok(())
+    }
+
+    unsafe fn __releasebuffer__(&self, _view: *mut ffi::Py_buffer) {}
+}
+
+fn buffer(mut tensor: HostTensor) -> Buffer {
+    let addr = tensor.bytes_mut().as_mut_ptr() as usize;
+    Buffer { tensor, addr }
+}
+
+/// A dataset: schema, versions and counts.
+#[pyclass(module = "hslake._hslake")]
+struct NativeDataset {
+    rt: Arc<Runtime>,
+    ds: Dataset,
+}
+
+#[pymethods]
+impl NativeDataset {
+    #[new]
+    #[pyo3(signature = (url, timeout=60.0))]
+    fn new(py: Python<'_>, url: String, timeout: f64) -> PyResult<Self> {
+        let rt = runtime(1)?;
+        let limit = Duration::from_secs_f64(timeout.max(0.001));
+        let ds = py.detach(|| {
+            rt.block_on(async { tokio::time::timeout(limit, Dataset::open(&url)).await })
+        });
+        let ds = match ds {
+            Ok(Ok(ds)) => ds,
+            Ok(Err(e)) => return Err(to_py(e.into())),
+            Err(_) => {
+                return Err(HslakeError::new_err(format!(
+                    "opening {url} did not finish within {timeout} s"
+                )))
+            }
+        };
+        Ok(NativeDataset { rt, ds })
+    }
+
+    /// The canonical URL.
+    #[getter]
+    fn url(&self) -> String {
+        self.ds.url().to_string()
+    }
+
+    /// Committed versions.
+    fn versions(&self, py: Python<'_>) -> PyResult<Vec<u64>> {
+        py.detach(|| self.rt.block_on(self.ds.versions()))
+            .map_err(|e| to_py(e.into()))
+    }
+
+    /// The manifest of a version (`None`: latest) as JSON.
+    #[pyo3(signature = (version=None))]
+    fn manifest_json(&self, py: Python<'_>, version: Option<u64>) -> PyResult<String> {
+        let m = py
+            .detach(|| self.rt.block_on(self.ds.manifest(version)))
+            .map_err(|e| to_py(e.into()))?;
+        let counts = serde_json::json!({
+            "num_samples": m.num_samples(), "num_tokens": m.num_tokens(),
+            "bytes": m.bytes(), "raw_bytes": m.raw_bytes(),
+        });
+        let mut v = serde_json::to_value(&m).map_err(|e| HslakeError::new_err(e.to_string()))?;
+        if let Some(o) = v.as_object_mut() {
+            o.insert("counts".into(), counts);
+        }
+        Ok(v.to_string())
+    }
+}
+
+/// Loader settings as the Python wrapper passes them (JSON), converted once.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PyConfig {
+    batch_size: Option<usize>,
+    max_tokens: Option<usize>,
+    packed: bool,
+    max_seq_len: Option<usize>,
+    pad_to_multiple_of: Option<usize>,
+    pad_token_id: i64,
+    rank: usize,
+    world_size: usize,
+    worker: usize,
+    num_workers: usize,
+    seed: u64,
+    shuffle: bool,
+    shuffle_window: usize,
+    drop_last: bool,
+    drop_last_batch: bool,
+    aux_layers: Option<Vec<String>>,
+    target: Option<String>,
+    version: Option<u64>,
+    prefetch_row_groups: usize,
+    prefetch_batches: usize,
+    decode_threads: usize,
+    on_corrupt: String,
+    follow: bool,
+    poll_interval: f64,
+    follow_idle_timeout: Option<f64>,
+    timeout: f64,
+}
+
+fn point(s: &str) -> PyResult<CapturePoint> {
+    s.parse()
+        .map_err(|e: hslake_schemas::SchemaError| ConfigError::new_err(e.to_string()))
+}
+
+fn secs(name: &str, v: f64) -> PyResult<Duration> {
+    Duration::try_from_secs_f64(v).map_err(|_| {
+        ConfigError::new_err(format!(
+            "{name} must be a non-negative number of seconds, got {v}"
+        ))
+    })
+}
+
+impl PyConfig {
+    fn into_config(self) -> PyResult<LoaderConfig> {
+        let batching = match (self.batch_size, self.max_tokens) {
+            (Some(b), None) => Batching::Samples(b),
+            (None, Some(t)) => Batching::Tokens(t),
+            _ => {
+                return Err(ConfigError::new_err(
+                    "give exactly one of batch_size or max_tokens",
+                ))
+            }
+        };
+        let on_corrupt = match self.on_corrupt.as_str() {
+            "error" => CorruptPolicy::Error,
+            "skip" => CorruptPolicy::Skip,
+            other => {
+                return Err(ConfigError::new_err(format!(
+                    "on_corrupt must be \"error\" or \"skip\", got {other:?}"
+                )))
+            }
+        };
+        let follow = if self.follow {
+            Some(Follow {
+                poll_interval: secs("poll_interval", self.poll_interval)?,
+                idle_timeout: self
+                    .follow_idle_timeout
+                    .map(|t| secs("follow_idle_timeout", t))
+                    .transpose()?,
+            })
+        } else {
+            None
+        };
+        Ok(LoaderConfig {
+            batching,
+            layout: if self.packed {
+                Layout::Packed
+            } else {
+                Layout::Padded
+            },
+            max_seq_len: self.max_seq_len,
+            pad_to_multiple_of: self.pad_to_multiple_of,
+            pad_token_id: self.pad_token_id,
+            rank: self.rank,
+            world_size: self.world_size,
+            worker: self.worker,
+            num_workers: self.num_workers,
+            seed: self.seed,
+            shuffle: self.shuffle,
+            shuffle_window: self.shuffle_window,
+            remainder: if self.drop_last {
+                Remainder::Drop
+            } else {
+                Remainder::Pad
+            },
+            drop_last_batch: self.drop_last_batch,
+            aux_layers: self
+                .aux_layers
+                .map(|v| v.iter().map(|s| point(s)).collect::<PyResult<Vec<_>>>())
+                .transpose()?,
+            target: self.target.as_deref().map(point).transpose()?,
+            version: self.version,
+            prefetch_row_groups: self.prefetch_row_groups,
+            prefetch_batches: self.prefetch_batches,
+            decode_threads: self.decode_threads,
+            on_corrupt,
+            follow,
+            io_timeout: secs("timeout", self.timeout)?,
+        })
+    }
+}
+
+/// An open loader (one rank, one worker) over a pinned version.
+#[pyclass(module = "hslake._hslake")]
+struct NativeLoader {
+    rt: Arc<Runtime>,
+    loader: Arc<Loader>,
+}
+
+#[pymethods]
+impl NativeLoader {
+    #[new]
+    fn new(py: Python<'_>, url: String, config_json: &str) -> PyResult<Self> {
+        let pc: PyConfig = serde_json::from_str(config_json)
+            .map_err(|e| ConfigError::new_err(format!("loader settings: {e}")))?;
+        let config = pc.into_config()?;
+        let rt = runtime(config.decode_threads)?;
+        let loader = py
+            .detach(|| rt.block_on(Loader::open(&url, config)))
+            .map_err(to_py)?;
+        Ok(NativeLoader {
+            rt,
+            loader: Arc::new(loader),
+        })
+    }
+
+    /// The state at the start of epoch 0, as JSON.
+    fn initial_state(&self) -> String {
+        self.loader.initial_state().to_json()
+    }
+
+    /// The same state moved to the start of `epoch`.
+    fn epoch_state(&self, epoch: u64) -> String {
+        let mut s = self.loader.initial_state();
+        s.epoch = epoch;
+        s.to_json()
+    }
+
+    /// The pinned version.
+    #[getter]
+    fn version(&self) -> u64 {
+        self.loader.version()
+    }
+
+    /// Samples this reader visits per epoch.
+    #[getter]
+    fn samples_per_epoch(&self) -> u64 {
+        self.loader.samples_per_epoch()
+    }
+
+    /// Auxiliary capture points, in concatenation order.
+    #[getter]
+    fn aux_layers(&self) -> Vec<String> {
+        self.loader
+            .aux_points()
+            .iter()
+            .map(|p| p.column())
+            .collect()
+    }
+
+    /// The target capture point.
+    #[getter]
+    fn target(&self) -> String {
+        self.loader.target_point().column()
+    }
+
+    /// Counters: row groups read and skipped, samples skipped, batches.
+    fn stats(&self) -> std::collections::HashMap<&'static str, u64> {
+        use std::sync::atomic::Ordering::Relaxed;
+        let s = self.loader.stats();
+        [
+            ("row_groups_read", s.row_groups_read.load(Relaxed)),
+            ("row_groups_skipped", s.row_groups_skipped.load(Relaxed)),
+            ("samples_skipped", s.samples_skipped.load(Relaxed)),
+            ("batches", s.batches.load(Relaxed)),
+        ]
+        .into_iter()
+        .collect()
+    }
+
+    /// Check that a JSON state belongs to this loader's settings and version.
+    fn check_state(&self, state_json: &str) -> PyResult<()> {
+        let state = LoaderState::from_json(state_json).map_err(to_py)?;
+        state
+            .check_matches(self.loader.config(), self.loader.version())
+            .map_err(to_py)
+    }
+
+    /// Start a pass from a JSON state.
+    fn start(&self, state_json: &str) -> PyResult<NativeStream> {
+        let state = LoaderState::from_json(state_json).map_err(to_py)?;
+        let _guard = self.rt.enter();
+        let stream = self.loader.stream(&state).map_err(to_py)?;
+        Ok(NativeStream {
+            _rt: self.rt.clone(),
+            stream: Mutex::new(stream),
+        })
+    }
+}
+
+/// One pass of batches.
+#[pyclass(module = "hslake._hslake")]
+struct NativeStream {
+    // Keeps the runtime that runs the stream's tasks alive.
+    _rt: Arc<Runtime>,
+    stream: Mutex<BatchStream>,
+}
+
+type Field = (&'static str, &'static str, Vec<usize>, Buffer);
+
+#[pymethods]
+impl NativeStream {
+    /// The next batch as (fields, state JSON), each field (name, torch dtype name, shape,
+    /// buffer); `None` at the end of the pass.
+    fn next(&self, py: Python<'_>) -> PyResult<Option<(Vec<Field>, String)>> {
+        let item = py.detach(|| match self.stream.lock() {
+            Ok(mut s) => Ok(s.blocking_next()),
+            Err(_) => Err("the stream's lock was poisoned by an earlier panic"),
+        });
+        let item = item.map_err(HslakeError::new_err)?;
+        match item {
+            None => Ok(None),
+            Some(Err(e)) => Err(to_py(e)),
+            Some(Ok(batch)) => {
+                let state = batch.state.to_json();
+                let fields = batch
+                    .fields
+                    .into_iter()
+                    .map(|(name, t)| (name, t.dtype.torch_name(), t.shape.clone(), buffer(t)))
+                    .collect();
+                Ok(Some((fields, state)))
+            }
+        }
+    }
+
+    /// The state after the last batch delivered (after the end: the start of the next pass).
+    fn state(&self) -> PyResult<String> {
+        match self.stream.lock() {
+            Ok(s) => Ok(s.state().to_json()),
+            Err(_) => Err(HslakeError::new_err(
+                "the stream's lock was poisoned by an earlier panic",
+            )),
+        }
+    }
+}
+
+/// Write a synthetic dataset (values shaped like real activations, from the store's
+/// generator) and return its committed version: for tests and benchmarks without the CLI.
+#[pyfunction]
+#[pyo3(signature = (url, samples, seq_len, hidden, layers, final_norm=false, seed=0, first_id=0,
+                    row_group_bytes=32 << 20, shard_bytes=256 << 20, dtype="bf16"))]
+#[allow(clippy::too_many_arguments)]
+fn write_synthetic(
+    py: Python<'_>,
+    url: String,
+    samples: u64,
+    seq_len: (usize, usize),
+    hidden: usize,
+    layers: Vec<u32>,
+    final_norm: bool,
+    seed: u64,
+    first_id: u64,
+    row_group_bytes: u64,
+    shard_bytes: u64,
+    dtype: &str,
+) -> PyResult<Option<u64>> {
+    use hslake_schemas::{DType, DatasetSchema, FinitePolicy};
+    use hslake_store::{
+        encode_sample, synth::SynthModel, DatasetWriter, Provenance, WriterOptions,
+    };
+    let bad = |e: String| ConfigError::new_err(e);
+    let dtype: DType = dtype
+        .parse()
+        .map_err(|e: hslake_schemas::SchemaError| bad(e.to_string()))?;
+    if seq_len.0 == 0 || seq_len.1 < seq_len.0 {
+        return Err(bad(format!(
+            "seq_len {seq_len:?}: expected (min, max) with 1 <= min <= max"
+        )));
+    }
+    let mut points: Vec<CapturePoint> = layers
+        .iter()
+        .map(|&l| CapturePoint::LayerOutput(l))
+        .collect();
+    if final_norm {
+        points.push(CapturePoint::FinalNorm);
+    }
+    let num_layers = layers.iter().max().map_or(1, |&m| m as usize + 1);
+    let schema = DatasetSchema::new(
+        "synthetic",
+        "Synthetic",
+        hidden,
+        num_layers,
+        32000,
+        dtype,
+        points,
+    )
+    .map_err(|e| bad(e.to_string()))?;
+    let rt = runtime(2)?;
+    let run = async {
+        let prov = Provenance {
+            model: "synthetic".into(),
+            dtype: dtype.to_string(),
+            ..Default::default()
+        };
+        let ds = Dataset::open_or_create(&url, schema.clone(), prov).await?;
+        let opts = WriterOptions {
+            shard_target_bytes: shard_bytes,
+            row_group_target_bytes: row_group_bytes,
+            ..Default::default()
+        };
+        let mut w = DatasetWriter::new(&ds, opts).await?;
+        let gen = SynthModel::new(schema.clone(), seq_len, seed);
+        for id in first_id..first_id + samples {
+            let enc = encode_sample(&schema, FinitePolicy::Error, &gen.sample(id))?;
+            w.append_encoded(enc).await?;
+        }
+        w.commit().await
+    };
+    py.detach(|| rt.block_on(run)).map_err(|e| to_py(e.into()))
+}
+
+/// The native module.
+#[pymodule]
+fn _hslake(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<Buffer>()?;
+    m.add_class::<NativeDataset>()?;
+    m.add_class::<NativeLoader>()?;
+    m.add_class::<NativeStream>()?;
+    m.add_function(wrap_pyfunction!(write_synthetic, m)?)?;
+    m.add("HslakeError", m.py().get_type::<HslakeError>())?;
+    m.add("ConfigError", m.py().get_type::<ConfigError>())?;
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    Ok(())
+}

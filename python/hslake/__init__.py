@@ -1,0 +1,288 @@
+"""hslake: stream EAGLE-3 hidden states from an hslake dataset into PyTorch.
+
+    import hslake, torch
+    ds = hslake.Dataset("s3://bucket/kimi-hs")          # schema, versions, counts
+    loader = hslake.Loader("s3://bucket/kimi-hs", batch_size=8, rank=rank,
+                           world_size=world, seed=0, aux_layers=[2, 30, 58], target=60)
+    for batch in torch.utils.data.DataLoader(loader, batch_size=None):
+        batch["aux_hidden_states"]      # [B, T, 3*H] bfloat16
+        ...
+    state = loader.state_dict()          # resume exactly, also in another process
+
+The native part (Rust) reads, shuffles, partitions and assembles batches on its own threads;
+this wrapper only turns its buffers into torch tensors, without copies and without a
+float32 detour (bf16 bits become torch.bfloat16 through a dtype view of the same memory).
+"""
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Iterator, Optional, Sequence, Union
+
+import torch
+
+from ._hslake import ConfigError, HslakeError, NativeDataset, NativeLoader, __version__
+from ._hslake import write_synthetic
+
+__all__ = ["Dataset", "Loader", "HslakeError", "ConfigError", "write_synthetic", "__version__"]
+
+_DTYPES = {
+    "int64": torch.int64,
+    "int32": torch.int32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+    "float32": torch.float32,
+}
+
+Point = Union[int, str]
+
+
+def _point(p: Point) -> str:
+    """`30` and `"layer_30"` name decoder layer 30's output; `"final_norm"` the normed state."""
+    if isinstance(p, bool):
+        raise ConfigError(f"capture point {p!r}: expected a layer index or 'final_norm'")
+    if isinstance(p, int):
+        if p < 0:
+            raise ConfigError(f"layer {p}: layer indices are 0-based and non-negative")
+        return f"layer_{p}"
+    return str(p)
+
+
+def _tensor(buf: Any, dtype: str, shape: Sequence[int]) -> torch.Tensor:
+    td = _DTYPES[dtype]
+    if len(buf) == 0:
+        return torch.empty(tuple(shape), dtype=td)
+    # frombuffer shares the buffer's memory (the tensor keeps the buffer alive).
+    return torch.frombuffer(buf, dtype=td).reshape(tuple(shape))
+
+
+class Dataset:
+    """An hslake dataset (file://, s3://, memory:// URL or a local path): schema and counts."""
+
+    def __init__(self, url: str, *, timeout: float = 60.0):
+        self._native = NativeDataset(url, timeout)
+
+    @property
+    def url(self) -> str:
+        return self._native.url
+
+    def versions(self) -> list[int]:
+        """Committed versions, oldest first."""
+        return list(self._native.versions())
+
+    def manifest(self, version: Optional[int] = None) -> dict:
+        """The manifest of a version (default: latest), with a "counts" entry added."""
+        return json.loads(self._native.manifest_json(version))
+
+    @property
+    def version(self) -> int:
+        return self.manifest()["version"]
+
+    @property
+    def schema(self) -> dict:
+        return self.manifest()["schema"]
+
+    def counts(self, version: Optional[int] = None) -> dict:
+        """num_samples, num_tokens, bytes (stored) and raw_bytes (uncompressed tensors)."""
+        return self.manifest(version)["counts"]
+
+    def __len__(self) -> int:
+        return self.counts()["num_samples"]
+
+    def __repr__(self) -> str:
+        c = self.counts()
+        return f"hslake.Dataset({self.url!r}, samples={c['num_samples']}, tokens={c['num_tokens']})"
+
+
+class Loader(torch.utils.data.IterableDataset):
+    """EAGLE-3 batches from an hslake dataset, as dicts of torch tensors.
+
+    Give exactly one of ``batch_size`` (samples per batch) or ``max_tokens`` (token budget:
+    B x T padded, or the packed length). Keys: ``input_ids``, ``loss_mask``,
+    ``position_ids`` [B, T] (int64); ``attention_mask`` [B, T] (padded) or ``cu_seqlens``
+    [n+1] (int32) and ``document_ids`` [1, T] (``packed=True``); ``aux_hidden_states``
+    [B, T, k*H] (``aux_layers`` concatenated in the given order); ``target_hidden_states``
+    [B, T, H]; ``sample_ids`` [B]. bf16 stays bf16.
+
+    Order: a shuffle fixed by (seed, epoch) on every machine; rank r of ``world_size`` reads
+    a disjoint part; the remainder is padded by repeating samples (``drop_last=False``, as
+    torch's DistributedSampler) or dropped. Iterating runs one epoch from the current state;
+    the next ``iter()`` continues (the next epoch after a full pass).
+
+    ``state_dict()`` after any batch, given to ``load_state_dict()`` of a loader with the
+    same settings (in any process), continues with exactly the next batch. Exact resume is
+    tracked with ``num_workers=0`` in a torch DataLoader (decoding already runs on
+    ``decode_threads`` native threads); with DataLoader workers each worker reads a disjoint
+    part of the rank's samples, but the state is not tracked.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        batch_size: Optional[int] = None,
+        max_tokens: Optional[int] = None,
+        *,
+        rank: int = 0,
+        world_size: int = 1,
+        seed: int = 0,
+        shuffle: bool = True,
+        aux_layers: Optional[Sequence[Point]] = None,
+        target: Optional[Point] = None,
+        version: Optional[int] = None,
+        packed: bool = False,
+        max_seq_len: Optional[int] = None,
+        pad_to_multiple_of: Optional[int] = None,
+        pad_token_id: int = 0,
+        drop_last: bool = False,
+        drop_last_batch: bool = False,
+        shuffle_window: int = 16,
+        prefetch_row_groups: int = 4,
+        prefetch_batches: int = 4,
+        decode_threads: int = 2,
+        on_corrupt: str = "error",
+        follow: bool = False,
+        poll_interval: float = 1.0,
+        follow_idle_timeout: Optional[float] = None,
+        timeout: float = 60.0,
+        pin_memory: bool = False,
+    ):
+        super().__init__()
+        if (batch_size is None) == (max_tokens is None):
+            raise ConfigError("give exactly one of batch_size or max_tokens")
+        for name, v in (("rank", rank), ("world_size", world_size), ("seed", seed)):
+            if not isinstance(v, int) or v < 0:
+                raise ConfigError(f"{name} must be a non-negative integer, got {v!r}")
+        self.url = url
+        self._settings = dict(
+            batch_size=batch_size,
+            max_tokens=max_tokens,
+            packed=packed,
+            max_seq_len=max_seq_len,
+            pad_to_multiple_of=pad_to_multiple_of,
+            pad_token_id=pad_token_id,
+            rank=rank,
+            world_size=world_size,
+            worker=0,
+            num_workers=1,
+            seed=seed,
+            shuffle=shuffle,
+            shuffle_window=shuffle_window,
+            drop_last=drop_last,
+            drop_last_batch=drop_last_batch,
+            aux_layers=None if aux_layers is None else [_point(p) for p in aux_layers],
+            target=None if target is None else _point(target),
+            version=version,
+            prefetch_row_groups=prefetch_row_groups,
+            prefetch_batches=prefetch_batches,
+            decode_threads=decode_threads,
+            on_corrupt=on_corrupt,
+            follow=follow,
+            poll_interval=poll_interval,
+            follow_idle_timeout=follow_idle_timeout,
+            timeout=timeout,
+        )
+        self.pin_memory = pin_memory
+        # Opening here checks every argument against the dataset at once (bad rank, missing
+        # layer, unknown version, unreachable store): errors surface at construction.
+        self._native: Optional[NativeLoader] = None
+        self._pid = -1
+        native = self._get_native()
+        if version is None:
+            # Pin the version seen now, so every worker and every resume reads the same one.
+            self._settings["version"] = native.version
+        self._state: str = native.initial_state()
+
+    # The native loader owns threads, which do not survive fork: each process opens its own.
+    def _get_native(self, worker: int = 0, num_workers: int = 1) -> NativeLoader:
+        want = (os.getpid(), worker, num_workers)
+        if self._native is None or self._pid != want:
+            settings = dict(self._settings, worker=worker, num_workers=num_workers)
+            self._native = NativeLoader(self.url, json.dumps(settings))
+            self._pid = want
+        return self._native
+
+    def __getstate__(self) -> dict:
+        d = dict(self.__dict__)
+        d["_native"] = None
+        d["_pid"] = -1
+        return d
+
+    @property
+    def version(self) -> int:
+        """The pinned dataset version."""
+        return self._get_native().version
+
+    @property
+    def aux_layers(self) -> list[str]:
+        return list(self._get_native().aux_layers)
+
+    @property
+    def target(self) -> str:
+        return self._get_native().target
+
+    @property
+    def epoch(self) -> int:
+        return json.loads(self._state)["epoch"]
+
+    def samples_per_epoch(self) -> int:
+        """Samples this rank visits per epoch (after padding or dropping)."""
+        return self._get_native().samples_per_epoch
+
+    def set_epoch(self, epoch: int) -> None:
+        """Start the next iteration at the beginning of ``epoch`` (as DistributedSampler)."""
+        self._state = self._get_native().epoch_state(int(epoch))
+
+    def stats(self) -> dict:
+        """Row groups read and skipped, samples skipped, batches assembled (this process)."""
+        return dict(self._get_native().stats())
+
+    def state_dict(self) -> dict:
+        """A small JSON-serialisable resume point: after the last batch yielded."""
+        return json.loads(self._state)
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continue from a state_dict() of a loader with the same settings."""
+        s = json.dumps(state)
+        # Checked now (settings, format) rather than at the next iteration.
+        self._get_native().check_state(s)
+        self._state = s
+
+    def _batch(self, fields) -> dict:
+        out = {}
+        for name, dtype, shape, buf in fields:
+            t = _tensor(buf, dtype, shape)
+            if self.pin_memory and torch.cuda.is_available():
+                t = t.pin_memory()
+            out[name] = t
+        return out
+
+    def __iter__(self) -> Iterator[dict]:
+        info = torch.utils.data.get_worker_info()
+        if info is not None and info.num_workers > 1:
+            native = self._get_native(info.id, info.num_workers)
+            state = native.initial_state()
+            state_obj = json.loads(state)
+            state_obj["epoch"] = json.loads(self._state)["epoch"]
+            state = json.dumps(state_obj)
+        else:
+            native = self._get_native()
+            state = self._state
+        stream = native.start(state)
+        while True:
+            item = stream.next()
+            if item is None:
+                if info is None or info.num_workers <= 1:
+                    self._state = stream.state()
+                return
+            fields, state = item
+            if info is None or info.num_workers <= 1:
+                self._state = state
+            yield self._batch(fields)
+
+    def __repr__(self) -> str:
+        s = self._settings
+        how = f"batch_size={s['batch_size']}" if s["batch_size"] else f"max_tokens={s['max_tokens']}"
+        return (
+            f"hslake.Loader({self.url!r}, {how}, rank={s['rank']}, world_size={s['world_size']}, "
+            f"seed={s['seed']}, version={s['version']})"
+        )
