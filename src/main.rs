@@ -15,6 +15,8 @@ struct Cli {
 // One variant per subcommand; each lives in its own file under src/cmd/.
 #[derive(Subcommand)]
 enum Command {
+    /// Run a Hugging Face checkpoint over tokenized samples and write chosen layers' hidden states.
+    Capture(cmd::capture::Args),
     /// Write a synthetic dataset whose values look like real activations.
     Synth(cmd::synth::Args),
     /// Describe a dataset: schema, capture points, versions, samples, tokens, bytes.
@@ -54,6 +56,7 @@ fn main() -> std::process::ExitCode {
     };
     let result = runtime.block_on(async {
         match cli.command {
+            Command::Capture(a) => cmd::capture::run(a).await,
             Command::Synth(a) => cmd::synth::run(a).await,
             Command::Info(a) => cmd::info::run(a).await,
             Command::Ls(a) => cmd::ls::run(a).await,

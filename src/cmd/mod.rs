@@ -1,5 +1,6 @@
 //! One module per subcommand, plus the small helpers they share.
 pub mod bench;
+pub mod capture;
 pub mod cp;
 pub mod export;
 pub mod info;
