@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The main job on the embedded default: set everything up, write a dataset into a local
-# directory, verify it and describe it.
+# The main job on the embedded default: set everything up (including the real SmolLM2-135M-Instruct
+# and its chat samples, see scripts/setup.d/20-smollm2.sh), capture layers 2, 15, 27, 29 and the
+# final norm in bf16 on CPU into a local dataset, then verify and describe it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -8,6 +9,7 @@ bash scripts/setup.sh
 export PATH="$ROOT/.venv/bin:$PATH"
 OUT="file://$ROOT/.cache/default/dataset"
 rm -rf "$ROOT/.cache/default/dataset"
-target/debug/hslake synth "$OUT" --samples 64 --seq-len 64:256 --hidden 576 --layers 2,15,27,29 --final-norm --num-layers 30 --vocab-size 49152
+target/debug/hslake capture --model .cache/models/SmolLM2-135M-Instruct --input .cache/default/samples.jsonl \
+  --output "$OUT" --layers 2,15,27,29 --final-norm --device cpu --dtype bf16 --max-tokens-per-batch 4096
 target/debug/hslake verify "$OUT"
 target/debug/hslake info "$OUT"
