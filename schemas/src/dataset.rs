@@ -196,7 +196,7 @@ fn shape_hint(got: &[usize], seq_len: usize, hidden: usize) -> String {
             "; a 1-D tensor per token: was one column or a reduced value captured instead of the full residual?".into()
         }
         [_] => "; is the tensor-parallel shard being captured instead of the full residual?".into(),
-        [t, h] if *t == seq_len && *h < hidden && hidden % h == 0 => format!(
+        [t, h] if *t == seq_len && *h < hidden && hidden.is_multiple_of(*h) => format!(
             "; hidden is {h} = {hidden}/{}: is a tensor-parallel shard being captured instead of the full residual?",
             hidden / h
         ),
