@@ -1,1 +1,34 @@
-//! Work in progress: see the crate description in Cargo.toml.
+//! SQL over hslake datasets, on DataFusion.
+//!
+//! A [`QuerySession`] registers pinned dataset versions as tables (`samples`, `shards`,
+//! `versions`) and the tensor functions of [`udf`] (`tensor_norm`, `cosine_similarity`, ...).
+//! Queries that touch no tensor column read no tensor bytes: the `samples` table hands
+//! projection and filters to DataFusion's Parquet scan. [`flight`] serves the same over Arrow
+//! Flight SQL.
+//!
+//! ```no_run
+//! # async fn example() -> Result<(), hslake_query::QueryError> {
+//! let session = hslake_query::QuerySession::open("file:///data/kimi", None).await?;
+//! let batches = session
+//!     .query("SELECT sample_id, tensor_norm(layer_30) FROM samples WHERE layer_30_nan_count > 0")
+//!     .await?;
+//! # Ok(()) }
+//! ```
+#![deny(missing_docs)]
+
+mod error;
+pub mod flight;
+pub mod output;
+mod session;
+pub mod table;
+pub mod tensor;
+pub mod udf;
+
+pub use error::{QueryError, Result};
+pub use output::{write_batches, OutputFormat};
+pub use session::{check_read_only, QuerySession, RegisteredDataset};
+
+#[cfg(test)]
+mod slt;
+#[cfg(test)]
+mod testdata;

@@ -1,0 +1,59 @@
+use datafusion::error::DataFusionError;
+
+/// Everything that can go wrong in hslake-query.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum QueryError {
+    /// Opening a dataset or reading its manifests failed.
+    #[error("{0}")]
+    Store(#[from] hslake_store::StoreError),
+    /// Planning or running a query failed (bad SQL, unknown column, wrong argument type, ...).
+    #[error("{0}")]
+    Sql(DataFusionError),
+    /// The statement would change something; hslake's SQL is read-only.
+    #[error("{statement}: refused, SQL over hslake datasets is read-only (expected a query: SELECT, WITH, EXPLAIN, SHOW, DESCRIBE)")]
+    ReadOnly {
+        /// The kind of statement that was refused, e.g. `CREATE TABLE`.
+        statement: String,
+    },
+    /// A dataset name (used as a SQL schema) is not a plain identifier or is taken.
+    #[error("dataset name {name:?}: {reason}")]
+    BadName {
+        /// The name given.
+        name: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// Writing results failed.
+    #[error("writing {format} output: {detail}")]
+    Output {
+        /// Output format.
+        format: String,
+        /// What failed.
+        detail: String,
+    },
+}
+
+/// Result with [`QueryError`].
+pub type Result<T> = std::result::Result<T, QueryError>;
+
+impl From<datafusion::arrow::error::ArrowError> for QueryError {
+    fn from(e: datafusion::arrow::error::ArrowError) -> Self {
+        QueryError::Sql(DataFusionError::ArrowError(Box::new(e), None))
+    }
+}
+
+impl From<DataFusionError> for QueryError {
+    fn from(e: DataFusionError) -> Self {
+        QueryError::Sql(strip_context(e))
+    }
+}
+
+/// Drop the analyzer-rule names DataFusion wraps around errors (`apply_function_rewrites
+/// caused by ...`): users need the message, not the rule that raised it.
+fn strip_context(e: DataFusionError) -> DataFusionError {
+    match e {
+        DataFusionError::Context(_, inner) => strip_context(*inner),
+        other => other,
+    }
+}

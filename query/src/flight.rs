@@ -1,0 +1,542 @@
+//! A read-only Arrow Flight SQL server over a [`QuerySession`].
+//!
+//! Authentication: every call must carry `authorization: Bearer <token>`. A client that only
+//! speaks the Flight handshake (user name and password, HTTP Basic) may send the token as the
+//! password with any user name; the handshake answers with the bearer header to use.
+//! Queries: `GetFlightInfo(CommandStatementQuery)` then `DoGet`, or prepared statements without
+//! parameters. Statements that write or create anything are refused with `PERMISSION_DENIED`;
+//! SQL errors come back as `INVALID_ARGUMENT` and the server keeps serving.
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use arrow_flight::encode::FlightDataEncoderBuilder;
+use arrow_flight::error::FlightError;
+use arrow_flight::flight_service_server::{FlightService, FlightServiceServer};
+use arrow_flight::sql::server::{FlightSqlService, PeekableFlightDataStream};
+use arrow_flight::sql::{
+    ActionClosePreparedStatementRequest, ActionCreatePreparedStatementRequest,
+    ActionCreatePreparedStatementResult, CommandGetCatalogs, CommandGetDbSchemas, CommandGetTables,
+    CommandPreparedStatementQuery, CommandPreparedStatementUpdate, CommandStatementQuery,
+    CommandStatementUpdate, ProstMessageExt, SqlInfo, TicketStatementQuery,
+};
+use arrow_flight::{
+    FlightDescriptor, FlightEndpoint, FlightInfo, HandshakeRequest, HandshakeResponse, IpcMessage,
+    SchemaAsIpc, Ticket,
+};
+use base64::Engine;
+use datafusion::arrow::datatypes::Schema;
+use datafusion::arrow::ipc::writer::IpcWriteOptions;
+use futures::{Stream, TryStreamExt};
+use prost::Message;
+use tonic::metadata::MetadataValue;
+use tonic::{Request, Response, Status, Streaming};
+
+use crate::{QueryError, QuerySession};
+
+/// The Flight SQL service: a shared session and the accepted token.
+pub struct HslakeFlightSql {
+    session: Arc<QuerySession>,
+    token: String,
+}
+
+impl HslakeFlightSql {
+    /// A service answering queries on `session` for clients presenting `token`.
+    pub fn new(session: QuerySession, token: String) -> Self {
+        HslakeFlightSql {
+            session: Arc::new(session),
+            token,
+        }
+    }
+
+    /// Check the bearer token of a request.
+    fn check_token<T>(&self, req: &Request<T>) -> Result<(), Status> {
+        let Some(value) = req.metadata().get("authorization") else {
+            return Err(Status::unauthenticated(
+                "missing authorization header; expected \"Bearer <token>\"",
+            ));
+        };
+        let value = value
+            .to_str()
+            .map_err(|_| Status::unauthenticated("authorization header is not text"))?;
+        match value.strip_prefix("Bearer ") {
+            Some(t) if constant_time_eq(t.trim().as_bytes(), self.token.as_bytes()) => Ok(()),
+            Some(_) => Err(Status::unauthenticated("invalid bearer token")),
+            None => Err(Status::unauthenticated(
+                "authorization header is not \"Bearer <token>\"",
+            )),
+        }
+    }
+
+    /// Plan `sql` and return its result schema, mapping errors to statuses.
+    async fn plan_schema(&self, sql: &str) -> Result<Schema, Status> {
+        let df = self.session.sql(sql).await.map_err(to_status)?;
+        Ok(df.schema().as_arrow().clone())
+    }
+
+    fn flight_info(
+        &self,
+        schema: &Schema,
+        ticket: Vec<u8>,
+        descriptor: FlightDescriptor,
+    ) -> Result<FlightInfo, Status> {
+        let endpoint = FlightEndpoint::new().with_ticket(Ticket::new(ticket));
+        Ok(FlightInfo::new()
+            .try_with_schema(schema)
+            .map_err(|e| Status::internal(format!("encoding the result schema: {e}")))?
+            .with_endpoint(endpoint)
+            .with_descriptor(descriptor))
+    }
+
+    /// Run `sql` and stream its batches as Flight data.
+    async fn stream(
+        &self,
+        sql: &str,
+    ) -> Result<Response<<Self as FlightService>::DoGetStream>, Status> {
+        let df = self.session.sql(sql).await.map_err(to_status)?;
+        let schema = Arc::new(df.schema().as_arrow().clone());
+        let batches = df
+            .execute_stream()
+            .await
+            .map_err(|e| to_status(QueryError::from(e)))?;
+        let batches = batches.map_err(|e| FlightError::ExternalError(Box::new(e)));
+        let data = FlightDataEncoderBuilder::new()
+            .with_schema(schema)
+            .build(batches)
+            .map_err(Status::from);
+        Ok(Response::new(Box::pin(data)))
+    }
+}
+
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+fn to_status(e: QueryError) -> Status {
+    match e {
+        QueryError::ReadOnly { .. } => Status::permission_denied(e.to_string()),
+        QueryError::Sql(_) => Status::invalid_argument(e.to_string()),
+        other => Status::internal(other.to_string()),
+    }
+}
+
+fn refuse_write() -> Status {
+    Status::permission_denied("refused: SQL over hslake datasets is read-only")
+}
+
+#[tonic::async_trait]
+impl FlightSqlService for HslakeFlightSql {
+    type FlightService = HslakeFlightSql;
+
+    async fn do_handshake(
+        &self,
+        request: Request<Streaming<HandshakeRequest>>,
+    ) -> Result<
+        Response<Pin<Box<dyn Stream<Item = Result<HandshakeResponse, Status>> + Send>>>,
+        Status,
+    > {
+        let header = request
+            .metadata()
+            .get("authorization")
+            .and_then(|v| v.to_str().ok())
+            .ok_or_else(|| {
+                Status::unauthenticated("handshake needs an authorization header (Basic or Bearer)")
+            })?;
+        let token_ok = if let Some(b64) = header.strip_prefix("Basic ") {
+            let raw = base64::engine::general_purpose::STANDARD
+                .decode(b64.trim())
+                .map_err(|_| Status::unauthenticated("Basic credentials are not base64"))?;
+            let raw = String::from_utf8_lossy(&raw).to_string();
+            let password = raw.split_once(':').map(|(_, p)| p).unwrap_or("");
+            constant_time_eq(password.as_bytes(), self.token.as_bytes())
+        } else if let Some(t) = header.strip_prefix("Bearer ") {
+            constant_time_eq(t.trim().as_bytes(), self.token.as_bytes())
+        } else {
+            false
+        };
+        if !token_ok {
+            return Err(Status::unauthenticated(
+                "invalid credentials: expected the server's token",
+            ));
+        }
+        let response = HandshakeResponse {
+            protocol_version: 0,
+            payload: self.token.clone().into(),
+        };
+        let mut resp: Response<
+            Pin<Box<dyn Stream<Item = Result<HandshakeResponse, Status>> + Send>>,
+        > = Response::new(Box::pin(futures::stream::iter([Ok(response)])));
+        let bearer = MetadataValue::try_from(format!("Bearer {}", self.token))
+            .map_err(|_| Status::internal("token is not a valid header value"))?;
+        resp.metadata_mut().insert("authorization", bearer);
+        Ok(resp)
+    }
+
+    async fn get_flight_info_statement(
+        &self,
+        query: CommandStatementQuery,
+        request: Request<FlightDescriptor>,
+    ) -> Result<Response<FlightInfo>, Status> {
+        self.check_token(&request)?;
+        tracing::info!(sql = %query.query, "flight sql query");
+        let schema = self.plan_schema(&query.query).await?;
+        let ticket = TicketStatementQuery {
+            statement_handle: query.query.into_bytes().into(),
+        };
+        let info = self.flight_info(
+            &schema,
+            ticket.as_any().encode_to_vec(),
+            request.into_inner(),
+        )?;
+        Ok(Response::new(info))
+    }
+
+    async fn do_get_statement(
+        &self,
+        ticket: TicketStatementQuery,
+        request: Request<Ticket>,
+    ) -> Result<Response<<Self as FlightService>::DoGetStream>, Status> {
+        self.check_token(&request)?;
+        let sql = String::from_utf8(ticket.statement_handle.to_vec())
+            .map_err(|_| Status::invalid_argument("statement handle is not UTF-8 SQL"))?;
+        self.stream(&sql).await
+    }
+
+    async fn do_action_create_prepared_statement(
+        &self,
+        query: ActionCreatePreparedStatementRequest,
+        request: Request<arrow_flight::Action>,
+    ) -> Result<ActionCreatePreparedStatementResult, Status> {
+        self.check_token(&request)?;
+        tracing::info!(sql = %query.query, "flight sql prepare");
+        let schema = self.plan_schema(&query.query).await?;
+        let IpcMessage(schema_bytes) = SchemaAsIpc::new(&schema, &IpcWriteOptions::default())
+            .try_into()
+            .map_err(|e: datafusion::arrow::error::ArrowError| {
+                Status::internal(format!("encoding the schema: {e}"))
+            })?;
+        // The handle is the SQL itself: the server keeps no per-statement state.
+        Ok(ActionCreatePreparedStatementResult {
+            prepared_statement_handle: query.query.into_bytes().into(),
+            dataset_schema: schema_bytes,
+            parameter_schema: Default::default(),
+        })
+    }
+
+    async fn do_action_close_prepared_statement(
+        &self,
+        _query: ActionClosePreparedStatementRequest,
+        request: Request<arrow_flight::Action>,
+    ) -> Result<(), Status> {
+        self.check_token(&request)?;
+        Ok(())
+    }
+
+    async fn get_flight_info_prepared_statement(
+        &self,
+        cmd: CommandPreparedStatementQuery,
+        request: Request<FlightDescriptor>,
+    ) -> Result<Response<FlightInfo>, Status> {
+        self.check_token(&request)?;
+        let sql = String::from_utf8(cmd.prepared_statement_handle.to_vec())
+            .map_err(|_| Status::invalid_argument("prepared statement handle is not UTF-8 SQL"))?;
+        let schema = self.plan_schema(&sql).await?;
+        let info = self.flight_info(&schema, cmd.as_any().encode_to_vec(), request.into_inner())?;
+        Ok(Response::new(info))
+    }
+
+    async fn do_get_prepared_statement(
+        &self,
+        cmd: CommandPreparedStatementQuery,
+        request: Request<Ticket>,
+    ) -> Result<Response<<Self as FlightService>::DoGetStream>, Status> {
+        self.check_token(&request)?;
+        let sql = String::from_utf8(cmd.prepared_statement_handle.to_vec())
+            .map_err(|_| Status::invalid_argument("prepared statement handle is not UTF-8 SQL"))?;
+        self.stream(&sql).await
+    }
+
+    async fn do_put_prepared_statement_query(
+        &self,
+        cmd: CommandPreparedStatementQuery,
+        request: Request<PeekableFlightDataStream>,
+    ) -> Result<arrow_flight::sql::DoPutPreparedStatementResult, Status> {
+        // Clients bind (empty) parameters before executing; the statement takes none, so the
+        // handle comes back unchanged.
+        self.check_token(&request)?;
+        Ok(arrow_flight::sql::DoPutPreparedStatementResult {
+            prepared_statement_handle: Some(cmd.prepared_statement_handle),
+        })
+    }
+
+    async fn do_put_statement_update(
+        &self,
+        _cmd: CommandStatementUpdate,
+        request: Request<PeekableFlightDataStream>,
+    ) -> Result<i64, Status> {
+        self.check_token(&request)?;
+        Err(refuse_write())
+    }
+
+    async fn do_put_prepared_statement_update(
+        &self,
+        _cmd: CommandPreparedStatementUpdate,
+        request: Request<PeekableFlightDataStream>,
+    ) -> Result<i64, Status> {
+        self.check_token(&request)?;
+        Err(refuse_write())
+    }
+
+    async fn get_flight_info_catalogs(
+        &self,
+        query: CommandGetCatalogs,
+        request: Request<FlightDescriptor>,
+    ) -> Result<Response<FlightInfo>, Status> {
+        self.check_token(&request)?;
+        let schema = query.into_builder().schema();
+        let info = self.flight_info(
+            &schema,
+            query.as_any().encode_to_vec(),
+            request.into_inner(),
+        )?;
+        Ok(Response::new(info))
+    }
+
+    async fn do_get_catalogs(
+        &self,
+        query: CommandGetCatalogs,
+        request: Request<Ticket>,
+    ) -> Result<Response<<Self as FlightService>::DoGetStream>, Status> {
+        self.check_token(&request)?;
+        let mut b = query.into_builder();
+        for c in self.session.context().catalog_names() {
+            b.append(c);
+        }
+        let batch = b.build().map_err(Status::from)?;
+        let stream = FlightDataEncoderBuilder::new()
+            .with_schema(batch.schema())
+            .build(futures::stream::iter([Ok(batch)]))
+            .map_err(Status::from);
+        Ok(Response::new(Box::pin(stream)))
+    }
+
+    async fn get_flight_info_schemas(
+        &self,
+        query: CommandGetDbSchemas,
+        request: Request<FlightDescriptor>,
+    ) -> Result<Response<FlightInfo>, Status> {
+        self.check_token(&request)?;
+        let schema = query.clone().into_builder().schema();
+        let info = self.flight_info(
+            &schema,
+            query.as_any().encode_to_vec(),
+            request.into_inner(),
+        )?;
+        Ok(Response::new(info))
+    }
+
+    async fn do_get_schemas(
+        &self,
+        query: CommandGetDbSchemas,
+        request: Request<Ticket>,
+    ) -> Result<Response<<Self as FlightService>::DoGetStream>, Status> {
+        self.check_token(&request)?;
+        let ctx = self.session.context();
+        let mut b = query.into_builder();
+        for c in ctx.catalog_names() {
+            if let Some(cat) = ctx.catalog(&c) {
+                for s in cat.schema_names() {
+                    b.append(&c, s);
+                }
+            }
+        }
+        let batch = b.build().map_err(Status::from)?;
+        let stream = FlightDataEncoderBuilder::new()
+            .with_schema(batch.schema())
+            .build(futures::stream::iter([Ok(batch)]))
+            .map_err(Status::from);
+        Ok(Response::new(Box::pin(stream)))
+    }
+
+    async fn get_flight_info_tables(
+        &self,
+        query: CommandGetTables,
+        request: Request<FlightDescriptor>,
+    ) -> Result<Response<FlightInfo>, Status> {
+        self.check_token(&request)?;
+        let schema = query.clone().into_builder().schema();
+        let info = self.flight_info(
+            &schema,
+            query.as_any().encode_to_vec(),
+            request.into_inner(),
+        )?;
+        Ok(Response::new(info))
+    }
+
+    async fn do_get_tables(
+        &self,
+        query: CommandGetTables,
+        request: Request<Ticket>,
+    ) -> Result<Response<<Self as FlightService>::DoGetStream>, Status> {
+        self.check_token(&request)?;
+        let ctx = self.session.context();
+        let mut b = query.into_builder();
+        for c in ctx.catalog_names() {
+            let Some(cat) = ctx.catalog(&c) else { continue };
+            for s in cat.schema_names() {
+                let Some(sp) = cat.schema(&s) else { continue };
+                for t in sp.table_names() {
+                    if let Ok(Some(table)) = sp.table(&t).await {
+                        b.append(&c, &s, &t, "TABLE", &table.schema())
+                            .map_err(Status::from)?;
+                    }
+                }
+            }
+        }
+        let batch = b.build().map_err(Status::from)?;
+        let stream = FlightDataEncoderBuilder::new()
+            .with_schema(batch.schema())
+            .build(futures::stream::iter([Ok(batch)]))
+            .map_err(Status::from);
+        Ok(Response::new(Box::pin(stream)))
+    }
+
+    async fn register_sql_info(&self, _id: i32, _result: &SqlInfo) {}
+}
+
+/// Serve `session` over Flight SQL on `addr` until `shutdown` resolves.
+pub async fn serve(
+    session: QuerySession,
+    token: String,
+    addr: SocketAddr,
+    shutdown: impl std::future::Future<Output = ()> + Send,
+) -> Result<(), tonic::transport::Error> {
+    let service = FlightServiceServer::new(HslakeFlightSql::new(session, token))
+        .max_decoding_message_size(64 << 20)
+        .max_encoding_message_size(256 << 20);
+    tonic::transport::Server::builder()
+        .add_service(service)
+        .serve_with_shutdown(addr, shutdown)
+        .await
+}
+
+/// Serve on an already bound listener (lets callers bind port 0 and learn the port).
+pub async fn serve_listener(
+    session: QuerySession,
+    token: String,
+    listener: tokio::net::TcpListener,
+    shutdown: impl std::future::Future<Output = ()> + Send,
+) -> Result<(), tonic::transport::Error> {
+    let service = FlightServiceServer::new(HslakeFlightSql::new(session, token))
+        .max_decoding_message_size(64 << 20)
+        .max_encoding_message_size(256 << 20);
+    let incoming = tonic::transport::server::TcpIncoming::from(listener);
+    tonic::transport::Server::builder()
+        .add_service(service)
+        .serve_with_incoming_shutdown(incoming, shutdown)
+        .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use arrow_flight::sql::client::FlightSqlServiceClient;
+    use futures::StreamExt;
+    use hslake_schemas::DType;
+
+    async fn start(token: &str) -> (String, tokio::sync::oneshot::Sender<()>) {
+        crate::testdata::write("memory://flight-test", DType::Bf16, 6, 1).await;
+        let mut session = QuerySession::new().unwrap();
+        let ds = hslake_store::Dataset::open("memory://flight-test")
+            .await
+            .unwrap();
+        session.add_dataset(Some("tiny"), &ds, None).await.unwrap();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let token = token.to_string();
+        tokio::spawn(async move {
+            serve_listener(session, token, listener, async {
+                let _ = rx.await;
+            })
+            .await
+            .unwrap();
+        });
+        (format!("http://{addr}"), tx)
+    }
+
+    async fn client(url: &str, token: &str) -> FlightSqlServiceClient<tonic::transport::Channel> {
+        let channel = tonic::transport::Endpoint::from_shared(url.to_string())
+            .unwrap()
+            .connect()
+            .await
+            .unwrap();
+        let mut c = FlightSqlServiceClient::new(channel);
+        c.set_token(token.to_string());
+        c
+    }
+
+    async fn run(
+        c: &mut FlightSqlServiceClient<tonic::transport::Channel>,
+        sql: &str,
+    ) -> Result<usize, String> {
+        let info = c
+            .execute(sql.to_string(), None)
+            .await
+            .map_err(|e| e.to_string())?;
+        let mut rows = 0;
+        for ep in info.endpoint {
+            let mut s = c
+                .do_get(ep.ticket.unwrap())
+                .await
+                .map_err(|e| e.to_string())?;
+            while let Some(b) = s.next().await {
+                rows += b.map_err(|e| e.to_string())?.num_rows();
+            }
+        }
+        Ok(rows)
+    }
+
+    #[tokio::test]
+    async fn serves_queries_refuses_writes_and_bad_tokens_and_keeps_serving() {
+        let (url, stop) = start("s3cret").await;
+        let mut good = client(&url, "s3cret").await;
+        assert_eq!(
+            run(
+                &mut good,
+                "SELECT sample_id, tensor_norm(layer_2) FROM tiny.samples"
+            )
+            .await
+            .unwrap(),
+            6
+        );
+
+        let mut bad = client(&url, "wrong").await;
+        let e = run(&mut bad, "SELECT 1").await.unwrap_err();
+        assert!(e.contains("invalid bearer token"), "{e}");
+
+        let e = run(&mut good, "CREATE TABLE t AS SELECT 1")
+            .await
+            .unwrap_err();
+        assert!(e.contains("read-only"), "{e}");
+        let e = run(&mut good, "SELECT tensor_norm(seq_len) FROM tiny.samples")
+            .await
+            .unwrap_err();
+        assert!(
+            e.contains("tensor_norm: argument 1 (seq_len) is UInt32"),
+            "{e}"
+        );
+        let e = run(&mut good, "SELECT nope FROM tiny.samples")
+            .await
+            .unwrap_err();
+        assert!(e.contains("nope"), "{e}");
+
+        assert_eq!(
+            run(&mut good, "SELECT count(*) FROM tiny.samples")
+                .await
+                .unwrap(),
+            1
+        );
+        let _ = stop.send(());
+    }
+}

@@ -1,0 +1,396 @@
+//! A DataFusion session over pinned dataset versions.
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use datafusion::arrow::array::{ArrayRef, BooleanArray, StringArray, UInt32Array, UInt64Array};
+use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use datafusion::arrow::record_batch::RecordBatch;
+use datafusion::catalog::MemorySchemaProvider;
+use datafusion::datasource::object_store::ObjectStoreUrl;
+use datafusion::datasource::MemTable;
+use datafusion::execution::SessionStateBuilder;
+use datafusion::prelude::{DataFrame, SQLOptions, SessionConfig, SessionContext};
+use datafusion::sql::parser::{DFParser, Statement as DFStatement};
+use datafusion::sql::sqlparser::ast::Statement;
+use datafusion::sql::sqlparser::dialect::GenericDialect;
+use hslake_store::{Dataset, Manifest};
+
+use crate::table::{CountingStore, ShardFile, ShardTable};
+use crate::udf::register_tensor_functions;
+use crate::{QueryError, Result};
+
+// Each registered dataset gets its own object-store URL (`hslake://ds<N>`), unique in the
+// process, so datasets on different stores never share a DataFusion store entry.
+static NEXT_STORE: AtomicUsize = AtomicUsize::new(0);
+
+/// What a session knows about one registered dataset version.
+#[derive(Debug, Clone)]
+pub struct RegisteredDataset {
+    /// SQL schema holding its tables (`None`: the default schema, tables unqualified).
+    pub name: Option<String>,
+    /// The dataset's canonical URL.
+    pub url: String,
+    /// The pinned version's manifest.
+    pub manifest: Manifest,
+    /// Counts bytes read from the dataset's store by queries.
+    pub counter: Arc<CountingStore>,
+}
+
+/// A DataFusion session with hslake datasets registered as tables and the tensor functions
+/// available. Every query is read-only.
+///
+/// For each dataset the session has three tables: `samples` (one row per sample, every
+/// column of the shards, tensors included), `shards` (one row per shard file of the pinned
+/// version) and `versions` (one row per committed version). A dataset registered without a
+/// name has them unqualified; a named one has them in a schema of that name
+/// (`kimi.samples`).
+pub struct QuerySession {
+    ctx: SessionContext,
+    datasets: Vec<RegisteredDataset>,
+}
+
+impl QuerySession {
+    /// An empty session with the tensor functions registered.
+    pub fn new() -> Result<Self> {
+        let config = SessionConfig::new().with_information_schema(true);
+        let state = SessionStateBuilder::new()
+            .with_config(config)
+            .with_default_features()
+            .build();
+        let ctx = SessionContext::new_with_state(state);
+        register_tensor_functions(&ctx)?;
+        Ok(QuerySession {
+            ctx,
+            datasets: Vec::new(),
+        })
+    }
+
+    /// A session over one dataset version (`None`: the newest), tables unqualified.
+    pub async fn open(url: &str, version: Option<u64>) -> Result<Self> {
+        let mut s = QuerySession::new()?;
+        let ds = Dataset::open(url).await?;
+        s.add_dataset(None, &ds, version).await?;
+        Ok(s)
+    }
+
+    /// Register a dataset version as tables `samples`, `shards`, `versions`, in the default
+    /// schema (`name` = `None`) or in a schema called `name`.
+    pub async fn add_dataset(
+        &mut self,
+        name: Option<&str>,
+        dataset: &Dataset,
+        version: Option<u64>,
+    ) -> Result<()> {
+        if let Some(n) = name {
+            check_name(n)?;
+            if self.datasets.iter().any(|d| d.name.as_deref() == Some(n)) {
+                return Err(QueryError::BadName {
+                    name: n.into(),
+                    reason: "already registered".into(),
+                });
+            }
+        } else if self.datasets.iter().any(|d| d.name.is_none()) {
+            return Err(QueryError::BadName {
+                name: String::new(),
+                reason: "a default dataset is already registered".into(),
+            });
+        }
+        let manifest = dataset.manifest(version).await?;
+        let versions = versions_batch(dataset, manifest.version).await?;
+
+        let counter = Arc::new(CountingStore::new(dataset.object_store()));
+        let id = NEXT_STORE.fetch_add(1, Ordering::Relaxed);
+        let store_url = ObjectStoreUrl::parse(format!("hslake://ds{id}"))?;
+        self.ctx
+            .register_object_store(store_url.as_ref(), counter.clone());
+
+        let files: Vec<ShardFile> = manifest
+            .shards
+            .iter()
+            .map(|s| ShardFile {
+                path: dataset.object_path(&s.path),
+                bytes: s.bytes,
+                rows: s.rows,
+                min_sample_id: s.min_sample_id,
+                max_sample_id: s.max_sample_id,
+            })
+            .collect();
+        let schema: SchemaRef = Arc::new(manifest.schema.to_arrow());
+        let samples = ShardTable::new(schema, store_url, files);
+        let shards = MemTable::try_new(shards_schema(), vec![vec![shards_batch(&manifest)?]])?;
+        let versions = MemTable::try_new(versions.schema(), vec![vec![versions]])?;
+
+        let qualify = |t: &str| match name {
+            Some(n) => format!("{n}.{t}"),
+            None => t.to_string(),
+        };
+        if let Some(n) = name {
+            let catalog = self.ctx.catalog("datafusion").ok_or_else(|| {
+                QueryError::Sql(datafusion::error::DataFusionError::Internal(
+                    "no default catalog".into(),
+                ))
+            })?;
+            catalog.register_schema(n, Arc::new(MemorySchemaProvider::new()))?;
+        }
+        self.ctx
+            .register_table(qualify("samples"), Arc::new(samples))?;
+        self.ctx
+            .register_table(qualify("shards"), Arc::new(shards))?;
+        self.ctx
+            .register_table(qualify("versions"), Arc::new(versions))?;
+        tracing::debug!(
+            url = dataset.url(),
+            version = manifest.version,
+            name,
+            "registered dataset"
+        );
+        self.datasets.push(RegisteredDataset {
+            name: name.map(str::to_string),
+            url: dataset.url().to_string(),
+            manifest,
+            counter,
+        });
+        Ok(())
+    }
+
+    /// The DataFusion context, for anything this type does not wrap.
+    pub fn context(&self) -> &SessionContext {
+        &self.ctx
+    }
+
+    /// The registered datasets.
+    pub fn datasets(&self) -> &[RegisteredDataset] {
+        &self.datasets
+    }
+
+    /// Plan one read-only SQL statement. Statements that would write, create, alter or drop
+    /// anything are refused before planning (checked on the parsed statement) and again by
+    /// DataFusion's own verifier.
+    pub async fn sql(&self, sql: &str) -> Result<DataFrame> {
+        check_read_only(sql)?;
+        let opts = SQLOptions::new()
+            .with_allow_ddl(false)
+            .with_allow_dml(false)
+            .with_allow_statements(false);
+        Ok(self.ctx.sql_with_options(sql, opts).await?)
+    }
+
+    /// Plan and run one statement, collecting every batch.
+    pub async fn query(&self, sql: &str) -> Result<Vec<RecordBatch>> {
+        Ok(self.sql(sql).await?.collect().await?)
+    }
+
+    /// Bytes read from every dataset's store by queries so far.
+    pub fn bytes_read(&self) -> u64 {
+        self.datasets.iter().map(|d| d.counter.bytes_read()).sum()
+    }
+
+    /// Read requests made by queries so far.
+    pub fn read_requests(&self) -> u64 {
+        self.datasets.iter().map(|d| d.counter.requests()).sum()
+    }
+
+    /// Set the read counters to zero.
+    pub fn reset_counters(&self) {
+        self.datasets.iter().for_each(|d| d.counter.reset());
+    }
+}
+
+fn check_name(n: &str) -> Result<()> {
+    let ok = n
+        .chars()
+        .next()
+        .is_some_and(|c| c.is_ascii_lowercase() || c == '_')
+        && n.chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
+    if !ok {
+        return Err(QueryError::BadName {
+            name: n.into(),
+            reason: "expected a lower-case SQL identifier (a-z, 0-9, _; not starting with a digit)"
+                .into(),
+        });
+    }
+    if ["public", "information_schema"].contains(&n) {
+        return Err(QueryError::BadName {
+            name: n.into(),
+            reason: "reserved schema name".into(),
+        });
+    }
+    Ok(())
+}
+
+/// Refuse anything but exactly one query-like statement, judged on the parsed statement.
+pub fn check_read_only(sql: &str) -> Result<()> {
+    let statements =
+        DFParser::parse_sql_with_dialect(sql, &GenericDialect {}).map_err(QueryError::Sql)?;
+    if statements.len() != 1 {
+        return Err(QueryError::Sql(datafusion::error::DataFusionError::Plan(
+            format!(
+                "expected exactly one SQL statement, got {}",
+                statements.len()
+            ),
+        )));
+    }
+    if read_only(&statements[0]) {
+        Ok(())
+    } else {
+        Err(QueryError::ReadOnly {
+            statement: statement_kind(&statements[0]),
+        })
+    }
+}
+
+fn read_only(s: &DFStatement) -> bool {
+    match s {
+        DFStatement::Statement(s) => read_only_sql(s),
+        DFStatement::Explain(e) => read_only(&e.statement),
+        _ => false,
+    }
+}
+
+fn read_only_sql(s: &Statement) -> bool {
+    match s {
+        Statement::Query(_)
+        | Statement::ShowTables { .. }
+        | Statement::ShowColumns { .. }
+        | Statement::ShowFunctions { .. }
+        | Statement::ShowVariable { .. }
+        | Statement::ExplainTable { .. } => true,
+        // EXPLAIN ANALYZE runs the statement, so the inner statement decides.
+        Statement::Explain { statement, .. } => read_only_sql(statement),
+        _ => false,
+    }
+}
+
+/// The first keywords of a statement, for the refusal message (`CREATE TABLE`).
+fn statement_kind(s: &DFStatement) -> String {
+    let text = s.to_string();
+    let words: Vec<&str> = text
+        .split_whitespace()
+        .take_while(|w| w.chars().all(|c| c.is_ascii_alphabetic()))
+        .take(2)
+        .collect();
+    if words.is_empty() {
+        "statement".into()
+    } else {
+        words.join(" ").to_uppercase()
+    }
+}
+
+fn shards_schema() -> SchemaRef {
+    Arc::new(Schema::new(vec![
+        Field::new("version", DataType::UInt64, false),
+        Field::new("path", DataType::Utf8, false),
+        Field::new("bytes", DataType::UInt64, false),
+        Field::new("rows", DataType::UInt64, false),
+        Field::new("tokens", DataType::UInt64, false),
+        Field::new("raw_bytes", DataType::UInt64, false),
+        Field::new("min_sample_id", DataType::UInt64, false),
+        Field::new("max_sample_id", DataType::UInt64, false),
+        Field::new("crc32c", DataType::UInt32, false),
+        Field::new("row_groups", DataType::UInt64, false),
+    ]))
+}
+
+fn shards_batch(m: &Manifest) -> Result<RecordBatch> {
+    let s = &m.shards;
+    let u64s = |f: &dyn Fn(usize) -> u64| {
+        Arc::new(UInt64Array::from_iter_values((0..s.len()).map(f))) as ArrayRef
+    };
+    let cols: Vec<ArrayRef> = vec![
+        u64s(&|_| m.version),
+        Arc::new(StringArray::from_iter_values(
+            s.iter().map(|e| e.path.as_str()),
+        )),
+        u64s(&|i| s[i].bytes),
+        u64s(&|i| s[i].rows),
+        u64s(&|i| s[i].tokens),
+        u64s(&|i| s[i].raw_bytes),
+        u64s(&|i| s[i].min_sample_id),
+        u64s(&|i| s[i].max_sample_id),
+        Arc::new(UInt32Array::from_iter_values(s.iter().map(|e| e.crc32c))),
+        u64s(&|i| s[i].row_groups.len() as u64),
+    ];
+    Ok(RecordBatch::try_new(shards_schema(), cols)?)
+}
+
+/// One row per committed version; `pinned` marks the version the session reads.
+async fn versions_batch(ds: &Dataset, pinned: u64) -> Result<RecordBatch> {
+    let mut manifests = Vec::new();
+    for v in ds.versions().await? {
+        manifests.push(ds.manifest(Some(v)).await?);
+    }
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("version", DataType::UInt64, false),
+        Field::new("parent", DataType::UInt64, true),
+        Field::new("committed_at", DataType::Utf8, false),
+        Field::new("shards", DataType::UInt64, false),
+        Field::new("samples", DataType::UInt64, false),
+        Field::new("tokens", DataType::UInt64, false),
+        Field::new("bytes", DataType::UInt64, false),
+        Field::new("raw_bytes", DataType::UInt64, false),
+        Field::new("pinned", DataType::Boolean, false),
+    ]));
+    let u64s = |f: &dyn Fn(&Manifest) -> u64| {
+        Arc::new(UInt64Array::from_iter_values(manifests.iter().map(f))) as ArrayRef
+    };
+    let cols: Vec<ArrayRef> = vec![
+        u64s(&|m| m.version),
+        Arc::new(UInt64Array::from_iter(manifests.iter().map(|m| m.parent))),
+        Arc::new(StringArray::from_iter_values(
+            manifests.iter().map(|m| m.committed_at.as_str()),
+        )),
+        u64s(&|m| m.shards.len() as u64),
+        u64s(&|m| m.num_samples()),
+        u64s(&|m| m.num_tokens()),
+        u64s(&|m| m.bytes()),
+        u64s(&|m| m.raw_bytes()),
+        Arc::new(BooleanArray::from_iter(
+            manifests.iter().map(|m| Some(m.version == pinned)),
+        )),
+    ];
+    Ok(RecordBatch::try_new(schema, cols)?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn refuses_statements_that_write_or_create() {
+        for sql in [
+            "CREATE TABLE t AS SELECT 1",
+            "INSERT INTO samples VALUES (1)",
+            "DROP TABLE samples",
+            "COPY (SELECT 1) TO '/tmp/x.parquet'",
+            "CREATE EXTERNAL TABLE t STORED AS PARQUET LOCATION '/tmp/x'",
+            "CREATE VIEW v AS SELECT 1",
+            "SET datafusion.execution.batch_size = 1",
+            "EXPLAIN ANALYZE INSERT INTO samples VALUES (1)",
+        ] {
+            let err = check_read_only(sql).unwrap_err();
+            assert!(matches!(err, QueryError::ReadOnly { .. }), "{sql}: {err}");
+        }
+    }
+
+    #[test]
+    fn accepts_queries_explain_and_show() {
+        for sql in [
+            "SELECT 1",
+            "WITH a AS (SELECT 1) SELECT * FROM a",
+            "EXPLAIN SELECT 1",
+            "SHOW TABLES",
+            "DESCRIBE samples",
+        ] {
+            check_read_only(sql).unwrap();
+        }
+    }
+
+    #[test]
+    fn refusal_names_the_statement() {
+        let err = check_read_only("create table t as select 1")
+            .unwrap_err()
+            .to_string();
+        assert!(err.starts_with("CREATE TABLE: refused"), "{err}");
+    }
+}

@@ -1,0 +1,454 @@
+//! The `samples` table: a DataFusion table over exactly the shard files one manifest names,
+//! plus an object-store wrapper that counts the bytes every query reads.
+use std::fmt;
+use std::ops::Range;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use datafusion::arrow::datatypes::SchemaRef;
+use datafusion::catalog::Session;
+use datafusion::common::stats::Precision;
+use datafusion::common::{ColumnStatistics, Result, ScalarValue, Statistics};
+use datafusion::datasource::file_format::parquet::ParquetFormat;
+use datafusion::datasource::file_format::FileFormat;
+use datafusion::datasource::listing::PartitionedFile;
+use datafusion::datasource::object_store::ObjectStoreUrl;
+use datafusion::datasource::physical_plan::{FileGroup, FileScanConfigBuilder};
+use datafusion::datasource::table_schema::TableSchema;
+use datafusion::datasource::{TableProvider, TableType};
+use datafusion::logical_expr::{Expr, TableProviderFilterPushDown};
+use datafusion::physical_plan::empty::EmptyExec;
+use datafusion::physical_plan::ExecutionPlan;
+use futures::stream::BoxStream;
+use object_store::path::Path;
+use object_store::{
+    CopyOptions, GetOptions, GetResult, ListResult, MultipartUpload, ObjectMeta, ObjectStore,
+    PutMultipartOptions, PutOptions, PutPayload, PutResult,
+};
+
+/// One shard file as the manifest describes it.
+#[derive(Debug, Clone)]
+pub struct ShardFile {
+    /// Location inside the table's object store.
+    pub path: Path,
+    /// Size in bytes (from the manifest, so no HEAD request is needed).
+    pub bytes: u64,
+    /// Rows (samples).
+    pub rows: u64,
+    /// Smallest sample id in the shard.
+    pub min_sample_id: u64,
+    /// Largest sample id in the shard.
+    pub max_sample_id: u64,
+}
+
+/// A table over a fixed list of Parquet shard files with a known schema.
+///
+/// Unlike a listing table it never lists a directory, so a pinned version sees only the shards
+/// its manifest names, and it needs no HEAD request per file. Projection and filters go to
+/// DataFusion's Parquet scan: only the column chunks a query touches are fetched, and row groups
+/// whose statistics exclude a filter are skipped.
+#[derive(Debug)]
+pub struct ShardTable {
+    schema: SchemaRef,
+    store_url: ObjectStoreUrl,
+    files: Vec<ShardFile>,
+}
+
+impl ShardTable {
+    /// A table whose files live in the object store registered under `store_url`.
+    pub fn new(schema: SchemaRef, store_url: ObjectStoreUrl, files: Vec<ShardFile>) -> Self {
+        ShardTable {
+            schema,
+            store_url,
+            files,
+        }
+    }
+
+    /// Per-file statistics the manifest gives for free: exact row counts (so `count(*)` reads
+    /// nothing) and the sample-id range (so `WHERE sample_id = ...` skips whole shards).
+    fn file_statistics(&self, f: &ShardFile) -> Statistics {
+        let mut columns = vec![ColumnStatistics::new_unknown(); self.schema.fields().len()];
+        if let Ok(i) = self.schema.index_of("sample_id") {
+            columns[i] = ColumnStatistics::new_unknown()
+                .with_null_count(Precision::Exact(0))
+                .with_min_value(Precision::Exact(ScalarValue::UInt64(Some(f.min_sample_id))))
+                .with_max_value(Precision::Exact(ScalarValue::UInt64(Some(f.max_sample_id))));
+        }
+        Statistics {
+            num_rows: Precision::Exact(f.rows as usize),
+            total_byte_size: Precision::Inexact(f.bytes as usize),
+            column_statistics: columns,
+        }
+    }
+
+    fn table_statistics(&self) -> Statistics {
+        let rows: u64 = self.files.iter().map(|f| f.rows).sum();
+        let bytes: u64 = self.files.iter().map(|f| f.bytes).sum();
+        let mut columns = vec![ColumnStatistics::new_unknown(); self.schema.fields().len()];
+        if let (Ok(i), Some(min), Some(max)) = (
+            self.schema.index_of("sample_id"),
+            self.files.iter().map(|f| f.min_sample_id).min(),
+            self.files.iter().map(|f| f.max_sample_id).max(),
+        ) {
+            columns[i] = ColumnStatistics::new_unknown()
+                .with_null_count(Precision::Exact(0))
+                .with_min_value(Precision::Exact(ScalarValue::UInt64(Some(min))))
+                .with_max_value(Precision::Exact(ScalarValue::UInt64(Some(max))));
+        }
+        Statistics {
+            num_rows: Precision::Exact(rows as usize),
+            total_byte_size: Precision::Inexact(bytes as usize),
+            column_statistics: columns,
+        }
+    }
+}
+
+#[async_trait]
+impl TableProvider for ShardTable {
+    fn schema(&self) -> SchemaRef {
+        self.schema.clone()
+    }
+
+    fn table_type(&self) -> TableType {
+        TableType::Base
+    }
+
+    fn statistics(&self) -> Option<Statistics> {
+        Some(self.table_statistics())
+    }
+
+    fn supports_filters_pushdown(
+        &self,
+        filters: &[&Expr],
+    ) -> Result<Vec<TableProviderFilterPushDown>> {
+        // Inexact: the Parquet scan prunes row groups and pages with the filter, and DataFusion
+        // still applies it to the rows that remain.
+        Ok(vec![TableProviderFilterPushDown::Inexact; filters.len()])
+    }
+
+    async fn scan(
+        &self,
+        state: &dyn Session,
+        projection: Option<&Vec<usize>>,
+        _filters: &[Expr],
+        limit: Option<usize>,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        if self.files.is_empty() {
+            let schema = match projection {
+                Some(p) => Arc::new(self.schema.project(p)?),
+                None => self.schema.clone(),
+            };
+            return Ok(Arc::new(EmptyExec::new(schema)));
+        }
+        let files: Vec<PartitionedFile> = self
+            .files
+            .iter()
+            .map(|f| {
+                PartitionedFile::new(f.path.to_string(), f.bytes)
+                    .with_statistics(Arc::new(self.file_statistics(f)))
+            })
+            .collect();
+        let partitions = state.config().target_partitions().max(1);
+        let groups = FileGroup::new(files).split_files(partitions);
+        let mut options = state.table_options().parquet.clone();
+        // DataFusion's default is to fetch the last 512 KiB of a file hoping to get the footer
+        // in one request; on shards of a few MiB that alone reads tensor bytes. Fetching the
+        // exact footer costs one more small request and keeps metadata queries tiny.
+        options.global.metadata_size_hint = None;
+        let format = ParquetFormat::default().with_options(options);
+        let source = format.file_source(TableSchema::from(self.schema.clone()));
+        let config = FileScanConfigBuilder::new(self.store_url.clone(), source)
+            .with_file_groups(groups)
+            .with_statistics(self.table_statistics())
+            .with_projection_indices(projection.cloned())?
+            .with_limit(limit)
+            .build();
+        format.create_physical_plan(state, config).await
+    }
+}
+
+/// Object paths and byte ranges read, in order.
+pub type ReadLog = Vec<(Path, Range<u64>)>;
+
+/// An [`ObjectStore`] that forwards to another and counts bytes and requests of every read.
+#[derive(Debug)]
+pub struct CountingStore {
+    inner: Arc<dyn ObjectStore>,
+    bytes: AtomicU64,
+    requests: AtomicU64,
+    log: Mutex<Option<ReadLog>>,
+}
+
+impl CountingStore {
+    /// Wrap `inner`.
+    pub fn new(inner: Arc<dyn ObjectStore>) -> Self {
+        CountingStore {
+            inner,
+            bytes: AtomicU64::new(0),
+            requests: AtomicU64::new(0),
+            log: Mutex::new(None),
+        }
+    }
+
+    /// Start (or restart) recording the byte range of every read, for tests and diagnostics.
+    pub fn record_ranges(&self) {
+        if let Ok(mut l) = self.log.lock() {
+            *l = Some(Vec::new());
+        }
+    }
+
+    /// The ranges read since [`CountingStore::record_ranges`].
+    pub fn ranges(&self) -> Vec<(Path, Range<u64>)> {
+        self.log
+            .lock()
+            .ok()
+            .and_then(|l| l.clone())
+            .unwrap_or_default()
+    }
+
+    fn note(&self, path: &Path, r: Range<u64>) {
+        self.requests.fetch_add(1, Ordering::Relaxed);
+        self.bytes.fetch_add(r.end - r.start, Ordering::Relaxed);
+        if let Ok(mut l) = self.log.lock() {
+            if let Some(v) = l.as_mut() {
+                v.push((path.clone(), r));
+            }
+        }
+    }
+
+    /// Bytes returned by reads so far.
+    pub fn bytes_read(&self) -> u64 {
+        self.bytes.load(Ordering::Relaxed)
+    }
+
+    /// Read requests so far (a multi-range read counts once per range).
+    pub fn requests(&self) -> u64 {
+        self.requests.load(Ordering::Relaxed)
+    }
+
+    /// Set both counters back to zero.
+    pub fn reset(&self) {
+        self.bytes.store(0, Ordering::Relaxed);
+        self.requests.store(0, Ordering::Relaxed);
+    }
+}
+
+impl fmt::Display for CountingStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Counting({})", self.inner)
+    }
+}
+
+#[async_trait]
+impl ObjectStore for CountingStore {
+    async fn put_opts(
+        &self,
+        location: &Path,
+        payload: PutPayload,
+        opts: PutOptions,
+    ) -> object_store::Result<PutResult> {
+        self.inner.put_opts(location, payload, opts).await
+    }
+
+    async fn put_multipart_opts(
+        &self,
+        location: &Path,
+        opts: PutMultipartOptions,
+    ) -> object_store::Result<Box<dyn MultipartUpload>> {
+        self.inner.put_multipart_opts(location, opts).await
+    }
+
+    async fn get_opts(
+        &self,
+        location: &Path,
+        options: GetOptions,
+    ) -> object_store::Result<GetResult> {
+        let head = options.head;
+        let r = self.inner.get_opts(location, options).await?;
+        if !head {
+            self.note(location, r.range.clone());
+        }
+        Ok(r)
+    }
+
+    async fn get_ranges(
+        &self,
+        location: &Path,
+        ranges: &[Range<u64>],
+    ) -> object_store::Result<Vec<Bytes>> {
+        let r = self.inner.get_ranges(location, ranges).await?;
+        for range in ranges {
+            self.note(location, range.clone());
+        }
+        Ok(r)
+    }
+
+    fn delete_stream(
+        &self,
+        locations: BoxStream<'static, object_store::Result<Path>>,
+    ) -> BoxStream<'static, object_store::Result<Path>> {
+        self.inner.delete_stream(locations)
+    }
+
+    fn list(&self, prefix: Option<&Path>) -> BoxStream<'static, object_store::Result<ObjectMeta>> {
+        self.inner.list(prefix)
+    }
+
+    async fn list_with_delimiter(&self, prefix: Option<&Path>) -> object_store::Result<ListResult> {
+        self.inner.list_with_delimiter(prefix).await
+    }
+
+    async fn copy_opts(
+        &self,
+        from: &Path,
+        to: &Path,
+        options: CopyOptions,
+    ) -> object_store::Result<()> {
+        self.inner.copy_opts(from, to, options).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use hslake_schemas::DType;
+
+    use super::*;
+    use crate::{testdata, QuerySession};
+
+    /// Byte ranges of every tensor column chunk (and its scale column) in every shard.
+    async fn tensor_chunks(session: &QuerySession, only: Option<&str>) -> Vec<(Path, Range<u64>)> {
+        let d = &session.datasets()[0];
+        let ds = hslake_store::Dataset::open(&d.url).await.unwrap();
+        let mut out = Vec::new();
+        let reader = hslake_store::DatasetReader::open(&ds, Some(d.manifest.version))
+            .await
+            .unwrap();
+        for (i, s) in d.manifest.shards.iter().enumerate() {
+            let path = ds.object_path(&s.path);
+            let meta = reader.shard_metadata(i).await.unwrap();
+            for rg in meta.row_groups() {
+                for c in rg.columns() {
+                    let name = c.column_path().string();
+                    let tensor = name.starts_with("layer_")
+                        && !name.ends_with("_norm")
+                        && !name.ends_with("_max_abs")
+                        && !name.ends_with("_count");
+                    if tensor && only.is_none_or(|o| o == name) {
+                        let (start, len) = c.byte_range();
+                        out.push((path.clone(), start..start + len));
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    fn touches(reads: &[(Path, Range<u64>)], chunks: &[(Path, Range<u64>)]) -> u64 {
+        let mut n = 0;
+        for (p, r) in reads {
+            for (q, c) in chunks {
+                if p == q && r.start < c.end && c.start < r.end {
+                    n += r.end.min(c.end) - r.start.max(c.start);
+                }
+            }
+        }
+        n
+    }
+
+    #[tokio::test]
+    async fn queries_without_tensor_columns_read_no_tensor_bytes() {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("file://{}", dir.path().display());
+        testdata::write(&url, DType::F32, 40, 2).await;
+        let session = QuerySession::open(&url, None).await.unwrap();
+        let chunks = tensor_chunks(&session, None).await;
+        assert_eq!(chunks.len(), 4, "two tensor columns in each of two shards");
+        let counter = session.datasets()[0].counter.clone();
+
+        for sql in [
+            "SELECT count(*), avg(seq_len) FROM samples",
+            "SELECT sample_id FROM samples WHERE layer_30_nan_count > 0",
+            "SELECT sum(num_loss_tokens), max(layer_2_norm) FROM samples WHERE seq_len > 4",
+            "SELECT input_ids FROM samples WHERE sample_id = 7",
+        ] {
+            counter.record_ranges();
+            let rows: usize = session
+                .query(sql)
+                .await
+                .unwrap()
+                .iter()
+                .map(|b| b.num_rows())
+                .sum();
+            assert!(rows > 0, "{sql}");
+            let reads = counter.ranges();
+            assert_eq!(
+                touches(&reads, &chunks),
+                0,
+                "{sql} read tensor bytes: {reads:?}"
+            );
+        }
+
+        // The same check sees tensor reads when a query does use a tensor.
+        counter.record_ranges();
+        session
+            .query("SELECT max(tensor_norm(layer_30)) FROM samples")
+            .await
+            .unwrap();
+        let layer30 = tensor_chunks(&session, Some("layer_30")).await;
+        let want: u64 = layer30.iter().map(|(_, c)| c.end - c.start).sum();
+        assert_eq!(
+            touches(&counter.ranges(), &layer30),
+            want,
+            "every layer_30 chunk is read"
+        );
+    }
+
+    #[tokio::test]
+    async fn count_star_is_answered_from_the_manifest() {
+        testdata::write("memory://count-star", DType::Bf16, 12, 3).await;
+        let session = QuerySession::open("memory://count-star", None)
+            .await
+            .unwrap();
+        session.reset_counters();
+        let b = session
+            .query("SELECT count(*) AS n FROM samples")
+            .await
+            .unwrap();
+        let n = b[0]
+            .column(0)
+            .as_any()
+            .downcast_ref::<datafusion::arrow::array::Int64Array>()
+            .unwrap()
+            .value(0);
+        assert_eq!(n, 12);
+        assert_eq!(session.bytes_read(), 0);
+    }
+
+    #[tokio::test]
+    async fn a_pinned_version_sees_only_its_shards() {
+        testdata::write("memory://pinned", DType::Bf16, 10, 2).await;
+        let old = QuerySession::open("memory://pinned", Some(1))
+            .await
+            .unwrap();
+        let new = QuerySession::open("memory://pinned", None).await.unwrap();
+        let count = |b: Vec<datafusion::arrow::record_batch::RecordBatch>| {
+            datafusion::arrow::util::pretty::pretty_format_batches(&b)
+                .unwrap()
+                .to_string()
+        };
+        assert!(count(
+            old.query("SELECT max(sample_id) AS m FROM samples")
+                .await
+                .unwrap()
+        )
+        .contains("| 4 |"));
+        assert!(count(
+            new.query("SELECT max(sample_id) AS m FROM samples")
+                .await
+                .unwrap()
+        )
+        .contains("| 9 |"));
+    }
+}

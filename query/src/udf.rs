@@ -1,0 +1,605 @@
+//! SQL functions on tensor columns.
+//!
+//! A tensor column is `LargeBinary` whose field carries `hslake.tensor` metadata (dtype, shape
+//! `[null, hidden]`, byte-split encoding). DataFusion hands the argument fields, metadata
+//! included, both to planning (`return_field_from_args`) and to execution, so each function
+//! checks its arguments while the query is planned and decodes with the dtype and width of the
+//! very column it is given; no per-dataset state is needed and one session can mix datasets.
+//!
+//! fp8 tensors hold one f32 scale per token in a sibling column. [`Fp8ScaleRewrite`] rewrites
+//! `f(layer_30)` into `f(dequantize(layer_30, layer_30_scale))` while the plan still sees the
+//! table's columns, so users never name the scale column themselves.
+use std::any::Any;
+use std::sync::Arc;
+
+use datafusion::arrow::array::{
+    Array, ArrayRef, AsArray, Float32Builder, Float64Builder, LargeBinaryBuilder, ListBuilder,
+    UInt64Builder,
+};
+use datafusion::arrow::datatypes::{DataType, Field, FieldRef, Int64Type};
+use datafusion::common::config::ConfigOptions;
+use datafusion::common::tree_node::Transformed;
+use datafusion::common::{
+    exec_err, plan_datafusion_err, plan_err, DFSchema, ExprSchema, Result, ScalarValue,
+};
+use datafusion::execution::FunctionRegistry;
+use datafusion::logical_expr::expr::ScalarFunction;
+use datafusion::logical_expr::expr_rewriter::FunctionRewrite;
+use datafusion::logical_expr::{
+    ColumnarValue, Expr, ReturnFieldArgs, ScalarFunctionArgs, ScalarUDF, ScalarUDFImpl, Signature,
+    Volatility,
+};
+use datafusion::prelude::SessionContext;
+use hslake_schemas::{DType, TensorFieldMeta, TENSOR_META_KEY};
+
+use crate::tensor::{self, TensorKind};
+
+/// Names of every tensor function, for docs and help.
+pub const FUNCTION_NAMES: [&str; 11] = [
+    "tensor_shape",
+    "tensor_norm",
+    "tensor_max_abs",
+    "tensor_mean",
+    "tensor_std",
+    "nan_count",
+    "inf_count",
+    "token_norms",
+    "cosine_similarity",
+    "token_vector",
+    "dequantize",
+];
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum Op {
+    Shape,
+    Norm,
+    MaxAbs,
+    Mean,
+    Std,
+    NanCount,
+    InfCount,
+    TokenNorms,
+    Cosine,
+    TokenVector,
+    Dequantize,
+}
+
+impl Op {
+    const ALL: [Op; 11] = [
+        Op::Shape,
+        Op::Norm,
+        Op::MaxAbs,
+        Op::Mean,
+        Op::Std,
+        Op::NanCount,
+        Op::InfCount,
+        Op::TokenNorms,
+        Op::Cosine,
+        Op::TokenVector,
+        Op::Dequantize,
+    ];
+
+    fn name(self) -> &'static str {
+        FUNCTION_NAMES[Op::ALL.iter().position(|&o| o == self).unwrap_or(0)]
+    }
+
+    fn arity(self) -> usize {
+        match self {
+            Op::Cosine | Op::TokenVector | Op::Dequantize => 2,
+            _ => 1,
+        }
+    }
+
+    /// Argument positions that must be tensor columns.
+    fn tensor_args(self) -> &'static [usize] {
+        match self {
+            Op::Cosine => &[0, 1],
+            _ => &[0],
+        }
+    }
+
+    fn return_type(self) -> DataType {
+        let list = |t| DataType::List(Arc::new(Field::new("item", t, true)));
+        match self {
+            Op::Shape => list(DataType::UInt64),
+            Op::Norm | Op::MaxAbs | Op::Mean | Op::Std | Op::Cosine => DataType::Float64,
+            Op::NanCount | Op::InfCount => DataType::UInt64,
+            Op::TokenNorms => list(DataType::Float64),
+            Op::TokenVector => list(DataType::Float32),
+            Op::Dequantize => DataType::LargeBinary,
+        }
+    }
+}
+
+/// One tensor function; which one is chosen by `op`.
+#[derive(Debug, PartialEq, Eq, Hash)]
+struct TensorFn {
+    op: Op,
+    signature: Signature,
+}
+
+/// Every tensor function as a DataFusion scalar UDF.
+pub fn tensor_udfs() -> Vec<ScalarUDF> {
+    Op::ALL
+        .iter()
+        .map(|&op| {
+            ScalarUDF::new_from_impl(TensorFn {
+                op,
+                signature: Signature::any(op.arity(), Volatility::Immutable),
+            })
+        })
+        .collect()
+}
+
+/// Register every tensor function and the fp8 scale rewrite with a session.
+pub fn register_tensor_functions(ctx: &SessionContext) -> Result<()> {
+    for f in tensor_udfs() {
+        ctx.register_udf(f);
+    }
+    ctx.state_ref()
+        .write()
+        .register_function_rewrite(Arc::new(Fp8ScaleRewrite))?;
+    Ok(())
+}
+
+/// A tensor argument as checked at planning time.
+enum TensorArg {
+    /// A typed NULL literal: the function returns NULL.
+    Null,
+    /// A tensor column of this kind.
+    Tensor(TensorKind, TensorFieldMeta),
+}
+
+/// Check that `field` (argument `pos` of `func`) is a tensor column and return its kind.
+/// The error names the function, the argument and what was expected.
+fn tensor_arg(func: &str, pos: usize, field: &Field) -> std::result::Result<TensorArg, String> {
+    let expected =
+        "expected a tensor column (LargeBinary with hslake.tensor metadata, e.g. layer_30)";
+    let what = format!("{func}: argument {} ({})", pos + 1, field.name());
+    match field.data_type() {
+        DataType::Null => return Ok(TensorArg::Null),
+        DataType::LargeBinary => {}
+        other => return Err(format!("{what} is {other}; {expected}")),
+    }
+    let Some(json) = field.metadata().get(TENSOR_META_KEY) else {
+        return Err(format!(
+            "{what} is LargeBinary without {TENSOR_META_KEY} metadata; {expected}"
+        ));
+    };
+    let meta: TensorFieldMeta = serde_json::from_str(json)
+        .map_err(|e| format!("{what}: unreadable {TENSOR_META_KEY} metadata: {e}"))?;
+    if meta.shape.len() != 2 {
+        return Err(format!(
+            "{what} is a per-token scale column of shape [tokens]; {expected}"
+        ));
+    }
+    let kind = TensorKind::from_meta(&meta).map_err(|e| format!("{what}: {e}"))?;
+    Ok(TensorArg::Tensor(kind, meta))
+}
+
+/// The `hslake.tensor` metadata of a scale column, checked.
+fn scale_arg(
+    func: &str,
+    pos: usize,
+    field: &Field,
+) -> std::result::Result<Option<TensorKind>, String> {
+    let expected = "expected the tensor's per-token scale column (e.g. layer_30_scale)";
+    let what = format!("{func}: argument {} ({})", pos + 1, field.name());
+    match field.data_type() {
+        DataType::Null => return Ok(None),
+        DataType::LargeBinary => {}
+        other => return Err(format!("{what} is {other}; {expected}")),
+    }
+    let meta: Option<TensorFieldMeta> = field
+        .metadata()
+        .get(TENSOR_META_KEY)
+        .and_then(|j| serde_json::from_str(j).ok());
+    match meta {
+        Some(m) if m.shape.len() == 1 && m.dtype == DType::F32 => Ok(Some(
+            TensorKind::from_meta(&m).map_err(|e| format!("{what}: {e}"))?,
+        )),
+        _ => Err(format!("{what} is not a scale column; {expected}")),
+    }
+}
+
+impl TensorFn {
+    /// Check the argument fields. An fp8 tensor whose scales live in another column is
+    /// accepted while planning, since [`Fp8ScaleRewrite`] wraps it in `dequantize` afterwards;
+    /// at execution it means the rewrite could not apply, which is an error.
+    fn check_args(
+        &self,
+        fields: &[FieldRef],
+        executing: bool,
+    ) -> std::result::Result<Vec<Option<TensorKind>>, String> {
+        let name = self.op.name();
+        let mut kinds = Vec::new();
+        for &pos in self.op.tensor_args() {
+            match tensor_arg(name, pos, &fields[pos])? {
+                TensorArg::Null => kinds.push(None),
+                TensorArg::Tensor(kind, meta) => {
+                    if self.op == Op::Dequantize && kind.dtype != DType::Fp8E4m3 {
+                        return Err(format!(
+                            "{name}: argument 1 ({}) is {}; expected an fp8_e4m3 tensor column",
+                            fields[0].name(),
+                            kind.dtype
+                        ));
+                    }
+                    if executing
+                        && self.op != Op::Dequantize
+                        && kind.dtype.has_scales()
+                        && meta.scale_column.is_some()
+                    {
+                        // Only reachable when the rewrite could not see the scale column, e.g.
+                        // the argument came out of a subquery that did not select it.
+                        return Err(format!(
+                            "{name}: argument {} ({}) is an fp8_e4m3 tensor whose per-token scales are in \
+                             {}; select that column too, or call {name}(dequantize({}, {}))",
+                            pos + 1,
+                            fields[pos].name(),
+                            meta.scale_column.as_deref().unwrap_or("?"),
+                            fields[pos].name(),
+                            meta.scale_column.as_deref().unwrap_or("?"),
+                        ));
+                    }
+                    kinds.push(Some(kind));
+                }
+            }
+        }
+        if let (Op::Cosine, [Some(a), Some(b)]) = (self.op, kinds.as_slice()) {
+            if a.hidden != b.hidden {
+                return Err(format!(
+                    "{name}: arguments have hidden sizes {} and {}; expected tensors of the same width",
+                    a.hidden, b.hidden
+                ));
+            }
+        }
+        match self.op {
+            Op::TokenVector => {
+                let t = fields[1].data_type();
+                if !(t.is_integer() || t == &DataType::Null) {
+                    return Err(format!(
+                        "{name}: argument 2 ({}) is {t}; expected an integer token index (0-based)",
+                        fields[1].name()
+                    ));
+                }
+            }
+            Op::Dequantize => {
+                scale_arg(name, 1, &fields[1])?;
+            }
+            _ => {}
+        }
+        Ok(kinds)
+    }
+}
+
+impl ScalarUDFImpl for TensorFn {
+    fn name(&self) -> &str {
+        self.op.name()
+    }
+
+    fn signature(&self) -> &Signature {
+        &self.signature
+    }
+
+    fn return_type(&self, _arg_types: &[DataType]) -> Result<DataType> {
+        Ok(self.op.return_type())
+    }
+
+    fn return_field_from_args(&self, args: ReturnFieldArgs) -> Result<FieldRef> {
+        self.check_args(args.arg_fields, false)
+            .map_err(|e| plan_datafusion_err!("{e}"))?;
+        let mut field = Field::new(self.name(), self.op.return_type(), true);
+        if self.op == Op::Dequantize {
+            // The result is an f32 tensor of the same shape; describe it so other functions
+            // (and clients) can read it.
+            if let Some(json) = args.arg_fields[0].metadata().get(TENSOR_META_KEY) {
+                if let Ok(mut meta) = serde_json::from_str::<TensorFieldMeta>(json) {
+                    meta.dtype = DType::F32;
+                    meta.scale_column = None;
+                    let json =
+                        serde_json::to_string(&meta).map_err(|e| plan_datafusion_err!("{e}"))?;
+                    field = field.with_metadata([(TENSOR_META_KEY.to_string(), json)].into());
+                }
+            }
+        }
+        Ok(Arc::new(field))
+    }
+
+    fn invoke_with_args(&self, args: ScalarFunctionArgs) -> Result<ColumnarValue> {
+        let name = self.op.name();
+        let kinds = match self.check_args(&args.arg_fields, true) {
+            Ok(k) => k,
+            Err(e) => return exec_err!("{e}"),
+        };
+        let all_scalar = args
+            .args
+            .iter()
+            .all(|a| matches!(a, ColumnarValue::Scalar(_)));
+        let arrays: Vec<ArrayRef> = args
+            .args
+            .iter()
+            .map(|a| a.to_array(args.number_rows))
+            .collect::<Result<_>>()?;
+        let out = if kinds.iter().any(Option::is_none)
+            || arrays[1..].iter().any(|a| a.data_type() == &DataType::Null)
+        {
+            datafusion::arrow::array::new_null_array(&self.op.return_type(), args.number_rows)
+        } else {
+            let kinds: Vec<TensorKind> = kinds.into_iter().flatten().collect();
+            evaluate(self.op, name, &kinds, &arrays, args.arg_fields[0].name())?
+        };
+        if all_scalar {
+            Ok(ColumnarValue::Scalar(ScalarValue::try_from_array(&out, 0)?))
+        } else {
+            Ok(ColumnarValue::Array(out))
+        }
+    }
+}
+
+/// Run `op` over whole arrays (tensor arrays already checked to be LargeBinary).
+fn evaluate(
+    op: Op,
+    name: &str,
+    kinds: &[TensorKind],
+    arrays: &[ArrayRef],
+    col: &str,
+) -> Result<ArrayRef> {
+    let t = arrays[0].as_binary::<i64>();
+    let k = kinds[0];
+    let rows = t.len();
+    let mut buf = Vec::new();
+    // Decode row i of the first tensor argument into `buf`, checking its length.
+    let decode = |i: usize, buf: &mut Vec<f32>| -> Result<usize> {
+        let v = t.value(i);
+        let tokens = match k.tokens(v.len()) {
+            Ok(n) => n,
+            Err(e) => return exec_err!("{name}: {col} row {i}: {e}"),
+        };
+        k.decode_into(v, buf);
+        Ok(tokens)
+    };
+    macro_rules! per_row_f64 {
+        ($f:expr) => {{
+            let mut b = Float64Builder::with_capacity(rows);
+            for i in 0..rows {
+                if t.is_null(i) {
+                    b.append_null();
+                    continue;
+                }
+                decode(i, &mut buf)?;
+                b.append_option($f(&buf));
+            }
+            Arc::new(b.finish()) as ArrayRef
+        }};
+    }
+    Ok(match op {
+        Op::Shape => {
+            let mut b = ListBuilder::new(UInt64Builder::new());
+            for i in 0..rows {
+                if t.is_null(i) {
+                    b.append_null();
+                    continue;
+                }
+                let tokens = match k.tokens(t.value(i).len()) {
+                    Ok(n) => n,
+                    Err(e) => return exec_err!("{name}: {col} row {i}: {e}"),
+                };
+                b.values().append_value(tokens as u64);
+                b.values().append_value(k.hidden as u64);
+                b.append(true);
+            }
+            Arc::new(b.finish())
+        }
+        Op::Norm => per_row_f64!(|v: &[f32]| tensor::mean_norm(v, k.hidden)),
+        Op::MaxAbs => per_row_f64!(tensor::max_abs),
+        Op::Mean => per_row_f64!(|v: &[f32]| tensor::mean_std(v).map(|m| m.0)),
+        Op::Std => per_row_f64!(|v: &[f32]| tensor::mean_std(v).map(|m| m.1)),
+        Op::NanCount | Op::InfCount => {
+            let mut b = UInt64Builder::with_capacity(rows);
+            for i in 0..rows {
+                if t.is_null(i) {
+                    b.append_null();
+                    continue;
+                }
+                decode(i, &mut buf)?;
+                let n = if op == Op::NanCount {
+                    buf.iter().filter(|v| v.is_nan()).count()
+                } else {
+                    buf.iter().filter(|v| v.is_infinite()).count()
+                };
+                b.append_value(n as u64);
+            }
+            Arc::new(b.finish())
+        }
+        Op::TokenNorms => {
+            let mut b = ListBuilder::new(Float64Builder::new());
+            for i in 0..rows {
+                if t.is_null(i) {
+                    b.append_null();
+                    continue;
+                }
+                decode(i, &mut buf)?;
+                for row in buf.chunks_exact(k.hidden) {
+                    b.values().append_value(tensor::row_norm(row));
+                }
+                b.append(true);
+            }
+            Arc::new(b.finish())
+        }
+        Op::Cosine => {
+            let u = arrays[1].as_binary::<i64>();
+            let ku = kinds[1];
+            let mut other = Vec::new();
+            let mut b = Float64Builder::with_capacity(rows);
+            for i in 0..rows {
+                if t.is_null(i) || u.is_null(i) {
+                    b.append_null();
+                    continue;
+                }
+                let ta = decode(i, &mut buf)?;
+                let tb = match ku.tokens(u.value(i).len()) {
+                    Ok(n) => n,
+                    Err(e) => return exec_err!("{name}: argument 2 row {i}: {e}"),
+                };
+                if ta != tb {
+                    return exec_err!("{name}: row {i} has {ta} tokens in argument 1 and {tb} in argument 2; expected equal token counts");
+                }
+                ku.decode_into(u.value(i), &mut other);
+                b.append_option(tensor::mean_cosine(&buf, &other, k.hidden));
+            }
+            Arc::new(b.finish())
+        }
+        Op::TokenVector => {
+            let idx = datafusion::arrow::compute::cast(&arrays[1], &DataType::Int64)?;
+            let idx = idx.as_primitive::<Int64Type>();
+            let mut b = ListBuilder::new(Float32Builder::new());
+            for i in 0..rows {
+                if t.is_null(i) || idx.is_null(i) {
+                    b.append_null();
+                    continue;
+                }
+                let tokens = decode(i, &mut buf)?;
+                let j = idx.value(i);
+                // Out of range gives NULL, like indexing past the end of an array in SQL.
+                if j < 0 || j as usize >= tokens {
+                    b.append_null();
+                    continue;
+                }
+                let j = j as usize;
+                b.values()
+                    .append_slice(&buf[j * k.hidden..(j + 1) * k.hidden]);
+                b.append(true);
+            }
+            Arc::new(b.finish())
+        }
+        Op::Dequantize => {
+            let s = arrays[1].as_binary::<i64>();
+            let sk = TensorKind {
+                dtype: DType::F32,
+                hidden: 1,
+            };
+            let mut scales = Vec::new();
+            let mut b = LargeBinaryBuilder::with_capacity(rows, 0);
+            for i in 0..rows {
+                if t.is_null(i) || s.is_null(i) {
+                    b.append_null();
+                    continue;
+                }
+                let tokens = decode(i, &mut buf)?;
+                sk.decode_into(s.value(i), &mut scales);
+                if scales.len() != tokens {
+                    return exec_err!(
+                        "{name}: row {i} has {tokens} tokens but {} scales; expected one f32 scale per token",
+                        scales.len()
+                    );
+                }
+                for (row, sc) in buf.chunks_exact_mut(k.hidden).zip(&scales) {
+                    row.iter_mut().for_each(|v| *v *= sc);
+                }
+                b.append_value(tensor::encode_f32_split(&buf));
+            }
+            Arc::new(b.finish())
+        }
+    })
+}
+
+/// Rewrites every fp8 tensor-column argument `c` of a tensor function into
+/// `dequantize(c, <c's scale column>)`, so per-token scales are always applied.
+#[derive(Debug)]
+pub struct Fp8ScaleRewrite;
+
+impl FunctionRewrite for Fp8ScaleRewrite {
+    fn name(&self) -> &str {
+        "hslake_fp8_scale_rewrite"
+    }
+
+    fn rewrite(
+        &self,
+        expr: Expr,
+        schema: &DFSchema,
+        _config: &ConfigOptions,
+    ) -> Result<Transformed<Expr>> {
+        let Expr::ScalarFunction(sf) = &expr else {
+            return Ok(Transformed::no(expr));
+        };
+        let Some(tf) = (sf.func.inner().as_ref() as &dyn Any).downcast_ref::<TensorFn>() else {
+            return Ok(Transformed::no(expr));
+        };
+        if tf.op == Op::Dequantize {
+            return Ok(Transformed::no(expr));
+        }
+        let mut args = sf.args.clone();
+        let mut changed = false;
+        for &pos in tf.op.tensor_args() {
+            let Some(Expr::Column(c)) = args.get(pos) else {
+                continue;
+            };
+            let Ok(field) = schema.field_from_column(c) else {
+                continue;
+            };
+            let Some(meta) = field
+                .metadata()
+                .get(TENSOR_META_KEY)
+                .and_then(|j| serde_json::from_str::<TensorFieldMeta>(j).ok())
+            else {
+                continue;
+            };
+            let Some(scale) = meta.scale_column.filter(|_| meta.dtype.has_scales()) else {
+                continue;
+            };
+            let scale_col = datafusion::common::Column::new(c.relation.clone(), scale);
+            if schema.field_from_column(&scale_col).is_err() {
+                return plan_err!(
+                    "{}: argument {} ({}) is an fp8_e4m3 tensor whose per-token scales are in {}, which this \
+                     query does not see; select that column too, or call {}(dequantize({}, {}))",
+                    tf.op.name(),
+                    pos + 1,
+                    c.name,
+                    scale_col.name,
+                    tf.op.name(),
+                    c.name,
+                    scale_col.name
+                );
+            }
+            let deq = Arc::new(ScalarUDF::new_from_impl(TensorFn {
+                op: Op::Dequantize,
+                signature: Signature::any(2, Volatility::Immutable),
+            }));
+            args[pos] = Expr::ScalarFunction(ScalarFunction::new_udf(
+                deq,
+                vec![Expr::Column(c.clone()), Expr::Column(scale_col)],
+            ));
+            changed = true;
+        }
+        if !changed {
+            return Ok(Transformed::no(expr));
+        }
+        Ok(Transformed::yes(Expr::ScalarFunction(
+            ScalarFunction::new_udf(sf.func.clone(), args),
+        )))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_function_has_its_name() {
+        let names: Vec<String> = tensor_udfs().iter().map(|f| f.name().to_string()).collect();
+        assert_eq!(names, FUNCTION_NAMES);
+    }
+
+    #[test]
+    fn non_tensor_argument_error_names_function_and_expected_kind() {
+        let f = Field::new("seq_len", DataType::UInt32, false);
+        let Err(e) = tensor_arg("tensor_norm", 0, &f) else {
+            panic!("accepted a UInt32")
+        };
+        assert_eq!(
+            e,
+            "tensor_norm: argument 1 (seq_len) is UInt32; expected a tensor column \
+             (LargeBinary with hslake.tensor metadata, e.g. layer_30)"
+        );
+    }
+}
