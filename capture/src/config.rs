@@ -225,7 +225,7 @@ impl ModelConfig {
             );
         }
         let num_kv_heads = raw.num_key_value_heads.unwrap_or(raw.num_attention_heads);
-        if num_kv_heads == 0 || raw.num_attention_heads % num_kv_heads != 0 {
+        if num_kv_heads == 0 || !raw.num_attention_heads.is_multiple_of(num_kv_heads) {
             return unsupported(format!(
                 "num_attention_heads = {} is not a multiple of num_key_value_heads = {num_kv_heads}",
                 raw.num_attention_heads
@@ -233,15 +233,17 @@ impl ModelConfig {
         }
         let head_dim = match raw.head_dim {
             Some(d) => d,
-            None if raw.hidden_size % raw.num_attention_heads == 0 => {
+            None if raw.hidden_size.is_multiple_of(raw.num_attention_heads) => {
                 raw.hidden_size / raw.num_attention_heads
             }
-            None => return unsupported(format!(
+            None => {
+                return unsupported(format!(
                 "no head_dim and hidden_size = {} is not a multiple of num_attention_heads = {}",
                 raw.hidden_size, raw.num_attention_heads
-            )),
+            ))
+            }
         };
-        if head_dim == 0 || head_dim % 2 != 0 {
+        if head_dim == 0 || !head_dim.is_multiple_of(2) {
             return unsupported(format!(
                 "head_dim = {head_dim} must be even and > 0 for rotary embeddings"
             ));
@@ -346,9 +348,9 @@ impl ModelConfig {
     pub fn check_tp(&self, tp: usize) -> Result<()> {
         let fits = |t: usize| {
             t > 0
-                && self.num_heads % t == 0
-                && self.num_kv_heads % t == 0
-                && self.intermediate_size % t == 0
+                && self.num_heads.is_multiple_of(t)
+                && self.num_kv_heads.is_multiple_of(t)
+                && self.intermediate_size.is_multiple_of(t)
         };
         if fits(tp) {
             return Ok(());

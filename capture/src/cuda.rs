@@ -110,8 +110,7 @@ impl CopyStream {
         let mut device = Vec::with_capacity(tensors.len());
         for t in tensors {
             let t = t.f_contiguous()?;
-            let h = Tensor::f_empty(t.size(), (t.kind(), tch::Device::Cpu))?
-                .f_pin_memory(tch::Device::Cuda(self.device))?;
+            let h = pinned_like(&t, self.device)?;
             let bytes = t.numel() * t.kind().elt_size_in_bytes();
             // SAFETY: `h` is a pinned host buffer of exactly `bytes` bytes and `t` a contiguous
             // device tensor of the same size; both stay alive in the PendingCopy until the copy's
@@ -142,6 +141,22 @@ impl CopyStream {
             device,
             done: Some(done),
         })
+    }
+}
+
+/// A host tensor shaped like `t`, in page-locked memory when libtorch can provide it (the copy
+/// is only truly asynchronous into pinned memory); pageable memory still works, just slower.
+fn pinned_like(t: &Tensor, device: usize) -> Result<Tensor> {
+    let host = Tensor::f_empty(t.size(), (t.kind(), tch::Device::Cpu))?;
+    match host.f_pin_memory(tch::Device::Cuda(device)) {
+        Ok(p) => Ok(p),
+        Err(e) => {
+            static WARNED: std::sync::Once = std::sync::Once::new();
+            WARNED.call_once(|| {
+                tracing::warn!("pinned host memory unavailable ({e}); copies use pageable memory")
+            });
+            Ok(host)
+        }
     }
 }
 

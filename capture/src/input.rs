@@ -3,7 +3,7 @@
 use std::collections::HashMap;
 use std::fs::File;
 use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use arrow_array::{
     Array, ArrayRef, BooleanArray, Int16Array, Int32Array, Int64Array, Int8Array, LargeListArray,
@@ -285,9 +285,9 @@ fn ints(a: &dyn Array) -> Option<Vec<Option<i64>>> {
     None
 }
 
-fn list_rows(path: &PathBuf, name: &str, col: &ArrayRef) -> Result<Vec<Option<Vec<i64>>>> {
+fn list_rows(path: &Path, name: &str, col: &ArrayRef) -> Result<Vec<Option<Vec<i64>>>> {
     let bad = || CaptureError::Input {
-        path: path.clone(),
+        path: path.to_path_buf(),
         location: format!("column {name:?}"),
         message: format!("expected a list of integers, got {}", col.data_type()),
     };

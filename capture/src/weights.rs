@@ -178,7 +178,7 @@ impl Weights {
             }
             Shard::Split { dim, rank, world } => {
                 let n = shape[dim];
-                if n % world != 0 {
+                if !n.is_multiple_of(world) {
                     return Err(CaptureError::Option(format!(
                         "tensor {name:?}: dimension {dim} of size {n} does not split into {world} equal parts"
                     )));

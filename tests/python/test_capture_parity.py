@@ -6,35 +6,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from transformers import (LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, Qwen2Config,
-                          Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM)
+from transformers import LlamaConfig, LlamaForCausalLM
 
-from capture_util import (ROOT, hf_states, random_samples, randomize, read_dataset, run_capture, save_model,
-                          write_jsonl)
+from capture_util import (ARCHS, ROOT, SMALL, VOCAB, hf_states, random_samples, randomize, read_dataset,
+                          run_capture, save_model, write_jsonl)
 
-VOCAB = 131
-SMALL = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=3, vocab_size=VOCAB,
-             max_position_embeddings=256, rms_norm_eps=1e-5)
-
-ARCHS = {
-    # GQA: 8 query heads share 2 KV heads.
-    "llama_gqa": lambda: LlamaForCausalLM(LlamaConfig(**SMALL, num_attention_heads=8, num_key_value_heads=2,
-                                                      rope_theta=10000.0)),
-    # Llama 3.1 RoPE scaling with a short original context, so all three frequency bands occur;
-    # tied embeddings (no lm_head tensor in the checkpoint).
-    "llama3_rope_tied": lambda: LlamaForCausalLM(LlamaConfig(
-        **SMALL, num_attention_heads=4, num_key_value_heads=4, tie_word_embeddings=True,
-        rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                      "original_max_position_embeddings": 16}, rope_theta=500000.0)),
-    # Sliding window shorter than the longer samples.
-    "mistral_window": lambda: MistralForCausalLM(MistralConfig(**SMALL, num_attention_heads=4,
-                                                               num_key_value_heads=2, sliding_window=8)),
-    # Bias on q/k/v only.
-    "qwen2_bias": lambda: Qwen2ForCausalLM(Qwen2Config(**SMALL, num_attention_heads=4, num_key_value_heads=2)),
-    # q/k RMS norm, head_dim 32 != 64 / 4.
-    "qwen3_qk_norm": lambda: Qwen3ForCausalLM(Qwen3Config(**SMALL, num_attention_heads=4, num_key_value_heads=2,
-                                                          head_dim=32)),
-}
 LENGTHS = [5, 17, 12, 1, 30, 9]
 
 

@@ -1,5 +1,4 @@
 """A capture killed mid-run and restarted with --resume writes every input sample exactly once."""
-import os
 import signal
 import subprocess
 import time
@@ -8,18 +7,11 @@ import numpy as np
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from capture_util import (ROOT, capture_cmd, hf_states, manifests, random_samples, randomize, read_dataset,
+from capture_util import (capture_cmd, hslake_bin, hf_states, manifests, random_samples, randomize, read_dataset,
                           run_capture, save_model, write_jsonl)
 
 VOCAB = 101
 N = 1500
-
-
-def verify_cmd():
-    binary = capture_cmd()[0]
-    if os.path.basename(binary).startswith("hslake-capture"):
-        binary = str(ROOT / "target" / "debug" / "hslake")
-    return [binary, "verify"]
 
 
 def test_killed_capture_resumes_with_every_sample_exactly_once(tmp_path):
@@ -59,5 +51,5 @@ def test_killed_capture_resumes_with_every_sample_exactly_once(tmp_path):
         assert full[sid]["input_ids"] == samples[sid]["input_ids"]
         ref = hf_states(model, samples[sid]["input_ids"], [0, 1], final_norm=False)
         assert float(np.abs(full[sid]["layer_1"] - ref["layer_1"]).max()) <= 1e-4
-    v = subprocess.run(verify_cmd() + [f"file://{ds}"], capture_output=True, text=True)
+    v = subprocess.run([hslake_bin(), "verify", f"file://{ds}"], capture_output=True, text=True)
     assert v.returncode == 0, v.stdout + v.stderr
