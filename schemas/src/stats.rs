@@ -19,60 +19,27 @@ pub fn tensor_stats(t: &TensorData) -> TensorStats {
         [a, b] => (*a, *b),
         _ => (1, t.numel()),
     };
-    // Dispatch once on the dtype so each inner loop is monomorphic and unrolls.
-    match t.dtype {
-        DType::Bf16 => stats_with(t, tokens, hidden, |d, i| {
-            crate::bf16_bits_to_f32(u16::from_le_bytes([d[2 * i], d[2 * i + 1]]))
-        }),
-        DType::F16 => stats_with(t, tokens, hidden, |d, i| {
-            half::f16::from_bits(u16::from_le_bytes([d[2 * i], d[2 * i + 1]])).to_f32()
-        }),
-        DType::F32 => stats_with(t, tokens, hidden, |d, i| {
-            f32::from_le_bytes([d[4 * i], d[4 * i + 1], d[4 * i + 2], d[4 * i + 3]])
-        }),
-        DType::Fp8E4m3 => stats_with(t, tokens, hidden, |d, i| crate::fp8_e4m3_to_f32(d[i])),
-    }
-}
-
-#[inline(always)]
-fn stats_with(
-    t: &TensorData,
-    tokens: usize,
-    hidden: usize,
-    get: impl Fn(&[u8], usize) -> f32,
-) -> TensorStats {
+    let k = t.dtype.size();
     let mut st = TensorStats::default();
     let mut norm_sum = 0f64;
-    let d = &t.data;
+    // Each row is widened to f32 into one reused buffer, then reduced with eight lanes;
+    // both loops are simple enough for the compiler to vectorise.
+    let mut row = vec![0f32; hidden];
     for r in 0..tokens {
-        let scale = t.scales.as_ref().map_or(1.0, |s| s[r]);
-        let base = r * hidden;
-        // Fast path: eight independent accumulators; a non-finite row sum sends the row to
-        // the careful path, which counts NaN/Inf and skips them.
-        let mut acc = [0f32; 8];
-        let mut mx = [0f32; 8];
-        let chunks = hidden / 8;
-        for c in 0..chunks {
-            for k in 0..8 {
-                let v = get(d, base + c * 8 + k) * scale;
-                acc[k] += v * v;
-                mx[k] = mx[k].max(v.abs());
-            }
+        let bytes = &t.data[r * hidden * k..(r + 1) * hidden * k];
+        widen(t.dtype, bytes, &mut row);
+        if let Some(s) = &t.scales {
+            row.iter_mut().for_each(|v| *v *= s[r]);
         }
-        for c in chunks * 8..hidden {
-            let v = get(d, base + c) * scale;
-            acc[0] += v * v;
-            mx[0] = mx[0].max(v.abs());
-        }
-        let sq: f32 = acc.iter().sum();
+        let (sq, mx) = sum_sq_and_max_abs(&row);
         if sq.is_finite() {
             norm_sum += (sq as f64).sqrt();
-            st.max_abs = mx.iter().fold(st.max_abs, |a, &b| a.max(b));
+            st.max_abs = st.max_abs.max(mx);
             continue;
         }
+        // Careful path for rows holding NaN/Inf (or squares overflowing f32).
         let mut sq = 0f64;
-        for c in 0..hidden {
-            let v = get(d, base + c) * scale;
+        for &v in &row {
             if v.is_nan() {
                 st.nan_count += 1;
             } else if v.is_infinite() {
@@ -84,12 +51,54 @@ fn stats_with(
         }
         norm_sum += sq.sqrt();
     }
-    st.mean_norm = if tokens > 0 {
-        (norm_sum / tokens as f64) as f32
-    } else {
-        0.0
-    };
+    st.mean_norm = if tokens > 0 { (norm_sum / tokens as f64) as f32 } else { 0.0 };
     st
+}
+
+/// Little-endian elements of `dtype` to f32 (fp8 without its scale).
+fn widen(dtype: DType, bytes: &[u8], out: &mut [f32]) {
+    match dtype {
+        DType::Bf16 => {
+            for (o, c) in out.iter_mut().zip(bytes.chunks_exact(2)) {
+                *o = f32::from_bits((u16::from_le_bytes([c[0], c[1]]) as u32) << 16);
+            }
+        }
+        DType::F16 => {
+            for (o, c) in out.iter_mut().zip(bytes.chunks_exact(2)) {
+                *o = half::f16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32();
+            }
+        }
+        DType::F32 => {
+            for (o, c) in out.iter_mut().zip(bytes.chunks_exact(4)) {
+                *o = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+            }
+        }
+        DType::Fp8E4m3 => {
+            for (o, &b) in out.iter_mut().zip(bytes) {
+                *o = crate::fp8_e4m3_to_f32(b);
+            }
+        }
+    }
+}
+
+/// Sum of squares and max |x| of a row; NaN makes the sum NaN, which the caller checks.
+fn sum_sq_and_max_abs(row: &[f32]) -> (f32, f32) {
+    let mut acc = [0f32; 8];
+    let mut mx = [0f32; 8];
+    let chunks = row.chunks_exact(8);
+    let tail = chunks.remainder();
+    for c in chunks {
+        for k in 0..8 {
+            acc[k] += c[k] * c[k];
+            let a = c[k].abs();
+            mx[k] = if a > mx[k] { a } else { mx[k] };
+        }
+    }
+    for &v in tail {
+        acc[0] += v * v;
+        mx[0] = mx[0].max(v.abs());
+    }
+    (acc.iter().sum(), mx.iter().fold(0f32, |a, &b| a.max(b)))
 }
 
 #[cfg(test)]

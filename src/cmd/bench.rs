@@ -126,7 +126,7 @@ pub async fn run(b: Bench) -> Result<std::process::ExitCode> {
             st.one_sample_requests,
             super::human_bytes(st.one_sample_raw)
         );
-        println!("layout\tratio\twrite MB/s\tread MB/s");
+        println!("layout\tratio\twrite MB/s per CPU s\tread MB/s per CPU s");
         for l in &layouts {
             println!(
                 "{}\t{:.3}\t{:.0}\t{:.0}",

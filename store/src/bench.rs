@@ -22,6 +22,31 @@ use serde::Serialize;
 use crate::codec::{decode_samples, split, unsplit_into};
 use crate::{Dataset, DatasetReader, DatasetWriter, Provenance, Result, StoreError, WriterOptions};
 
+/// CPU seconds (user + system, all threads) this process has used, from `/proc/self/stat`.
+/// Throughput per core is bytes over CPU time: unlike wall time it does not change when
+/// other work shares the machine.
+pub fn cpu_seconds() -> f64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    // Fields after the parenthesised command name; utime and stime are the 12th and 13th.
+    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+    (ticks(11) + ticks(12)) / 100.0
+}
+
+/// Wall and CPU time of a piece of work.
+struct Clock(Instant, f64);
+
+impl Clock {
+    fn start() -> Self {
+        Clock(Instant::now(), cpu_seconds())
+    }
+    /// (wall seconds, CPU seconds).
+    fn stop(&self) -> (f64, f64) {
+        (self.0.elapsed().as_secs_f64(), (cpu_seconds() - self.1).max(0.01))
+    }
+}
+
 /// Results of the shard-format benchmark.
 #[derive(Debug, Clone, Serialize)]
 pub struct StoreBench {
@@ -33,10 +58,14 @@ pub struct StoreBench {
     pub file_bytes: u64,
     /// raw / file.
     pub ratio: f64,
-    /// Raw MB/s written (validate, statistics, split, compress, write) on one core.
+    /// Raw MB/s written (validate, statistics, split, compress, write) per CPU second.
     pub write_mb_s: f64,
-    /// Raw MB/s read and decoded into `[seq_len, hidden]` buffers on one core.
+    /// Raw MB/s read and decoded into `[seq_len, hidden]` buffers per CPU second.
     pub read_mb_s: f64,
+    /// Raw MB/s written per wall-clock second.
+    pub write_wall_mb_s: f64,
+    /// Raw MB/s read and decoded per wall-clock second.
+    pub read_wall_mb_s: f64,
     /// Bytes fetched for one random sample once footers are cached.
     pub one_sample_bytes: u64,
     /// Requests made for it.
@@ -66,23 +95,23 @@ pub async fn bench_store(
         ..Default::default()
     };
     let mut w = DatasetWriter::new(&ds, opts).await?;
-    let t = Instant::now();
+    let clock = Clock::start();
     for s in samples {
         w.append(s).await?;
     }
     w.commit().await?;
-    let write_s = t.elapsed().as_secs_f64();
+    let (write_wall, write_cpu) = clock.stop();
     let m = ds.manifest(None).await?;
     let (raw, file) = (m.raw_bytes(), m.bytes());
 
     let r = DatasetReader::open(&ds, None).await?;
-    let t = Instant::now();
+    let clock = Clock::start();
     let mut decoded = 0usize;
     let mut scan = r.scan(None);
     while let Some(b) = scan.try_next().await? {
         decoded += decode_samples(&schema, &b)?.len();
     }
-    let read_s = t.elapsed().as_secs_f64();
+    let (read_wall, read_cpu) = clock.stop();
     debug_assert_eq!(decoded, samples.len());
 
     for i in 0..m.shards.len() {
@@ -97,8 +126,10 @@ pub async fn bench_store(
         raw_bytes: raw,
         file_bytes: file,
         ratio: raw as f64 / file as f64,
-        write_mb_s: raw as f64 / write_s / 1e6,
-        read_mb_s: raw as f64 / read_s / 1e6,
+        write_mb_s: raw as f64 / write_cpu / 1e6,
+        read_mb_s: raw as f64 / read_cpu / 1e6,
+        write_wall_mb_s: raw as f64 / write_wall / 1e6,
+        read_wall_mb_s: raw as f64 / read_wall / 1e6,
         one_sample_bytes: b1 - b0,
         one_sample_requests: q1 - q0,
         one_sample_raw: one.tensors.iter().map(|t| t.data.len() as u64).sum(),
@@ -112,9 +143,9 @@ pub struct LayoutBench {
     pub layout: &'static str,
     /// raw / file bytes.
     pub ratio: f64,
-    /// Raw MB/s encoded and compressed on one core.
+    /// Raw MB/s encoded and compressed per CPU second.
     pub write_mb_s: f64,
-    /// Raw MB/s decoded to contiguous `[seq_len, hidden]` buffers on one core.
+    /// Raw MB/s decoded to contiguous `[seq_len, hidden]` buffers per CPU second.
     pub read_mb_s: f64,
 }
 
@@ -142,7 +173,7 @@ pub fn bench_layouts(
     let level = ZstdLevel::try_new(zstd_level).map_err(|e| StoreError::Usage(e.to_string()))?;
     let mut out = vec![];
     for layout in LAYOUTS {
-        let t = Instant::now();
+        let clock = Clock::start();
         let mut buf = Vec::new();
         let batch0 = layout_batch(layout, schema, &samples[..1])?;
         let mut props = WriterProperties::builder()
@@ -166,10 +197,10 @@ pub fn bench_layouts(
             w.flush().map_err(|e| StoreError::pq(layout, e))?;
         }
         w.close().map_err(|e| StoreError::pq(layout, e))?;
-        let write_s = t.elapsed().as_secs_f64();
+        let (_, write_s) = clock.stop();
         let file = buf.len() as u64;
 
-        let t = Instant::now();
+        let clock = Clock::start();
         let reader = ParquetRecordBatchReaderBuilder::try_new(Bytes::from(buf))
             .and_then(|b| b.with_batch_size(4096).build())
             .map_err(|e| StoreError::pq(layout, e))?;
@@ -181,7 +212,7 @@ pub fn bench_layouts(
             })?;
             sink += decode_layout(layout, &b, k, h);
         }
-        let read_s = t.elapsed().as_secs_f64();
+        let (_, read_s) = clock.stop();
         debug_assert_eq!(sink, raw);
         out.push(LayoutBench {
             layout,
