@@ -36,6 +36,11 @@ _DTYPES = {
 
 Point = Union[int, str]
 
+# Native objects inherited through fork (e.g. by torch DataLoader workers): their runtime's
+# threads exist only in the parent, and dropping them would wait for those threads forever,
+# so a child keeps them referenced instead.
+_FORK_ORPHANS: list = []
+
 
 def _point(p: Point) -> str:
     """`30` and `"layer_30"` name decoder layer 30's output; `"final_norm"` the normed state."""
@@ -185,7 +190,7 @@ class Loader(torch.utils.data.IterableDataset):
         # Opening here checks every argument against the dataset at once (bad rank, missing
         # layer, unknown version, unreachable store): errors surface at construction.
         self._native: Optional[NativeLoader] = None
-        self._pid = -1
+        self._pid = (-1, 0, 1)
         native = self._get_native()
         if version is None:
             # Pin the version seen now, so every worker and every resume reads the same one.
@@ -196,6 +201,8 @@ class Loader(torch.utils.data.IterableDataset):
     def _get_native(self, worker: int = 0, num_workers: int = 1) -> NativeLoader:
         want = (os.getpid(), worker, num_workers)
         if self._native is None or self._pid != want:
+            if self._native is not None and self._pid[0] != want[0]:
+                _FORK_ORPHANS.append(self._native)
             settings = dict(self._settings, worker=worker, num_workers=num_workers)
             self._native = NativeLoader(self.url, json.dumps(settings))
             self._pid = want
@@ -204,7 +211,7 @@ class Loader(torch.utils.data.IterableDataset):
     def __getstate__(self) -> dict:
         d = dict(self.__dict__)
         d["_native"] = None
-        d["_pid"] = -1
+        d["_pid"] = (-1, 0, 1)
         return d
 
     @property
