@@ -153,6 +153,48 @@ impl Batch {
     }
 }
 
+#[cfg(feature = "tch")]
+impl ElemType {
+    fn kind(self) -> tch::Kind {
+        match self {
+            ElemType::I64 => tch::Kind::Int64,
+            ElemType::I32 => tch::Kind::Int,
+            ElemType::Bf16 => tch::Kind::BFloat16,
+            ElemType::F16 => tch::Kind::Half,
+            ElemType::F32 => tch::Kind::Float,
+        }
+    }
+}
+
+#[cfg(feature = "tch")]
+impl HostTensor {
+    /// As a libtorch CPU tensor of the same dtype (bf16 stays bf16), optionally copied into
+    /// page-locked memory for asynchronous host-to-GPU copies (needs CUDA).
+    pub fn to_tch(&self, pin_memory: bool) -> Result<tch::Tensor, tch::TchError> {
+        let shape: Vec<i64> = self.shape.iter().map(|&d| d as i64).collect();
+        let t = tch::Tensor::f_from_data_size(self.bytes(), &shape, self.dtype.kind())?;
+        if pin_memory {
+            t.f_pin_memory(tch::Device::Cuda(0))
+        } else {
+            Ok(t)
+        }
+    }
+}
+
+#[cfg(feature = "tch")]
+impl Batch {
+    /// Every field as a tch tensor, by name.
+    pub fn to_tch(
+        &self,
+        pin_memory: bool,
+    ) -> Result<Vec<(&'static str, tch::Tensor)>, tch::TchError> {
+        self.fields
+            .iter()
+            .map(|(n, t)| Ok((*n, t.to_tch(pin_memory)?)))
+            .collect()
+    }
+}
+
 /// Settings of batch assembly.
 #[derive(Debug, Clone)]
 pub(crate) struct Assembly {
@@ -333,5 +375,25 @@ fn write_tokens(
                 }
             }
         }
+    }
+}
+
+#[cfg(all(test, feature = "tch"))]
+mod tch_tests {
+    use super::*;
+
+    #[test]
+    fn bf16_host_tensor_becomes_a_bf16_tch_tensor_with_the_same_bits() {
+        let mut t = HostTensor::zeros(ElemType::Bf16, vec![2, 3]);
+        let bits: [u16; 6] = [0x3f80, 0xc000, 0x0000, 0x4049, 0x7f80, 0x3c00];
+        for (i, b) in bits.iter().enumerate() {
+            t.bytes_mut()[2 * i..2 * i + 2].copy_from_slice(&b.to_le_bytes());
+        }
+        let x = t.to_tch(false).unwrap();
+        assert_eq!(x.kind(), tch::Kind::BFloat16);
+        assert_eq!(x.size(), vec![2, 3]);
+        assert_eq!(x.double_value(&[0, 0]), 1.0);
+        assert_eq!(x.double_value(&[0, 1]), -2.0);
+        assert!(x.double_value(&[1, 1]).is_infinite());
     }
 }
