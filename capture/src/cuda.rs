@@ -31,6 +31,8 @@ extern "C" {
         stream: CudaStream,
     ) -> c_int;
     fn cudaGetErrorString(error: c_int) -> *const c_char;
+    fn cudaHostRegister(ptr: *mut c_void, size: usize, flags: u32) -> c_int;
+    fn cudaHostUnregister(ptr: *mut c_void) -> c_int;
 }
 
 fn check(code: c_int, what: &str) -> Result<()> {
@@ -75,7 +77,6 @@ impl Drop for Event {
 /// A non-blocking side stream on one device for device-to-host copies.
 pub struct CopyStream {
     stream: CudaStream,
-    device: usize,
 }
 
 impl CopyStream {
@@ -89,12 +90,19 @@ impl CopyStream {
             unsafe { cudaStreamCreateWithFlags(&mut stream, STREAM_NON_BLOCKING) },
             "cudaStreamCreate",
         )?;
-        Ok(CopyStream { stream, device })
+        Ok(CopyStream { stream })
     }
 
-    /// Starts copying each CUDA tensor into a new pinned host tensor once all work queued so far
-    /// on libtorch's (default) stream is done; returns at once.
-    pub fn start(&self, tensors: Vec<Tensor>) -> Result<PendingCopy> {
+    /// Starts copying each CUDA tensor into the matching pinned buffer once all work queued so
+    /// far on libtorch's (default) stream is done; returns at once.
+    pub fn start(&self, tensors: Vec<Tensor>, buffers: &[PinnedBuffer]) -> Result<PendingCopy> {
+        if buffers.len() != tensors.len() {
+            return Err(CaptureError::Cuda(format!(
+                "{} tensors to copy but {} host buffers",
+                tensors.len(),
+                buffers.len()
+            )));
+        }
         let ready = Event::new()?;
         // SAFETY: recording on the legacy default stream (null), which libtorch computes on.
         check(
@@ -108,11 +116,11 @@ impl CopyStream {
         )?;
         let mut host = Vec::with_capacity(tensors.len());
         let mut device = Vec::with_capacity(tensors.len());
-        for t in tensors {
+        for (t, buf) in tensors.into_iter().zip(buffers) {
             let t = t.f_contiguous()?;
-            let h = pinned_like(&t, self.device)?;
+            let h = buf.view(&t.size(), t.kind())?;
             let bytes = t.numel() * t.kind().elt_size_in_bytes();
-            // SAFETY: `h` is a pinned host buffer of exactly `bytes` bytes and `t` a contiguous
+            // SAFETY: `h` is a page-locked host view of exactly `bytes` bytes and `t` a contiguous
             // device tensor of the same size; both stay alive in the PendingCopy until the copy's
             // completion event has been waited for, so the caching allocator cannot reuse them early.
             check(
@@ -144,19 +152,58 @@ impl CopyStream {
     }
 }
 
-/// A host tensor shaped like `t`, in page-locked memory when libtorch can provide it (the copy
-/// is only truly asynchronous into pinned memory); pageable memory still works, just slower.
-fn pinned_like(t: &Tensor, device: usize) -> Result<Tensor> {
-    let host = Tensor::f_empty(t.size(), (t.kind(), tch::Device::Cpu))?;
-    match host.f_pin_memory(tch::Device::Cuda(device)) {
-        Ok(p) => Ok(p),
-        Err(e) => {
-            static WARNED: std::sync::Once = std::sync::Once::new();
-            WARNED.call_once(|| {
-                tracing::warn!("pinned host memory unavailable ({e}); copies use pageable memory")
-            });
-            Ok(host)
+/// Host memory page-locked with `cudaHostRegister` for as long as this value lives, so that
+/// device-to-host copies into it run asynchronously at full speed. Allocated once and reused:
+/// page-locking is far too slow to do per batch. (libtorch's own pinned allocation through
+/// `pin_memory(device)` prints a deprecation warning on every call.)
+pub struct PinnedBuffer {
+    bytes: Tensor,
+}
+
+impl PinnedBuffer {
+    /// `len` bytes of page-locked host memory.
+    pub fn new(len: usize) -> Result<Self> {
+        let bytes = Tensor::f_empty([len as i64], (tch::Kind::Uint8, tch::Device::Cpu))?;
+        // SAFETY: registers exactly the `len` bytes this tensor owns; they stay allocated (the
+        // tensor is owned by `self`) until Drop unregisters them.
+        check(
+            unsafe { cudaHostRegister(bytes.data_ptr(), len, 0) },
+            "cudaHostRegister",
+        )?;
+        Ok(PinnedBuffer { bytes })
+    }
+
+    /// Capacity in bytes.
+    pub fn len(&self) -> usize {
+        self.bytes.numel()
+    }
+
+    /// Whether the buffer holds no bytes.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The first bytes of the buffer as a tensor of `shape` and `kind` (sharing its memory).
+    pub fn view(&self, shape: &[i64], kind: tch::Kind) -> Result<Tensor> {
+        let n = shape.iter().product::<i64>() as usize * kind.elt_size_in_bytes();
+        if n > self.len() {
+            return Err(CaptureError::Cuda(format!(
+                "{n} bytes do not fit a {}-byte host buffer",
+                self.len()
+            )));
         }
+        Ok(self
+            .bytes
+            .f_narrow(0, 0, n as i64)?
+            .f_view_dtype(kind)?
+            .f_view(shape)?)
+    }
+}
+
+impl Drop for PinnedBuffer {
+    fn drop(&mut self) {
+        // SAFETY: the pointer was registered in `new` and the memory is still owned by `self.bytes`.
+        unsafe { cudaHostUnregister(self.bytes.data_ptr()) };
     }
 }
 

@@ -41,7 +41,9 @@ impl Rotary {
     /// Inverse frequencies `1 / theta^(2i/d)`, rescaled per the config's RoPE type, in f32.
     pub fn new(cfg: &ModelConfig, device: Device) -> Result<Self> {
         let d = cfg.head_dim as i64;
-        let exponent = Tensor::f_arange_start_step(0, d, 2, (Kind::Int64, device))?
+        // Computed on the CPU, as transformers does when it builds the model: CUDA's division
+        // and pow differ from the CPU's in the last bit, and that shifts every angle.
+        let exponent = Tensor::f_arange_start_step(0, d, 2, (Kind::Int64, Device::Cpu))?
             .f_to_kind(Kind::Float)?
             .f_div_scalar(d as f64)?;
         let inv_freq = Tensor::f_pow_scalar(cfg.rope_theta, &exponent)?.f_reciprocal()?;
@@ -81,7 +83,7 @@ impl Rotary {
                 smoothed.f_where_self(&medium, &llama)?
             }
         };
-        Ok(Rotary { inv_freq })
+        Ok(Rotary { inv_freq: inv_freq.f_to_device(device)? })
     }
 
     /// `(cos, sin)`, each `[1, 1, t, head_dim]` in `kind`, for positions `0..t`.

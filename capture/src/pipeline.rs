@@ -18,7 +18,7 @@ use tch::{Device, Kind, Tensor};
 use crate::batch::plan_batches;
 use crate::comm::{Communicator, LocalComm, SingleRank};
 use crate::config::ModelConfig;
-use crate::cuda::{CopyStream, PendingCopy};
+use crate::cuda::{CopyStream, PendingCopy, PinnedBuffer};
 use crate::error::{CaptureError, Result};
 use crate::input::{read_inputs, InputLimits, InputSample, Overlong};
 use crate::models;
@@ -221,6 +221,40 @@ struct BatchInput {
 struct HostBatch {
     input: Arc<BatchInput>,
     states: Vec<Tensor>,
+    /// The pinned buffers `states` live in (GPU runs), handed back to rank 0 once split.
+    buffers: Option<Vec<PinnedBuffer>>,
+}
+
+/// Pinned host buffers rank 0 copies into, recycled by the splitter. A full set in use means
+/// the writers are behind: waiting for one is waiting on storage.
+struct BufferPool {
+    free: Vec<Vec<PinnedBuffer>>,
+    returned: Receiver<Vec<PinnedBuffer>>,
+    made: usize,
+    max_sets: usize,
+    bytes_each: usize,
+    per_set: usize,
+}
+
+impl BufferPool {
+    fn take(&mut self, times: &mut RankTimes) -> Result<Vec<PinnedBuffer>> {
+        while let Ok(set) = self.returned.try_recv() {
+            self.free.push(set);
+        }
+        if let Some(set) = self.free.pop() {
+            return Ok(set);
+        }
+        if self.made < self.max_sets {
+            self.made += 1;
+            return (0..self.per_set)
+                .map(|_| PinnedBuffer::new(self.bytes_each))
+                .collect();
+        }
+        let t = Instant::now();
+        let set = self.returned.recv().map_err(|_| stopped("the splitter"))?;
+        times.storage_wait += t.elapsed();
+        Ok(set)
+    }
 }
 
 enum CommInit {
@@ -244,6 +278,8 @@ struct RankJob {
     points: Vec<CapturePoint>,
     batches: Receiver<Arc<BatchInput>>,
     out: Option<SyncSender<HostBatch>>,
+    /// Recycled pinned buffers (rank 0 on CUDA).
+    pool: Option<BufferPool>,
 }
 
 fn kind_of(dtype: DType) -> Result<Kind> {
@@ -288,16 +324,22 @@ fn rank_loop(comm: Rc<dyn Communicator>, job: RankJob) -> Result<RankTimes> {
         tch::Cuda::synchronize(d as i64);
     }
     times.load = t.elapsed();
-    let mut pending: Option<(PendingCopy, Arc<BatchInput>)> = None;
-    let hand_off = |pending: (PendingCopy, Arc<BatchInput>), times: &mut RankTimes| -> Result<()> {
-        let (copy, input) = pending;
+    let mut pool = job.pool;
+    type InFlight = (PendingCopy, Arc<BatchInput>, Option<Vec<PinnedBuffer>>);
+    let mut pending: Option<InFlight> = None;
+    let hand_off = |pending: InFlight, times: &mut RankTimes| -> Result<()> {
+        let (copy, input, buffers) = pending;
         let t = Instant::now();
         let states = copy.wait()?;
         times.compute += t.elapsed();
         let t = Instant::now();
         if let Some(out) = &job.out {
-            out.send(HostBatch { input, states })
-                .map_err(|_| stopped("the writer pipeline"))?;
+            out.send(HostBatch {
+                input,
+                states,
+                buffers,
+            })
+            .map_err(|_| stopped("the writer pipeline"))?;
         }
         times.storage_wait += t.elapsed();
         Ok(())
@@ -312,13 +354,16 @@ fn rank_loop(comm: Rc<dyn Communicator>, job: RankJob) -> Result<RankTimes> {
             // Only rank 0 keeps results: every rank holds the complete residual stream.
             continue;
         }
-        let copy = match &copier {
-            Some(c) => c.start(states)?,
-            None => PendingCopy::ready(states),
+        let (copy, buffers) = match (&copier, pool.as_mut()) {
+            (Some(c), Some(p)) => {
+                let set = p.take(&mut times)?;
+                (c.start(states, &set)?, Some(set))
+            }
+            _ => (PendingCopy::ready(states), None),
         };
         times.compute += t.elapsed();
         // Wait for the previous batch's copy only now, so it overlapped with this forward.
-        if let Some(prev) = pending.replace((copy, batch)) {
+        if let Some(prev) = pending.replace((copy, batch, buffers)) {
             hand_off(prev, &mut times)?;
         }
     }
@@ -328,44 +373,105 @@ fn rank_loop(comm: Rc<dyn Communicator>, job: RankJob) -> Result<RankTimes> {
     Ok(times)
 }
 
+/// The pinned buffers of one batch, handed back to rank 0 when the last of its samples has
+/// been copied out by a writer.
+struct BatchLease {
+    remaining: AtomicU64,
+    buffers: std::sync::Mutex<Option<Vec<PinnedBuffer>>>,
+    recycle: std::sync::mpsc::Sender<Vec<PinnedBuffer>>,
+}
+
+impl BatchLease {
+    fn release(&self) {
+        if self.remaining.fetch_sub(1, Ordering::AcqRel) == 1 {
+            if let Some(b) = self.buffers.lock().ok().and_then(|mut g| g.take()) {
+                // Rank 0 may already be gone; then the buffers are simply freed.
+                let _ = self.recycle.send(b);
+            }
+        }
+    }
+}
+
+/// One sample on its way to a writer: views of its real tokens in the batch's host tensors.
+/// The writer copies them out, so that copy runs on all writer threads in parallel.
+struct SampleRows {
+    input: InputSample,
+    rows: Vec<Tensor>,
+    lease: Option<Arc<BatchLease>>,
+}
+
+impl SampleRows {
+    fn into_sample(self, dtype: DType, hidden: usize) -> Result<Sample> {
+        let len = self.input.input_ids.len();
+        let tensors = self
+            .rows
+            .iter()
+            .map(|rows| -> Result<TensorData> {
+                let n = rows.numel();
+                let mut data = vec![0u8; n * dtype.size()];
+                rows.f_copy_data_u8(&mut data, n)?;
+                Ok(TensorData {
+                    dtype,
+                    shape: vec![len, hidden],
+                    data,
+                    scales: None,
+                })
+            })
+            .collect::<Result<Vec<_>>>();
+        drop(self.rows);
+        if let Some(lease) = &self.lease {
+            lease.release();
+        }
+        let InputSample {
+            sample_id,
+            input_ids,
+            loss_mask,
+        } = self.input;
+        Ok(Sample {
+            sample_id,
+            input_ids,
+            loss_mask,
+            tensors: tensors?,
+        })
+    }
+}
+
 fn split_batches(
     rx: Receiver<HostBatch>,
-    writers: Vec<SyncSender<Sample>>,
-    dtype: DType,
-    hidden: usize,
+    writers: Vec<SyncSender<SampleRows>>,
+    recycle: std::sync::mpsc::Sender<Vec<PinnedBuffer>>,
 ) -> Result<()> {
     let mut load = vec![0u64; writers.len()];
     for hb in rx {
-        for (i, s) in hb.input.samples.iter().enumerate() {
+        let HostBatch {
+            input,
+            states,
+            buffers,
+        } = hb;
+        let lease = buffers.map(|b| {
+            Arc::new(BatchLease {
+                remaining: AtomicU64::new(input.samples.len() as u64),
+                buffers: std::sync::Mutex::new(Some(b)),
+                recycle: recycle.clone(),
+            })
+        });
+        for (i, s) in input.samples.iter().enumerate() {
             let len = s.input_ids.len();
-            let tensors = hb
-                .states
+            // [b, t, hidden] -> this sample's real tokens [len, hidden] (contiguous rows).
+            let rows = states
                 .iter()
-                .map(|st| -> Result<TensorData> {
-                    // [b, t, hidden] -> this sample's real tokens [len, hidden] (contiguous rows).
-                    let rows = st.f_select(0, i as i64)?.f_narrow(0, 0, len as i64)?;
-                    let n = rows.numel();
-                    let mut data = vec![0u8; n * dtype.size()];
-                    rows.f_copy_data_u8(&mut data, n)?;
-                    Ok(TensorData {
-                        dtype,
-                        shape: vec![len, hidden],
-                        data,
-                        scales: None,
-                    })
-                })
+                .map(|st| Ok(st.f_select(0, i as i64)?.f_narrow(0, 0, len as i64)?))
                 .collect::<Result<Vec<_>>>()?;
-            let sample = Sample {
-                sample_id: s.sample_id,
-                input_ids: s.input_ids.clone(),
-                loss_mask: s.loss_mask.clone(),
-                tensors,
-            };
             // The least-loaded writer (by tokens) gets it, so compression spreads evenly.
             let w = (0..writers.len()).min_by_key(|&w| load[w]).unwrap_or(0);
             load[w] += len as u64;
+            let item = SampleRows {
+                input: s.clone(),
+                rows,
+                lease: lease.clone(),
+            };
             writers[w]
-                .send(sample)
+                .send(item)
                 .map_err(|_| stopped("a store writer"))?;
         }
     }
@@ -437,14 +543,17 @@ impl Progress {
     }
 }
 
+#[allow(clippy::too_many_arguments)]
 fn run_writer(
     handle: tokio::runtime::Handle,
     ds: Dataset,
     opts: WriterOptions,
-    rx: Receiver<Sample>,
+    rx: Receiver<SampleRows>,
     commit_every: u64,
     commit_interval: Duration,
     progress: Arc<Progress>,
+    dtype: DType,
+    hidden: usize,
 ) -> Result<WriterDone> {
     let mut w = handle.block_on(DatasetWriter::new(&ds, opts))?;
     let mut last_version = None;
@@ -455,7 +564,8 @@ fn run_writer(
             .saturating_sub(last_commit.elapsed())
             .max(Duration::from_millis(1));
         match rx.recv_timeout(wait) {
-            Ok(sample) => {
+            Ok(rows) => {
+                let sample = rows.into_sample(dtype, hidden)?;
                 let tokens = sample.input_ids.len() as u64;
                 let enc = w.encode(&sample)?;
                 if handle.block_on(w.append_encoded(enc))? == Appended::Written {
@@ -683,25 +793,30 @@ fn run_threads(
     // Writers, then the splitter feeding them, then the ranks feeding the splitter.
     let mut writer_txs = vec![];
     let mut writer_handles = vec![];
+    let dtype = opts.dtype;
     for i in 0..opts.writers {
-        let (tx, rx) = sync_channel::<Sample>(64);
+        // Two samples per writer: the bounded batch queue ahead of the splitter is the buffer
+        // that absorbs bursts; anything larger here only hides a writer that cannot keep up.
+        let (tx, rx) = sync_channel::<SampleRows>(2);
         writer_txs.push(tx);
         let (handle, ds, progress) = (handle.clone(), ds.clone(), progress.clone());
         let (wo, every, interval) = (opts.writer_options, opts.commit_every, opts.commit_interval);
         writer_handles.push(
             std::thread::Builder::new()
                 .name(format!("hslake-writer-{i}"))
-                .spawn(move || run_writer(handle, ds, wo, rx, every, interval, progress))
+                .spawn(move || {
+                    run_writer(handle, ds, wo, rx, every, interval, progress, dtype, hidden)
+                })
                 .map_err(|e| {
                     CaptureError::Pipeline(format!("cannot start a writer thread: {e}"))
                 })?,
         );
     }
     let (host_tx, host_rx) = sync_channel::<HostBatch>(opts.queue_depth);
-    let dtype = opts.dtype;
+    let (recycle_tx, recycle_rx) = std::sync::mpsc::channel::<Vec<PinnedBuffer>>();
     let splitter = std::thread::Builder::new()
         .name("hslake-splitter".into())
-        .spawn(move || split_batches(host_rx, writer_txs, dtype, hidden))
+        .spawn(move || split_batches(host_rx, writer_txs, recycle_tx))
         .map_err(|e| CaptureError::Pipeline(format!("cannot start the splitter thread: {e}")))?;
 
     let inits: Vec<CommInit> = match (opts.device, opts.tp) {
@@ -718,6 +833,29 @@ fn run_threads(
     let mut rank_txs = vec![];
     let mut rank_handles = vec![];
     let mut host_tx = Some(host_tx);
+    // Rank 0's pinned buffers: one set per batch that can be queued, in flight or being split.
+    let largest_batch = batches
+        .iter()
+        .map(|b| {
+            b.len()
+                * b.iter()
+                    .map(|&i| todo[i].input_ids.len())
+                    .max()
+                    .unwrap_or(0)
+        })
+        .max()
+        .unwrap_or(0);
+    let mut pool = match opts.device {
+        DeviceKind::Cuda => Some(BufferPool {
+            free: vec![],
+            returned: recycle_rx,
+            made: 0,
+            max_sets: opts.queue_depth + 3,
+            bytes_each: largest_batch * hidden * opts.dtype.size(),
+            per_set: opts.points.len(),
+        }),
+        DeviceKind::Cpu => None,
+    };
     for (rank, init) in inits.into_iter().enumerate() {
         let (tx, rx) = sync_channel::<Arc<BatchInput>>(2);
         rank_txs.push(tx);
@@ -732,6 +870,7 @@ fn run_threads(
             points: opts.points.clone(),
             batches: rx,
             out: if rank == 0 { host_tx.take() } else { None },
+            pool: if rank == 0 { pool.take() } else { None },
         };
         rank_handles.push(
             std::thread::Builder::new()
@@ -805,4 +944,123 @@ fn run_threads(
     summary.storage_wait_secs = t.storage_wait.as_secs_f64();
     summary.run_secs = start.elapsed().saturating_sub(t.load).as_secs_f64();
     Ok(summary)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use hslake_store::DatasetReader;
+    use safetensors::tensor::TensorView;
+    use std::io::Write;
+
+    const CONFIG: &str = r#"{"architectures": ["LlamaForCausalLM"], "hidden_size": 16, "intermediate_size": 32,
+        "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 50,
+        "rms_norm_eps": 1e-5, "rope_theta": 10000.0}"#;
+
+    /// A random checkpoint with exactly the tensors the architecture reads.
+    fn tiny_model(dir: &std::path::Path) {
+        std::fs::write(dir.join("config.json"), CONFIG).unwrap();
+        let cfg = ModelConfig::load(dir).unwrap();
+        let mut seed = 12345u64;
+        let shapes = models::tensor_shapes(&cfg);
+        let bytes: Vec<Vec<u8>> = shapes
+            .iter()
+            .map(|(_, s)| {
+                (0..s.iter().product::<usize>())
+                    .flat_map(|_| {
+                        seed = seed
+                            .wrapping_mul(6364136223846793005)
+                            .wrapping_add(1442695040888963407);
+                        ((seed >> 40) as f32 / (1u64 << 24) as f32 - 0.5).to_le_bytes()
+                    })
+                    .collect()
+            })
+            .collect();
+        let views: Vec<(String, TensorView)> = shapes
+            .iter()
+            .zip(&bytes)
+            .map(|((n, s), b)| {
+                (
+                    n.clone(),
+                    TensorView::new(safetensors::Dtype::F32, s.clone(), b).unwrap(),
+                )
+            })
+            .collect();
+        safetensors::serialize_to_file(views, None, &dir.join("model.safetensors")).unwrap();
+    }
+
+    fn inputs(path: &std::path::Path, n: usize) {
+        let mut f = std::fs::File::create(path).unwrap();
+        for i in 0..n {
+            let ids: Vec<usize> = (0..(3 + i * 7 % 11)).map(|t| (t * 13 + i) % 50).collect();
+            writeln!(f, "{}", serde_json::json!({ "input_ids": ids })).unwrap();
+        }
+    }
+
+    fn options(dir: &std::path::Path, input: &str, out: &str) -> CaptureOptions {
+        let url = format!("file://{}", dir.join(out).display());
+        let points = vec![CapturePoint::LayerOutput(0), CapturePoint::FinalNorm];
+        let mut o = CaptureOptions::new(dir.join("m"), dir.join(input), url, points);
+        o.dtype = DType::F32;
+        o.progress = false;
+        o.max_tokens_per_batch = 40;
+        o
+    }
+
+    async fn values(url: &str) -> BTreeMap<u64, Vec<f32>> {
+        let ds = Dataset::open(url).await.unwrap();
+        let r = DatasetReader::open(&ds, None).await.unwrap();
+        let mut out = BTreeMap::new();
+        for id in r.sample_ids().await.unwrap() {
+            let s = r.get_sample(id).await.unwrap();
+            out.insert(id, s.tensors.iter().flat_map(|t| t.to_f32_vec()).collect());
+        }
+        out
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn tp_two_equals_tp_one_and_resume_writes_only_what_is_missing() {
+        let d = tempfile::tempdir().unwrap();
+        std::fs::create_dir(d.path().join("m")).unwrap();
+        tiny_model(&d.path().join("m"));
+        inputs(&d.path().join("all.jsonl"), 10);
+        inputs(&d.path().join("first6.jsonl"), 6);
+
+        let one = capture(options(d.path(), "all.jsonl", "tp1"))
+            .await
+            .unwrap();
+        assert_eq!((one.samples, one.skipped_committed), (10, 0));
+        let mut o = options(d.path(), "all.jsonl", "tp2");
+        o.tp = 2;
+        capture(o).await.unwrap();
+        let a = values(&options(d.path(), "", "tp1").output).await;
+        close(&a, &values(&options(d.path(), "", "tp2").output).await);
+
+        capture(options(d.path(), "first6.jsonl", "resumed"))
+            .await
+            .unwrap();
+        let refused = capture(options(d.path(), "all.jsonl", "resumed"))
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(refused.contains("pass --resume"), "{refused}");
+        let mut o = options(d.path(), "all.jsonl", "resumed");
+        o.resume = true;
+        let rest = capture(o).await.unwrap();
+        assert_eq!((rest.samples, rest.skipped_committed), (4, 6));
+        close(&a, &values(&options(d.path(), "", "resumed").output).await);
+    }
+
+    fn close(a: &BTreeMap<u64, Vec<f32>>, b: &BTreeMap<u64, Vec<f32>>) {
+        assert_eq!(a.keys().collect::<Vec<_>>(), b.keys().collect::<Vec<_>>());
+        for (id, va) in a {
+            assert_eq!(va.len(), b[id].len());
+            let worst = va
+                .iter()
+                .zip(&b[id])
+                .map(|(x, y)| (x - y).abs())
+                .fold(0.0f32, f32::max);
+            assert!(worst <= 1e-5, "sample {id}: differs by {worst}");
+        }
+    }
 }

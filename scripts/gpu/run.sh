@@ -3,6 +3,7 @@
 # release `gpu` example binary in gpu-run/ (see scripts/gpu/prepare.sh, which builds and stages it).
 #   bash gpu-run/run.sh checks       NCCL one-rank check + bf16 parity vs transformers per architecture
 #   bash gpu-run/run.sh throughput   Llama-3.1-8B shapes: HF baseline, our prefill, our capture+write
+#   bash gpu-run/run.sh all          both, in one call
 # Logs and results go to $OUT (or ./gpu-out).
 set -uo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
@@ -17,6 +18,10 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT
 python3 -c 'import torch,transformers;print("torch",torch.__version__,"transformers",transformers.__version__)' | tee -a "$OUT/gpu.txt"
 
 case "${1:-checks}" in
+all)
+  bash "$0" checks
+  bash "$0" throughput
+  ;;
 checks)
   "$BIN" nccl-check 2>&1 | tee "$OUT/nccl.txt"
   python3 "$HERE/parity_bf16.py" --bin "$BIN" --work /tmp/hslake-parity 2>&1 | tee "$OUT/parity.txt"
@@ -29,8 +34,20 @@ throughput)
   "$BIN" prefill --model $W/llama8b --batch 8 --seq 2048 --iters 5 --layers 2,16,29,31 2>&1 | tee "$OUT/ours_prefill.txt"
   rm -rf $W/ds
   "$BIN" capture --model $W/llama8b --input $W/in.jsonl --output file://$W/ds --layers 2,16,29,31 \
-    --device cuda --dtype bf16 --max-tokens-per-batch 16384 --writers ${WRITERS:-8} --queue-depth 4 \
+    --device cuda --dtype bf16 --max-tokens-per-batch 16384 --queue-depth 4 \
     --no-progress 2>&1 | tee "$OUT/ours_capture.txt"
   du -sb $W/ds | tee -a "$OUT/ours_capture.txt"
+  # Where does the writer side spend its time? Same run with large allocations kept on the
+  # malloc heap (no page faults per sample), then also without the disk (memory:// dataset).
+  rm -rf $W/ds
+  echo "--- variant: GLIBC_TUNABLES mmap_threshold=32MiB, file://" | tee -a "$OUT/ours_capture.txt"
+  GLIBC_TUNABLES=glibc.malloc.mmap_threshold=33554432:glibc.malloc.trim_threshold=4294967296 \
+  "$BIN" capture --model $W/llama8b --input $W/in.jsonl --output file://$W/ds --layers 2,16,29,31 \
+    --device cuda --dtype bf16 --max-tokens-per-batch 16384 --queue-depth 4 --no-progress 2>&1 | tail -6 | tee -a "$OUT/ours_capture.txt"
+  rm -rf $W/ds
+  echo "--- variant: GLIBC_TUNABLES, memory://" | tee -a "$OUT/ours_capture.txt"
+  GLIBC_TUNABLES=glibc.malloc.mmap_threshold=33554432:glibc.malloc.trim_threshold=4294967296 \
+  "$BIN" capture --model $W/llama8b --input $W/in.jsonl --output memory://bench --layers 2,16,29,31 \
+    --device cuda --dtype bf16 --max-tokens-per-batch 16384 --queue-depth 4 --no-progress 2>&1 | tail -6 | tee -a "$OUT/ours_capture.txt"
   ;;
 esac

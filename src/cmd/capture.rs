@@ -53,7 +53,7 @@ pub struct Args {
     /// ...or after this many seconds, whichever comes first.
     #[arg(long, default_value_t = 60.0)]
     pub commit_interval: f64,
-    /// Parallel store writers (compression threads); default 1 on cpu, 8 on cuda.
+    /// Parallel store writers (compression threads); default 1 on cpu, all spare cores on cuda.
     #[arg(long)]
     pub writers: Option<usize>,
     /// Captured batches that may queue for the writers before the forward waits.
@@ -92,9 +92,12 @@ pub async fn run(a: Args) -> anyhow::Result<ExitCode> {
     opts.resume = a.resume;
     opts.commit_every = a.commit_every;
     opts.commit_interval = Duration::from_secs_f64(a.commit_interval);
+    // On GPUs compression must keep up with the forward: every core but the ones running the
+    // ranks and the splitter writes.
+    let cores = std::thread::available_parallelism().map_or(4, |n| n.get());
     opts.writers = a.writers.unwrap_or(match a.device {
         DeviceKind::Cpu => 1,
-        DeviceKind::Cuda => 8,
+        DeviceKind::Cuda => cores.saturating_sub(a.tp + 1).max(1),
     });
     opts.queue_depth = a.queue_depth;
     opts.writer_options = WriterOptions {
