@@ -31,6 +31,10 @@ enum Command {
     Cp(cmd::cp::Args),
     /// Write one sample's arrays as .npy files.
     Export(cmd::export::Args),
+    /// Run SQL over a dataset version (interactive prompt when no query is given).
+    Sql(cmd::sql::Args),
+    /// Serve datasets read-only over Arrow Flight SQL, with bearer-token authentication.
+    ServeSql(cmd::serve_sql::Args),
     /// Benchmarks.
     #[command(subcommand)]
     Bench(cmd::bench::Bench),
@@ -64,6 +68,8 @@ fn main() -> std::process::ExitCode {
             Command::Vacuum(a) => cmd::vacuum::run(a).await,
             Command::Cp(a) => cmd::cp::run(a).await,
             Command::Export(a) => cmd::export::run(a).await,
+            Command::Sql(a) => cmd::sql::run(a).await,
+            Command::ServeSql(a) => cmd::serve_sql::run(a).await,
             Command::Bench(b) => cmd::bench::run(b).await,
         }
     });

@@ -5,6 +5,8 @@ pub mod cp;
 pub mod export;
 pub mod info;
 pub mod ls;
+pub mod serve_sql;
+pub mod sql;
 pub mod synth;
 pub mod vacuum;
 pub mod verify;

@@ -1,0 +1,195 @@
+"""SQL over hslake datasets from outside: tensor functions checked against numpy on data read
+with pyarrow alone, and the Flight SQL server through a real client (adbc-driver-flightsql)."""
+import json
+import os
+import pathlib
+import socket
+import subprocess
+import time
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+HSLAKE = pathlib.Path(os.environ.get("HSLAKE_BIN", ROOT / "target" / "debug" / "hslake"))
+
+
+def synth(path, seed, samples=24):
+    url = f"file://{path}"
+    subprocess.run(
+        [str(HSLAKE), "synth", url, "--samples", str(samples), "--seq-len", "2:12",
+         "--hidden", "16", "--layers", "2,30", "--seed", str(seed)],
+        check=True, capture_output=True,
+    )
+    return url
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory):
+    path = tmp_path_factory.mktemp("query") / "ds"
+    return synth(path, seed=5), path
+
+
+def sql(url, query, fmt="json"):
+    r = subprocess.run([str(HSLAKE), "sql", url, query, "--format", fmt], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    return [json.loads(line) for line in r.stdout.splitlines() if line.strip()]
+
+
+def unsplit(buf, dtype, hidden):
+    """Rebuild a [tokens, hidden] float64 array from one byte-split value, numpy only."""
+    size = {"bf16": 2, "f16": 2, "f32": 4, "fp8_e4m3": 1}[dtype]
+    raw = np.frombuffer(buf, dtype=np.uint8)
+    n = raw.size // size
+    le = np.ascontiguousarray(raw.reshape(size, n).T).reshape(-1)
+    if dtype == "bf16":
+        vals = (le.view("<u2").astype(np.uint32) << 16).view(np.float32)
+    elif dtype == "f16":
+        vals = le.view("<f2").astype(np.float32)
+    elif dtype == "f32":
+        vals = le.view("<f4")
+    else:
+        pytest.skip("fp8 reference decoding is covered by the Rust tests")
+    return vals.astype(np.float64).reshape(-1, hidden)
+
+
+def read_tensors(path):
+    """sample_id -> {column: array} for the newest version, through the manifest and pyarrow."""
+    versions = sorted((path / "_hslake" / "versions").glob("*.json"))
+    manifest = json.loads(versions[-1].read_text())
+    out = {}
+    for shard in manifest["shards"]:
+        table = pq.read_table(path / shard["path"])
+        metas = {f.name: json.loads(f.metadata[b"hslake.tensor"]) for f in table.schema
+                 if f.metadata and b"hslake.tensor" in f.metadata and f.name in ("layer_2", "layer_30")}
+        cols = table.to_pydict()
+        for i, sid in enumerate(cols["sample_id"]):
+            out[sid] = {c: unsplit(cols[c][i], m["dtype"], m["shape"][1]) for c, m in metas.items()}
+    return out
+
+
+def finite(a):
+    return np.where(np.isfinite(a), a, 0.0)
+
+
+def test_tensor_functions_equal_numpy_on_the_same_data(dataset):
+    url, path = dataset
+    ref = read_tensors(path)
+    rows = sql(url, """SELECT sample_id, tensor_shape(layer_30) AS shape, tensor_norm(layer_30) AS norm,
+        tensor_max_abs(layer_30) AS max_abs, tensor_mean(layer_30) AS mean, tensor_std(layer_30) AS std,
+        nan_count(layer_30) AS nans, inf_count(layer_30) AS infs, token_norms(layer_2) AS token_norms,
+        cosine_similarity(layer_2, layer_30) AS cos, token_vector(layer_2, 1) AS t1
+        FROM samples ORDER BY sample_id""")
+    assert len(rows) == len(ref) > 0
+    for r in rows:
+        a, b = ref[r["sample_id"]]["layer_2"], ref[r["sample_id"]]["layer_30"]
+        assert r["shape"] == list(b.shape)
+        np.testing.assert_allclose(r["norm"], np.linalg.norm(finite(b), axis=1).mean(), rtol=1e-9)
+        np.testing.assert_allclose(r["max_abs"], np.abs(b[np.isfinite(b)]).max(), rtol=1e-12)
+        np.testing.assert_allclose(r["mean"], np.nanmean(b), rtol=1e-9, atol=1e-12)
+        np.testing.assert_allclose(r["std"], np.nanstd(b), rtol=1e-9)
+        assert r["nans"] == int(np.isnan(b).sum()) and r["infs"] == int(np.isinf(b).sum())
+        np.testing.assert_allclose(r["token_norms"], np.linalg.norm(finite(a), axis=1), rtol=1e-9)
+        cos = (a * b).sum(1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
+        np.testing.assert_allclose(r["cos"], cos.mean(), rtol=1e-9)
+        # float32 values print in their shortest form, so compare as float32 (bit-exact).
+        np.testing.assert_array_equal(np.array(r["t1"], dtype=np.float32), a[1].astype(np.float32))
+
+
+def test_sql_cli_output_formats_and_errors(dataset, tmp_path):
+    url, _ = dataset
+    csv = subprocess.run([str(HSLAKE), "sql", url, "SELECT count(*) AS n FROM samples", "--format", "csv"],
+                         capture_output=True, text=True, check=True).stdout
+    assert csv.splitlines() == ["n", "24"]
+    out = tmp_path / "r.parquet"
+    subprocess.run([str(HSLAKE), "sql", url, "SELECT sample_id, layer_2 FROM samples", "--format", "parquet",
+                    "--output", str(out)], check=True, capture_output=True)
+    t = pq.read_table(out)
+    assert t.num_rows == 24 and b"hslake.tensor" in t.schema.field("layer_2").metadata
+    bad = subprocess.run([str(HSLAKE), "sql", url, "SELECT tensor_norm(seq_len) FROM samples"],
+                         capture_output=True, text=True)
+    assert bad.returncode != 0
+    assert "tensor_norm: argument 1 (seq_len) is UInt32; expected a tensor column" in bad.stderr
+
+
+def test_interactive_prompt_runs_statements_and_survives_errors(dataset):
+    url, _ = dataset
+    r = subprocess.run([str(HSLAKE), "sql", url, "--format", "csv"], capture_output=True, text=True,
+                       input="SELECT count(*) AS n\nFROM samples;\nSELECT nope FROM samples;\nSELECT 2 AS two;\n")
+    assert r.stdout.splitlines() == ["n", "24", "two", "2"]
+    assert "nope" in r.stderr
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server(dataset, tmp_path_factory):
+    url, _ = dataset
+    other = synth(tmp_path_factory.mktemp("query2") / "ds", seed=9, samples=7)
+    token_file = tmp_path_factory.mktemp("tok") / "token"
+    token_file.write_text("t0ken-for-tests\n")
+    port = free_port()
+    proc = subprocess.Popen([str(HSLAKE), "serve-sql", "--bind", f"127.0.0.1:{port}", "--dataset", f"main={url}",
+                             "--dataset", f"small={other}", "--token-file", str(token_file)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    deadline = time.time() + 30
+    while time.time() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+            break
+        except OSError:
+            assert proc.poll() is None, proc.stdout.read().decode()
+            time.sleep(0.1)
+    yield f"grpc://127.0.0.1:{port}", "t0ken-for-tests"
+    proc.terminate()
+    proc.wait(timeout=10)
+
+
+def connect(uri, token):
+    import adbc_driver_flightsql.dbapi as flight_sql
+    from adbc_driver_flightsql import DatabaseOptions
+    return flight_sql.connect(uri, db_kwargs={DatabaseOptions.AUTHORIZATION_HEADER.value: f"Bearer {token}"})
+
+
+def query(conn, q):
+    with conn.cursor() as cur:
+        cur.execute(q)
+        return cur.fetch_arrow_table()
+
+
+def test_flight_sql_client_gets_an_arrow_table(server, dataset):
+    uri, token = server
+    with connect(uri, token) as conn:
+        t = query(conn, "SELECT sample_id, seq_len, tensor_norm(layer_30) AS norm FROM main.samples ORDER BY sample_id")
+        assert t.num_rows == 24 and t.column_names == ["sample_id", "seq_len", "norm"]
+        local = sql(dataset[0], "SELECT tensor_norm(layer_30) AS norm FROM samples ORDER BY sample_id")
+        assert t.column("norm").to_pylist() == [r["norm"] for r in local]
+        n = query(conn, "SELECT (SELECT count(*) FROM main.samples) AS a, (SELECT count(*) FROM small.samples) AS b")
+        assert n.to_pylist() == [{"a": 24, "b": 7}]
+
+
+def test_flight_sql_rejects_a_wrong_token(server):
+    uri, _ = server
+    with pytest.raises(Exception, match="(?i)unauthenticated|invalid bearer token"):
+        with connect(uri, "not-the-token") as conn:
+            query(conn, "SELECT 1")
+
+
+def test_flight_sql_refuses_writes_and_reports_errors_then_keeps_serving(server):
+    uri, token = server
+    with connect(uri, token) as conn:
+        for bad, message in [
+            ("CREATE TABLE t AS SELECT * FROM main.samples", "read-only"),
+            ("INSERT INTO main.samples SELECT * FROM main.samples", "read-only"),
+            ("SELEC 1", "(?i)sql parser error|expected"),
+            ("SELECT no_such_column FROM main.samples", "no_such_column"),
+            ("SELECT tensor_norm(seq_len) FROM main.samples", "tensor_norm: argument 1 \\(seq_len\\) is UInt32"),
+        ]:
+            with pytest.raises(Exception, match=message):
+                query(conn, bad)
+        assert query(conn, "SELECT count(*) AS n FROM main.samples").to_pylist() == [{"n": 24}]
