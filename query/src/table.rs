@@ -451,4 +451,49 @@ mod tests {
         )
         .contains("| 9 |"));
     }
+
+    /// moto creates a bucket on an unsigned `PUT /<bucket>`.
+    fn create_bucket(endpoint: &str, bucket: &str) {
+        use std::io::{Read, Write};
+        let host = endpoint.trim_start_matches("http://").trim_end_matches('/');
+        let mut s = std::net::TcpStream::connect(host).unwrap();
+        write!(s, "PUT /{bucket} HTTP/1.1\r\nHost: {host}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n").unwrap();
+        let mut resp = String::new();
+        let _ = s.read_to_string(&mut resp);
+        assert!(
+            resp.starts_with("HTTP/1.1 200") || resp.contains("BucketAlready"),
+            "creating bucket: {resp}"
+        );
+    }
+
+    #[tokio::test]
+    async fn queries_a_dataset_on_s3_reading_no_tensor_bytes_for_metadata() {
+        let Ok(endpoint) = std::env::var("HSLAKE_TEST_S3_ENDPOINT") else {
+            eprintln!(
+                "skipped: HSLAKE_TEST_S3_ENDPOINT is not set (scripts/test.sh starts an S3 server)"
+            );
+            return;
+        };
+        create_bucket(&endpoint, "hslake-query-test");
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos();
+        let url = format!("s3://hslake-query-test/ds-{nanos}");
+        testdata::write(&url, DType::Bf16, 12, 2).await;
+        let session = QuerySession::open(&url, None).await.unwrap();
+        let chunks = tensor_chunks(&session, None).await;
+        let counter = session.datasets()[0].counter.clone();
+        counter.record_ranges();
+        let b = session
+            .query("SELECT sample_id FROM samples WHERE layer_30_nan_count > 0")
+            .await
+            .unwrap();
+        let text = datafusion::arrow::util::pretty::pretty_format_batches(&b)
+            .unwrap()
+            .to_string();
+        assert!(text.contains("| 3         |"), "{text}");
+        assert_eq!(touches(&counter.ranges(), &chunks), 0);
+        assert!(counter.bytes_read() > 0);
+    }
 }
