@@ -18,7 +18,11 @@ pub struct StoreArgs {
     /// Take samples from this dataset (e.g. real captured activations) instead of synthesising.
     #[arg(long)]
     pub from: Option<String>,
-    /// Samples to synthesise (or at most to take from --from).
+    /// Take samples from a directory of `layer_<i>.npy` (bf16 bits, [N, T, H]) and
+    /// `input_ids.npy` ([N, T]), as scripts/real_activations.py writes them.
+    #[arg(long, conflicts_with = "from")]
+    pub from_npy: Option<std::path::PathBuf>,
+    /// Samples to synthesise (or at most to take from --from / --from-npy).
     #[arg(long, default_value_t = 200)]
     pub samples: usize,
     /// Synthetic sequence lengths MIN:MAX.
@@ -59,6 +63,9 @@ async fn load_samples(a: &StoreArgs) -> Result<(DatasetSchema, Vec<Sample>)> {
         }
         return Ok((r.schema().clone(), out));
     }
+    if let Some(dir) = &a.from_npy {
+        return samples_from_npy(dir, a.samples);
+    }
     let seq = super::synth::parse_range(&a.seq_len)?;
     let dtype: DType = a.dtype.parse()?;
     let points = a
@@ -83,6 +90,44 @@ async fn load_samples(a: &StoreArgs) -> Result<(DatasetSchema, Vec<Sample>)> {
     ))
 }
 
+fn samples_from_npy(dir: &std::path::Path, limit: usize) -> Result<(DatasetSchema, Vec<Sample>)> {
+    let (_, ishape, ids) = super::npy::read_npy(&dir.join("input_ids.npy"))?;
+    let [n, t] = ishape[..] else { anyhow::bail!("input_ids.npy: expected [N, T], got {ishape:?}") };
+    let mut layers: Vec<u32> = std::fs::read_dir(dir)?
+        .filter_map(|e| e.ok()?.file_name().to_str()?.strip_prefix("layer_")?.strip_suffix(".npy")?.parse().ok())
+        .collect();
+    layers.sort_unstable();
+    let mut tensors = vec![];
+    let mut hidden = 0;
+    for l in &layers {
+        let (descr, shape, data) = super::npy::read_npy(&dir.join(format!("layer_{l}.npy")))?;
+        anyhow::ensure!(descr == "<u2" && shape.len() == 3 && shape[..2] == [n, t], "layer_{l}.npy: expected <u2 [{n}, {t}, H]");
+        hidden = shape[2];
+        tensors.push(data);
+    }
+    let points = layers.iter().map(|&l| CapturePoint::LayerOutput(l)).collect();
+    let top = layers.iter().max().map_or(1, |m| *m as usize + 2);
+    let schema = DatasetSchema::new("real activations", "LlamaForCausalLM", hidden, top, 1 << 20, DType::Bf16, points)?;
+    let per = t * hidden * 2;
+    let samples = (0..n.min(limit))
+        .map(|i| Sample {
+            sample_id: i as u64,
+            input_ids: ids[i * t * 4..(i + 1) * t * 4].chunks_exact(4).map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect(),
+            loss_mask: vec![1; t],
+            tensors: tensors
+                .iter()
+                .map(|d| hslake_schemas::TensorData {
+                    dtype: DType::Bf16,
+                    shape: vec![t, hidden],
+                    data: d[i * per..(i + 1) * per].to_vec(),
+                    scales: None,
+                })
+                .collect(),
+        })
+        .collect();
+    Ok((schema, samples))
+}
+
 /// Run a benchmark.
 pub async fn run(b: Bench) -> Result<std::process::ExitCode> {
     let Bench::Store(a) = b;
@@ -96,7 +141,8 @@ pub async fn run(b: Bench) -> Result<std::process::ExitCode> {
         .join(format!("bench-{}", std::process::id()));
     let url = format!("file://{}", dir.display());
     tracing::info!(samples = samples.len(), hidden = schema.hidden_size, dtype = %schema.dtype, "benchmarking the shard format");
-    let st = bench_store(&url, schema.clone(), &samples, a.zstd_level).await?;
+    let opts = hslake_store::WriterOptions { zstd_level: a.zstd_level, ..Default::default() };
+    let st = bench_store(&url, schema.clone(), &samples, opts).await?;
     let layouts = tokio::task::block_in_place(|| bench_layouts(&schema, &samples, a.zstd_level))?;
     let _ = std::fs::remove_dir_all(&dir);
     if a.json {

@@ -1,10 +1,11 @@
 //! `hslake export`: one sample's arrays as `.npy` files, for inspection with numpy.
-use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 use hslake_schemas::DType;
 use hslake_store::{Dataset, DatasetReader};
+
+use super::npy::write_npy;
 
 /// Arguments of `hslake export`.
 #[derive(clap::Args)]
@@ -20,34 +21,6 @@ pub struct Args {
     /// Version (default: newest).
     #[arg(long)]
     pub version: Option<u64>,
-}
-
-/// Write a 1-D or 2-D little-endian array as a version-1.0 `.npy` file.
-fn write_npy(path: &Path, descr: &str, shape: &[usize], data: &[u8]) -> Result<()> {
-    let dims = match shape {
-        [n] => format!("({n},)"),
-        _ => format!(
-            "({})",
-            shape
-                .iter()
-                .map(|d| d.to_string())
-                .collect::<Vec<_>>()
-                .join(", ")
-        ),
-    };
-    let mut header = format!("{{'descr': '{descr}', 'fortran_order': False, 'shape': {dims}, }}");
-    // The header is padded with spaces so that the data starts on a 64-byte boundary.
-    while (10 + header.len() + 1) % 64 != 0 {
-        header.push(' ');
-    }
-    header.push('\n');
-    let mut f =
-        std::fs::File::create(path).with_context(|| format!("create {}", path.display()))?;
-    f.write_all(b"\x93NUMPY\x01\x00")?;
-    f.write_all(&(header.len() as u16).to_le_bytes())?;
-    f.write_all(header.as_bytes())?;
-    f.write_all(data)?;
-    Ok(())
 }
 
 /// Run `hslake export`.

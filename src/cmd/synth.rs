@@ -48,7 +48,7 @@ pub struct Args {
     #[arg(long, default_value_t = 256)]
     pub shard_mb: u64,
     /// Row-group size target in MiB of raw tensor bytes.
-    #[arg(long, default_value_t = 32)]
+    #[arg(long, default_value_t = 8)]
     pub row_group_mb: u64,
     /// Commit every N samples (0: once at the end).
     #[arg(long, default_value_t = 0)]

@@ -1,6 +1,7 @@
 //! `cargo bench -p hslake-store`: the shard-format benchmark in a release build, on synthetic
 //! activations (or on a dataset named by HSLAKE_BENCH_FROM, e.g. real captured states).
-//! Knobs: HSLAKE_BENCH_SAMPLES, HSLAKE_BENCH_HIDDEN, HSLAKE_BENCH_SEQ (MIN:MAX), HSLAKE_BENCH_LEVEL.
+//! Knobs: HSLAKE_BENCH_SAMPLES, HSLAKE_BENCH_HIDDEN, HSLAKE_BENCH_SEQ (MIN:MAX), HSLAKE_BENCH_LEVEL,
+//! HSLAKE_BENCH_ROW_GROUP_MB.
 use futures::TryStreamExt;
 use hslake_schemas::{CapturePoint, DType, DatasetSchema, Sample};
 use hslake_store::bench::{bench_layouts, bench_store};
@@ -38,7 +39,12 @@ fn main() {
     let (schema, samples) = rt.block_on(samples());
     let dir = tempfile::tempdir().unwrap();
     let url = format!("file://{}/bench", dir.path().display());
-    let st = rt.block_on(bench_store(&url, schema.clone(), &samples, level)).unwrap();
+    let opts = hslake_store::WriterOptions {
+        zstd_level: level,
+        row_group_target_bytes: env("HSLAKE_BENCH_ROW_GROUP_MB", 8u64) << 20,
+        ..Default::default()
+    };
+    let st = rt.block_on(bench_store(&url, schema.clone(), &samples, opts)).unwrap();
     let layouts = bench_layouts(&schema, &samples, level).unwrap();
     println!("{}", serde_json::to_string_pretty(&serde_json::json!({"store": st, "layouts": layouts})).unwrap());
 }

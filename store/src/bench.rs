@@ -79,7 +79,7 @@ pub async fn bench_store(
     url: &str,
     schema: DatasetSchema,
     samples: &[Sample],
-    zstd_level: i32,
+    opts: WriterOptions,
 ) -> Result<StoreBench> {
     let ds = Dataset::create(
         url,
@@ -90,10 +90,6 @@ pub async fn bench_store(
         },
     )
     .await?;
-    let opts = WriterOptions {
-        zstd_level,
-        ..Default::default()
-    };
     let mut w = DatasetWriter::new(&ds, opts).await?;
     let clock = Clock::start();
     for s in samples {

@@ -35,7 +35,7 @@ impl Default for WriterOptions {
     fn default() -> Self {
         WriterOptions {
             shard_target_bytes: 256 << 20,
-            row_group_target_bytes: 32 << 20,
+            row_group_target_bytes: 8 << 20,
             zstd_level: 1,
             finite_policy: FinitePolicy::Error,
         }
