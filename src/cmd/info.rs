@@ -1,5 +1,11 @@
 //! `hslake info`: what a dataset holds.
-use anyhow::Result;
+use anyhow::{Context, Result};
+use arrow::compute::cast;
+use arrow::datatypes::DataType;
+use arrow_array::cast::AsArray;
+use arrow_array::types::Float64Type;
+use hslake_query::QuerySession;
+use hslake_schemas::{stat_column, StatKind};
 use hslake_store::{Dataset, Manifest};
 use serde_json::json;
 
@@ -47,16 +53,54 @@ pub fn describe(url: &str, versions: &[u64], m: &Manifest) -> serde_json::Value 
     })
 }
 
+/// Per capture point: mean token norm, max |x|, NaN and Inf counts over the version, computed
+/// with SQL over the statistics columns (no tensor bytes are read).
+async fn layer_stats(url: &str, m: &Manifest) -> Result<Vec<serde_json::Value>> {
+    if m.num_samples() == 0 {
+        return Ok(vec![]);
+    }
+    let session = QuerySession::open(url, Some(m.version)).await?;
+    let mut out = vec![];
+    for p in &m.schema.points {
+        let sql = format!(
+            "SELECT avg({}), max({}), sum({}), sum({}) FROM samples",
+            stat_column(*p, StatKind::Norm),
+            stat_column(*p, StatKind::MaxAbs),
+            stat_column(*p, StatKind::NanCount),
+            stat_column(*p, StatKind::InfCount)
+        );
+        let batches = session
+            .query(&sql)
+            .await
+            .with_context(|| format!("statistics of {}", p.column()))?;
+        let b = batches
+            .first()
+            .context("statistics query returned no batch")?;
+        let v = |i: usize| -> Result<f64> {
+            let c = cast(b.column(i), &DataType::Float64)?;
+            Ok(c.as_primitive::<Float64Type>().value(0))
+        };
+        out.push(json!({
+            "point": p.column(),
+            "mean_token_norm": v(0)?,
+            "max_abs": v(1)?,
+            "nan_count": v(2)? as u64,
+            "inf_count": v(3)? as u64,
+        }));
+    }
+    Ok(out)
+}
+
 /// Run `hslake info`.
 pub async fn run(a: Args) -> Result<std::process::ExitCode> {
     let ds = Dataset::open(&a.url).await?;
     let versions = ds.versions().await?;
     let m = ds.manifest(a.version).await?;
+    let stats = layer_stats(ds.url(), &m).await?;
     if a.json {
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&describe(ds.url(), &versions, &m))?
-        );
+        let mut d = describe(ds.url(), &versions, &m);
+        d["layer_stats"] = json!(stats);
+        println!("{}", serde_json::to_string_pretty(&d)?);
         return Ok(std::process::ExitCode::SUCCESS);
     }
     let s = &m.schema;
@@ -102,6 +146,16 @@ pub async fn run(a: Args) -> Result<std::process::ExitCode> {
         println!(
             "compression  {:.3}x",
             m.raw_bytes() as f64 / m.bytes() as f64
+        );
+    }
+    for st in &stats {
+        println!(
+            "statistics   {}: mean token norm {:.3}, max |x| {}, NaN {}, Inf {}",
+            st["point"].as_str().unwrap_or_default(),
+            st["mean_token_norm"].as_f64().unwrap_or_default(),
+            st["max_abs"].as_f64().unwrap_or_default(),
+            st["nan_count"],
+            st["inf_count"]
         );
     }
     for (k, v) in &m.properties {
