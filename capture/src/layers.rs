@@ -83,7 +83,9 @@ impl Rotary {
                 smoothed.f_where_self(&medium, &llama)?
             }
         };
-        Ok(Rotary { inv_freq: inv_freq.f_to_device(device)? })
+        Ok(Rotary {
+            inv_freq: inv_freq.f_to_device(device)?,
+        })
     }
 
     /// `(cos, sin)`, each `[1, 1, t, head_dim]` in `kind`, for positions `0..t`.

@@ -51,7 +51,11 @@ pub fn tensor_stats(t: &TensorData) -> TensorStats {
         }
         norm_sum += sq.sqrt();
     }
-    st.mean_norm = if tokens > 0 { (norm_sum / tokens as f64) as f32 } else { 0.0 };
+    st.mean_norm = if tokens > 0 {
+        (norm_sum / tokens as f64) as f32
+    } else {
+        0.0
+    };
     st
 }
 

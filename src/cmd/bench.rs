@@ -92,27 +92,54 @@ async fn load_samples(a: &StoreArgs) -> Result<(DatasetSchema, Vec<Sample>)> {
 
 fn samples_from_npy(dir: &std::path::Path, limit: usize) -> Result<(DatasetSchema, Vec<Sample>)> {
     let (_, ishape, ids) = super::npy::read_npy(&dir.join("input_ids.npy"))?;
-    let [n, t] = ishape[..] else { anyhow::bail!("input_ids.npy: expected [N, T], got {ishape:?}") };
+    let [n, t] = ishape[..] else {
+        anyhow::bail!("input_ids.npy: expected [N, T], got {ishape:?}")
+    };
     let mut layers: Vec<u32> = std::fs::read_dir(dir)?
-        .filter_map(|e| e.ok()?.file_name().to_str()?.strip_prefix("layer_")?.strip_suffix(".npy")?.parse().ok())
+        .filter_map(|e| {
+            e.ok()?
+                .file_name()
+                .to_str()?
+                .strip_prefix("layer_")?
+                .strip_suffix(".npy")?
+                .parse()
+                .ok()
+        })
         .collect();
     layers.sort_unstable();
     let mut tensors = vec![];
     let mut hidden = 0;
     for l in &layers {
         let (descr, shape, data) = super::npy::read_npy(&dir.join(format!("layer_{l}.npy")))?;
-        anyhow::ensure!(descr == "<u2" && shape.len() == 3 && shape[..2] == [n, t], "layer_{l}.npy: expected <u2 [{n}, {t}, H]");
+        anyhow::ensure!(
+            descr == "<u2" && shape.len() == 3 && shape[..2] == [n, t],
+            "layer_{l}.npy: expected <u2 [{n}, {t}, H]"
+        );
         hidden = shape[2];
         tensors.push(data);
     }
-    let points = layers.iter().map(|&l| CapturePoint::LayerOutput(l)).collect();
+    let points = layers
+        .iter()
+        .map(|&l| CapturePoint::LayerOutput(l))
+        .collect();
     let top = layers.iter().max().map_or(1, |m| *m as usize + 2);
-    let schema = DatasetSchema::new("real activations", "LlamaForCausalLM", hidden, top, 1 << 20, DType::Bf16, points)?;
+    let schema = DatasetSchema::new(
+        "real activations",
+        "LlamaForCausalLM",
+        hidden,
+        top,
+        1 << 20,
+        DType::Bf16,
+        points,
+    )?;
     let per = t * hidden * 2;
     let samples = (0..n.min(limit))
         .map(|i| Sample {
             sample_id: i as u64,
-            input_ids: ids[i * t * 4..(i + 1) * t * 4].chunks_exact(4).map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect(),
+            input_ids: ids[i * t * 4..(i + 1) * t * 4]
+                .chunks_exact(4)
+                .map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect(),
             loss_mask: vec![1; t],
             tensors: tensors
                 .iter()
@@ -141,7 +168,10 @@ pub async fn run(b: Bench) -> Result<std::process::ExitCode> {
         .join(format!("bench-{}", std::process::id()));
     let url = format!("file://{}", dir.display());
     tracing::info!(samples = samples.len(), hidden = schema.hidden_size, dtype = %schema.dtype, "benchmarking the shard format");
-    let opts = hslake_store::WriterOptions { zstd_level: a.zstd_level, ..Default::default() };
+    let opts = hslake_store::WriterOptions {
+        zstd_level: a.zstd_level,
+        ..Default::default()
+    };
     let st = bench_store(&url, schema.clone(), &samples, opts).await?;
     let layouts = tokio::task::block_in_place(|| bench_layouts(&schema, &samples, a.zstd_level))?;
     let _ = std::fs::remove_dir_all(&dir);

@@ -8,7 +8,14 @@ use anyhow::{bail, Context, Result};
 pub fn write_npy(path: &Path, descr: &str, shape: &[usize], data: &[u8]) -> Result<()> {
     let dims = match shape {
         [n] => format!("({n},)"),
-        _ => format!("({})", shape.iter().map(|d| d.to_string()).collect::<Vec<_>>().join(", ")),
+        _ => format!(
+            "({})",
+            shape
+                .iter()
+                .map(|d| d.to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
     };
     let mut header = format!("{{'descr': '{descr}', 'fortran_order': False, 'shape': {dims}, }}");
     // The header is padded with spaces so that the data starts on a 64-byte boundary.
@@ -16,7 +23,8 @@ pub fn write_npy(path: &Path, descr: &str, shape: &[usize], data: &[u8]) -> Resu
         header.push(' ');
     }
     header.push('\n');
-    let mut f = std::fs::File::create(path).with_context(|| format!("create {}", path.display()))?;
+    let mut f =
+        std::fs::File::create(path).with_context(|| format!("create {}", path.display()))?;
     f.write_all(b"\x93NUMPY\x01\x00")?;
     f.write_all(&(header.len() as u16).to_le_bytes())?;
     f.write_all(header.as_bytes())?;
@@ -33,24 +41,37 @@ pub fn read_npy(path: &Path) -> Result<(String, Vec<usize>, Vec<u8>)> {
     let (hlen, start) = match b[6] {
         1 => (u16::from_le_bytes([b[8], b[9]]) as usize, 10),
         2 | 3 => (u32::from_le_bytes([b[8], b[9], b[10], b[11]]) as usize, 12),
-        v => bail!("{}: .npy format version {v} is not supported", path.display()),
+        v => bail!(
+            "{}: .npy format version {v} is not supported",
+            path.display()
+        ),
     };
     let header = std::str::from_utf8(b.get(start..start + hlen).context("truncated header")?)?;
     let field = |key: &str| -> Result<&str> {
-        let i = header.find(key).with_context(|| format!("{}: header has no {key}", path.display()))?;
+        let i = header
+            .find(key)
+            .with_context(|| format!("{}: header has no {key}", path.display()))?;
         Ok(header[i + key.len()..].trim_start_matches([':', ' ', '\'']))
     };
     if field("'fortran_order'")?.starts_with("True") {
         bail!("{}: Fortran-order arrays are not supported", path.display());
     }
-    let descr = field("'descr'")?.split('\'').next().unwrap_or_default().to_string();
+    let descr = field("'descr'")?
+        .split('\'')
+        .next()
+        .unwrap_or_default()
+        .to_string();
     let shape_txt = field("'shape'")?;
-    let shape_txt = &shape_txt[shape_txt.find('(').context("shape")? + 1..shape_txt.find(')').context("shape")?];
+    let shape_txt = &shape_txt
+        [shape_txt.find('(').context("shape")? + 1..shape_txt.find(')').context("shape")?];
     let shape = shape_txt
         .split(',')
         .map(str::trim)
         .filter(|s| !s.is_empty())
-        .map(|s| s.parse::<usize>().with_context(|| format!("{}: bad shape", path.display())))
+        .map(|s| {
+            s.parse::<usize>()
+                .with_context(|| format!("{}: bad shape", path.display()))
+        })
         .collect::<Result<Vec<_>>>()?;
     Ok((descr, shape, b[start + hlen..].to_vec()))
 }

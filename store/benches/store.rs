@@ -9,13 +9,18 @@ use hslake_store::synth::SynthModel;
 use hslake_store::{Dataset, DatasetReader};
 
 fn env<T: std::str::FromStr>(k: &str, d: T) -> T {
-    std::env::var(k).ok().and_then(|v| v.parse().ok()).unwrap_or(d)
+    std::env::var(k)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(d)
 }
 
 async fn samples() -> (DatasetSchema, Vec<Sample>) {
     let n: usize = env("HSLAKE_BENCH_SAMPLES", 200);
     if let Ok(url) = std::env::var("HSLAKE_BENCH_FROM") {
-        let r = DatasetReader::open(&Dataset::open(&url).await.expect("open"), None).await.expect("reader");
+        let r = DatasetReader::open(&Dataset::open(&url).await.expect("open"), None)
+            .await
+            .expect("reader");
         let mut out = vec![];
         let mut scan = r.scan(None);
         while let Some(b) = scan.try_next().await.expect("scan") {
@@ -26,15 +31,25 @@ async fn samples() -> (DatasetSchema, Vec<Sample>) {
     }
     let h: usize = env("HSLAKE_BENCH_HIDDEN", 1024);
     let seq: String = env("HSLAKE_BENCH_SEQ", "256:1024".to_string());
-    let (lo, hi) = seq.split_once(':').map(|(a, b)| (a.parse().unwrap(), b.parse().unwrap())).unwrap();
+    let (lo, hi) = seq
+        .split_once(':')
+        .map(|(a, b)| (a.parse().unwrap(), b.parse().unwrap()))
+        .unwrap();
     let points = [2, 16, 29, 31].map(CapturePoint::LayerOutput).to_vec();
-    let schema = DatasetSchema::new("synthetic", "Synthetic", h, 32, 32000, DType::Bf16, points).unwrap();
+    let schema =
+        DatasetSchema::new("synthetic", "Synthetic", h, 32, 32000, DType::Bf16, points).unwrap();
     let gen = SynthModel::new(schema.clone(), (lo, hi), 0);
-    (schema.clone(), (0..n as u64).map(|i| gen.sample(i)).collect())
+    (
+        schema.clone(),
+        (0..n as u64).map(|i| gen.sample(i)).collect(),
+    )
 }
 
 fn main() {
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
     let level: i32 = env("HSLAKE_BENCH_LEVEL", 1);
     let (schema, samples) = rt.block_on(samples());
     let dir = tempfile::tempdir().unwrap();
@@ -44,7 +59,13 @@ fn main() {
         row_group_target_bytes: env("HSLAKE_BENCH_ROW_GROUP_MB", 8u64) << 20,
         ..Default::default()
     };
-    let st = rt.block_on(bench_store(&url, schema.clone(), &samples, opts)).unwrap();
+    let st = rt
+        .block_on(bench_store(&url, schema.clone(), &samples, opts))
+        .unwrap();
     let layouts = bench_layouts(&schema, &samples, level).unwrap();
-    println!("{}", serde_json::to_string_pretty(&serde_json::json!({"store": st, "layouts": layouts})).unwrap());
+    println!(
+        "{}",
+        serde_json::to_string_pretty(&serde_json::json!({"store": st, "layouts": layouts}))
+            .unwrap()
+    );
 }

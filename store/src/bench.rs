@@ -43,7 +43,10 @@ impl Clock {
     }
     /// (wall seconds, CPU seconds).
     fn stop(&self) -> (f64, f64) {
-        (self.0.elapsed().as_secs_f64(), (cpu_seconds() - self.1).max(0.01))
+        (
+            self.0.elapsed().as_secs_f64(),
+            (cpu_seconds() - self.1).max(0.01),
+        )
     }
 }
 
