@@ -34,6 +34,17 @@ use tonic::{Request, Response, Status, Streaming};
 
 use crate::{QueryError, QuerySession};
 
+/// A `do_get` response streaming one record batch (the catalog, schema and table listings).
+fn one_batch(
+    batch: datafusion::arrow::record_batch::RecordBatch,
+) -> Response<<HslakeFlightSql as FlightService>::DoGetStream> {
+    let stream = FlightDataEncoderBuilder::new()
+        .with_schema(batch.schema())
+        .build(futures::stream::iter([Ok(batch)]))
+        .map_err(Status::from);
+    Response::new(Box::pin(stream))
+}
+
 /// The Flight SQL service: a shared session and the accepted token.
 pub struct HslakeFlightSql {
     session: Arc<QuerySession>,
@@ -312,12 +323,7 @@ impl FlightSqlService for HslakeFlightSql {
         for c in self.session.context().catalog_names() {
             b.append(c);
         }
-        let batch = b.build().map_err(Status::from)?;
-        let stream = FlightDataEncoderBuilder::new()
-            .with_schema(batch.schema())
-            .build(futures::stream::iter([Ok(batch)]))
-            .map_err(Status::from);
-        Ok(Response::new(Box::pin(stream)))
+        Ok(one_batch(b.build().map_err(Status::from)?))
     }
 
     async fn get_flight_info_schemas(
@@ -350,12 +356,7 @@ impl FlightSqlService for HslakeFlightSql {
                 }
             }
         }
-        let batch = b.build().map_err(Status::from)?;
-        let stream = FlightDataEncoderBuilder::new()
-            .with_schema(batch.schema())
-            .build(futures::stream::iter([Ok(batch)]))
-            .map_err(Status::from);
-        Ok(Response::new(Box::pin(stream)))
+        Ok(one_batch(b.build().map_err(Status::from)?))
     }
 
     async fn get_flight_info_tables(
@@ -393,12 +394,7 @@ impl FlightSqlService for HslakeFlightSql {
                 }
             }
         }
-        let batch = b.build().map_err(Status::from)?;
-        let stream = FlightDataEncoderBuilder::new()
-            .with_schema(batch.schema())
-            .build(futures::stream::iter([Ok(batch)]))
-            .map_err(Status::from);
-        Ok(Response::new(Box::pin(stream)))
+        Ok(one_batch(b.build().map_err(Status::from)?))
     }
 
     async fn register_sql_info(&self, _id: i32, _result: &SqlInfo) {}
