@@ -78,7 +78,7 @@ def main():
         ms, read, out = hslake_query(url, q, a.runs)
         rows.append((name, "hslake", ms, read, out.replace("\n", " | ")))
         if q is not TENSOR:
-            # DuckDB cannot decode byte-split tensors, so only the metadata queries run there.
+            # DuckDB cannot decode plane_zstd tensors, so only the metadata queries run there.
             dms, res = duck_query(files, q, a.runs)
             rows.append((name, "duckdb", dms, None, str(res)))
     print(f"| query | engine | time (ms, best of {a.runs}) | bytes read | % of dataset | result |")

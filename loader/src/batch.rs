@@ -265,7 +265,6 @@ pub(crate) fn assemble(
             positions.set_i64(s + j, j as i64);
             documents.set_i64(s + j, i as i64);
         }
-        let full = g.seq_len(r);
         let row_bytes = k * h * es;
         for (j, col) in g.aux.iter().enumerate() {
             let dst = &mut aux.bytes_mut()[s * row_bytes + j * h * es..];
@@ -273,7 +272,6 @@ pub(crate) fn assemble(
                 col.values.value(r),
                 col.scales.as_ref().map(|c| c.value(r)),
                 spec.dtype,
-                full,
                 len,
                 h,
                 dst,
@@ -286,7 +284,6 @@ pub(crate) fn assemble(
             col.values.value(r),
             col.scales.as_ref().map(|c| c.value(r)),
             spec.dtype,
-            full,
             len,
             h,
             dst,
@@ -322,55 +319,34 @@ pub(crate) fn assemble(
     }
 }
 
-/// Write the first `tokens` token rows of a byte-split `[full, hidden]` value into `dst`,
-/// token rows `stride` bytes apart: the un-split and the strided copy (for the aux
-/// concatenation) in one pass, without an intermediate buffer.
+/// Write the first `tokens` token rows of a decoded `[full, hidden]` value into `dst`, token
+/// rows `stride` bytes apart (the aux concatenation); fp8 rows are dequantised to bf16 on the
+/// way.
 #[allow(clippy::too_many_arguments)]
 fn write_tokens(
-    split: &[u8],
+    values: &[u8],
     scales: Option<&[u8]>,
     dtype: DType,
-    full: usize,
     tokens: usize,
     hidden: usize,
     dst: &mut [u8],
     stride: usize,
 ) {
-    let n = full * hidden;
     match dtype {
-        DType::Bf16 | DType::F16 => {
-            let (lo, hi) = split.split_at(n);
-            for t in 0..tokens {
-                let src = t * hidden..(t + 1) * hidden;
-                let d = &mut dst[t * stride..t * stride + 2 * hidden];
-                for ((o, &a), &b) in d.chunks_exact_mut(2).zip(&lo[src.clone()]).zip(&hi[src]) {
-                    o[0] = a;
-                    o[1] = b;
-                }
-            }
-        }
-        DType::F32 => {
-            for t in 0..tokens {
-                let d = &mut dst[t * stride..t * stride + 4 * hidden];
-                for (x, o) in d.chunks_exact_mut(4).enumerate() {
-                    let i = t * hidden + x;
-                    o.copy_from_slice(&[
-                        split[i],
-                        split[n + i],
-                        split[2 * n + i],
-                        split[3 * n + i],
-                    ]);
-                }
+        DType::Bf16 | DType::F16 | DType::F32 => {
+            let row = hidden * dtype.size();
+            for (t, src) in values.chunks_exact(row).take(tokens).enumerate() {
+                dst[t * stride..t * stride + row].copy_from_slice(src);
             }
         }
         DType::Fp8E4m3 => {
             for t in 0..tokens {
                 let scale = scales.map_or(1.0, |s| {
-                    f32::from_le_bytes([s[t], s[full + t], s[2 * full + t], s[3 * full + t]])
+                    f32::from_le_bytes([s[4 * t], s[4 * t + 1], s[4 * t + 2], s[4 * t + 3]])
                 });
                 let d = &mut dst[t * stride..t * stride + 2 * hidden];
                 for (x, o) in d.chunks_exact_mut(2).enumerate() {
-                    let v = fp8_e4m3_to_f32(split[t * hidden + x]) * scale;
+                    let v = fp8_e4m3_to_f32(values[t * hidden + x]) * scale;
                     o.copy_from_slice(&f32_to_bf16_bits(v).to_le_bytes());
                 }
             }

@@ -1,13 +1,16 @@
-//! One row group as read from a shard, with only the columns the loader needs, checked once
-//! so that batch assembly can slice it without further checks.
+//! One row group as read from a shard, with only the columns the loader needs, checked and
+//! decoded once so that batch assembly can slice it without further checks.
 use arrow_array::cast::AsArray;
 use arrow_array::types::{Int32Type, UInt64Type, UInt8Type};
 use arrow_array::{Array, Int32Array, LargeBinaryArray, RecordBatch, UInt64Array, UInt8Array};
+use arrow_buffer::{Buffer, OffsetBuffer, ScalarBuffer};
 use hslake_schemas::{CapturePoint, DType};
+use hslake_store::planes::{self, PlaneError};
 
 use crate::LoaderError;
 
-/// A tensor column and, for fp8, its per-token scales.
+/// A tensor column decoded to plain little-endian `[tokens, hidden]` values per row and, for
+/// fp8, its per-token f32 scales, decoded the same way.
 #[derive(Debug, Clone)]
 pub(crate) struct TensorColumn {
     pub values: LargeBinaryArray,
@@ -148,29 +151,24 @@ pub(crate) fn from_batch(
                 "column {name:?} has a different row count than sample_id"
             )));
         }
-        for r in 0..values.len() {
-            let t = offsets[r + 1] - offsets[r];
-            let expected = t * hidden * dtype.size();
-            if values.value_length(r) as usize != expected {
-                return Err(bad(format!(
-                    "row {r} (sample {}) {}: {} bytes, expected {expected} for shape [{t}, {hidden}] of {dtype}",
+        let values = decode_rows(&values, &offsets, hidden, dtype.size(), |r, e| {
+            bad(format!(
+                "row {r} (sample {}) {}: {e} (shape [{}, {hidden}] of {dtype})",
+                sample_ids.value(r),
+                p.label(),
+                offsets[r + 1] - offsets[r],
+            ))
+        })?;
+        let scales = match scales {
+            Some(s) => Some(decode_rows(&s, &offsets, 1, 4, |r, e| {
+                bad(format!(
+                    "row {r} (sample {}) {} scales: {e} (one f32 per token)",
                     sample_ids.value(r),
                     p.label(),
-                    values.value_length(r)
-                )));
-            }
-            if let Some(s) = &scales {
-                if s.value_length(r) as usize != t * 4 {
-                    return Err(bad(format!(
-                        "row {r} (sample {}) {} scales: {} bytes, expected {} (one f32 per token)",
-                        sample_ids.value(r),
-                        p.label(),
-                        s.value_length(r),
-                        t * 4
-                    )));
-                }
-            }
-        }
+                ))
+            })?),
+            None => None,
+        };
         Ok(TensorColumn { values, scales })
     };
     let aux = aux
@@ -186,4 +184,27 @@ pub(crate) fn from_batch(
         aux,
         target,
     })
+}
+
+/// Decode every row of a stored tensor column (`width` elements of `size` bytes per token,
+/// tokens per row from `offsets`) into one plain little-endian array.
+fn decode_rows(
+    col: &LargeBinaryArray,
+    offsets: &[usize],
+    width: usize,
+    size: usize,
+    bad: impl Fn(usize, PlaneError) -> LoaderError,
+) -> Result<LargeBinaryArray, LoaderError> {
+    let row_bytes = width * size;
+    let mut decoded = vec![0u8; offsets.last().copied().unwrap_or(0) * row_bytes];
+    for r in 0..col.len() {
+        let dst = &mut decoded[offsets[r] * row_bytes..offsets[r + 1] * row_bytes];
+        planes::decode_into(col.value(r), size, dst).map_err(|e| bad(r, e))?;
+    }
+    let ends = offsets.iter().map(|&o| (o * row_bytes) as i64);
+    Ok(LargeBinaryArray::new(
+        OffsetBuffer::new(ScalarBuffer::from_iter(ends)),
+        Buffer::from_vec(decoded),
+        None,
+    ))
 }

@@ -490,7 +490,7 @@ fn write_synthetic(
         let mut w = DatasetWriter::new(&ds, opts).await?;
         let gen = SynthModel::new(schema.clone(), seq_len, seed);
         for id in first_id..first_id + samples {
-            let enc = encode_sample(&schema, FinitePolicy::Error, &gen.sample(id))?;
+            let enc = encode_sample(&schema, &opts, &gen.sample(id))?;
             w.append_encoded(enc).await?;
         }
         w.commit().await

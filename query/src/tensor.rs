@@ -1,10 +1,11 @@
-//! Decoding of stored tensor values (byte-split little-endian, `[tokens, hidden]`) and the
+//! Decoding of stored tensor values (`plane_zstd`, `[tokens, hidden]`) and the
 //! reductions behind the SQL tensor functions.
 //!
 //! Every reduction skips NaN and ±Inf elements, like the statistics columns written at capture
 //! time (`<point>_norm`, `<point>_max_abs`), so that `tensor_norm(layer_30)` equals
 //! `layer_30_norm` up to float rounding; `nan_count` / `inf_count` report what was skipped.
-use hslake_schemas::{bf16_bits_to_f32, fp8_e4m3_to_f32, DType, TensorFieldMeta};
+use hslake_schemas::{bf16_bits_to_f32, fp8_e4m3_to_f32, DType, TensorFieldMeta, TENSOR_ENCODING};
+use hslake_store::planes;
 
 /// What a tensor column holds, taken from its field's `hslake.tensor` metadata.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -18,9 +19,9 @@ pub struct TensorKind {
 impl TensorKind {
     /// The kind described by a field's tensor metadata, if its encoding is one this build reads.
     pub fn from_meta(meta: &TensorFieldMeta) -> Result<TensorKind, String> {
-        if meta.encoding != "byte_split" {
+        if meta.encoding != TENSOR_ENCODING {
             return Err(format!(
-                "encoding {:?} is not supported (expected \"byte_split\")",
+                "encoding {:?} is not supported (expected {TENSOR_ENCODING:?})",
                 meta.encoding
             ));
         }
@@ -44,64 +45,49 @@ impl TensorKind {
         })
     }
 
-    /// Number of token rows in a stored value of `len` bytes, or an error naming the mismatch.
-    pub fn tokens(&self, len: usize) -> Result<usize, String> {
-        let row = self.dtype.size() * self.hidden;
-        if !len.is_multiple_of(row) {
+    /// Number of token rows in a stored value, or an error naming the mismatch.
+    pub fn tokens(&self, value: &[u8]) -> Result<usize, String> {
+        let n = planes::element_count(value, self.dtype.size()).map_err(|e| e.to_string())?;
+        if !n.is_multiple_of(self.hidden) {
             return Err(format!(
-                "a value of {len} bytes is not a whole number of {} rows of {} bytes ({} x {})",
-                self.dtype,
-                row,
-                self.hidden,
-                self.dtype.size()
+                "a value of {n} {} elements is not a whole number of rows of {}",
+                self.dtype, self.hidden
             ));
         }
-        Ok(len / row)
+        Ok(n / self.hidden)
     }
 
-    /// Decode a byte-split value into f32, row-major `[tokens, hidden]`, into `out`.
-    pub fn decode_into(&self, split: &[u8], out: &mut Vec<f32>) {
-        let n = split.len() / self.dtype.size();
+    /// Decode a stored value into f32, row-major `[tokens, hidden]`, into `out`; returns the
+    /// number of tokens.
+    pub fn decode_into(&self, value: &[u8], out: &mut Vec<f32>) -> Result<usize, String> {
+        let tokens = self.tokens(value)?;
+        let raw = planes::decode(value, self.dtype.size()).map_err(|e| e.to_string())?;
         out.clear();
-        out.reserve(n);
+        out.reserve(tokens * self.hidden);
         match self.dtype {
-            DType::Bf16 => {
-                let (lo, hi) = split.split_at(n);
-                out.extend(
-                    lo.iter()
-                        .zip(hi)
-                        .map(|(&l, &h)| bf16_bits_to_f32(u16::from_le_bytes([l, h]))),
-                );
-            }
-            DType::F16 => {
-                let (lo, hi) = split.split_at(n);
-                out.extend(
-                    lo.iter()
-                        .zip(hi)
-                        .map(|(&l, &h)| half::f16::from_bits(u16::from_le_bytes([l, h])).to_f32()),
-                );
-            }
-            DType::F32 => {
-                let (b0, rest) = split.split_at(n);
-                let (b1, rest) = rest.split_at(n);
-                let (b2, b3) = rest.split_at(n);
-                out.extend((0..n).map(|i| f32::from_le_bytes([b0[i], b1[i], b2[i], b3[i]])));
-            }
-            DType::Fp8E4m3 => out.extend(split.iter().map(|&b| fp8_e4m3_to_f32(b))),
+            DType::Bf16 => out.extend(
+                raw.chunks_exact(2)
+                    .map(|c| bf16_bits_to_f32(u16::from_le_bytes([c[0], c[1]]))),
+            ),
+            DType::F16 => out.extend(
+                raw.chunks_exact(2)
+                    .map(|c| half::f16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32()),
+            ),
+            DType::F32 => out.extend(
+                raw.chunks_exact(4)
+                    .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])),
+            ),
+            DType::Fp8E4m3 => out.extend(raw.iter().map(|&b| fp8_e4m3_to_f32(b))),
         }
+        Ok(tokens)
     }
 }
 
-/// Byte-split little-endian f32 values (the inverse of [`TensorKind::decode_into`] for f32).
-pub fn encode_f32_split(values: &[f32]) -> Vec<u8> {
-    let n = values.len();
-    let mut out = vec![0u8; 4 * n];
-    for (i, v) in values.iter().enumerate() {
-        for (k, b) in v.to_le_bytes().into_iter().enumerate() {
-            out[k * n + i] = b;
-        }
-    }
-    out
+/// Encode f32 values as a stored f32 value (the inverse of [`TensorKind::decode_into`] for
+/// f32). zstd's fastest level: these are intermediate results, not stored data.
+pub fn encode_f32(values: &[f32]) -> Result<Vec<u8>, String> {
+    let raw: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+    planes::encode(&raw, 4, -5).map_err(|e| e.to_string())
 }
 
 /// L2 norm of one token row over its finite elements.
@@ -175,55 +161,50 @@ pub fn mean_cosine(a: &[f32], b: &[f32], hidden: usize) -> Option<f64> {
 mod tests {
     use super::*;
 
-    fn split(bytes_per: usize, le: &[Vec<u8>]) -> Vec<u8> {
-        let n = le.len();
-        let mut out = vec![0; n * bytes_per];
-        for (i, e) in le.iter().enumerate() {
-            for k in 0..bytes_per {
-                out[k * n + i] = e[k];
-            }
-        }
-        out
+    fn encoded(size: usize, le: &[Vec<u8>]) -> Vec<u8> {
+        planes::encode(&le.concat(), size, 1).unwrap()
     }
 
     #[test]
-    fn decodes_byte_split_values_of_every_dtype() {
+    fn decodes_stored_values_of_every_dtype() {
         let vals = [1.5f32, -2.0, 0.25, 3.0];
         let kind = |dtype| TensorKind { dtype, hidden: 2 };
         let mut out = Vec::new();
 
         let f32s: Vec<Vec<u8>> = vals.iter().map(|v| v.to_le_bytes().to_vec()).collect();
-        kind(DType::F32).decode_into(&split(4, &f32s), &mut out);
+        assert_eq!(kind(DType::F32).decode_into(&encoded(4, &f32s), &mut out), Ok(2));
         assert_eq!(out, vals);
 
         let bf: Vec<Vec<u8>> = vals
             .iter()
             .map(|&v| half::bf16::from_f32(v).to_le_bytes().to_vec())
             .collect();
-        kind(DType::Bf16).decode_into(&split(2, &bf), &mut out);
+        kind(DType::Bf16).decode_into(&encoded(2, &bf), &mut out).unwrap();
         assert_eq!(out, vals);
 
         let h: Vec<Vec<u8>> = vals
             .iter()
             .map(|&v| half::f16::from_f32(v).to_le_bytes().to_vec())
             .collect();
-        kind(DType::F16).decode_into(&split(2, &h), &mut out);
+        kind(DType::F16).decode_into(&encoded(2, &h), &mut out).unwrap();
         assert_eq!(out, vals);
 
         // e4m3: 1.0 = 0x38, -2.0 = 0xc0, 0.25 = 0x28, 3.0 = 0x44
-        kind(DType::Fp8E4m3).decode_into(&[0x38, 0xc0, 0x28, 0x44], &mut out);
+        let fp8 = vec![vec![0x38], vec![0xc0], vec![0x28], vec![0x44]];
+        kind(DType::Fp8E4m3).decode_into(&encoded(1, &fp8), &mut out).unwrap();
         assert_eq!(out, [1.0, -2.0, 0.25, 3.0]);
     }
 
     #[test]
-    fn f32_split_round_trips() {
+    fn f32_values_round_trip_bit_exactly() {
         let vals = [1.0f32, f32::NAN, -0.0, 7.25e-3];
         let mut out = Vec::new();
         TensorKind {
             dtype: DType::F32,
             hidden: 1,
         }
-        .decode_into(&encode_f32_split(&vals), &mut out);
+        .decode_into(&encode_f32(&vals).unwrap(), &mut out)
+        .unwrap();
         assert_eq!(
             out.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
             vals.map(f32::to_bits)
@@ -236,9 +217,12 @@ mod tests {
             dtype: DType::Bf16,
             hidden: 4,
         };
-        assert_eq!(k.tokens(24).unwrap(), 3);
-        let err = k.tokens(10).unwrap_err();
-        assert!(err.contains("10 bytes") && err.contains("bf16"), "{err}");
+        let twelve = planes::encode(&[0u8; 24], 2, 1).unwrap();
+        assert_eq!(k.tokens(&twelve).unwrap(), 3);
+        let five = planes::encode(&[0u8; 10], 2, 1).unwrap();
+        let err = k.tokens(&five).unwrap_err();
+        assert!(err.contains("5 bf16 elements") && err.contains("rows of 4"), "{err}");
+        assert!(k.tokens(&[1, 2, 3]).unwrap_err().contains("too short"));
     }
 
     #[test]

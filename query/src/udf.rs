@@ -1,7 +1,7 @@
 //! SQL functions on tensor columns.
 //!
 //! A tensor column is `LargeBinary` whose field carries `hslake.tensor` metadata (dtype, shape
-//! `[null, hidden]`, byte-split encoding). DataFusion hands the argument fields, metadata
+//! `[null, hidden]`, `plane_zstd` encoding). DataFusion hands the argument fields, metadata
 //! included, both to planning (`return_field_from_args`) and to execution, so each function
 //! checks its arguments while the query is planned and decodes with the dtype and width of the
 //! very column it is given; no per-dataset state is needed and one session can mix datasets.
@@ -350,13 +350,10 @@ fn evaluate(
     let mut buf = Vec::new();
     // Decode row i of the first tensor argument into `buf`, checking its length.
     let decode = |i: usize, buf: &mut Vec<f32>| -> Result<usize> {
-        let v = t.value(i);
-        let tokens = match k.tokens(v.len()) {
-            Ok(n) => n,
-            Err(e) => return exec_err!("{name}: {col} row {i}: {e}"),
-        };
-        k.decode_into(v, buf);
-        Ok(tokens)
+        match k.decode_into(t.value(i), buf) {
+            Ok(n) => Ok(n),
+            Err(e) => exec_err!("{name}: {col} row {i}: {e}"),
+        }
     };
     macro_rules! per_row_f64 {
         ($f:expr) => {{
@@ -380,7 +377,7 @@ fn evaluate(
                     b.append_null();
                     continue;
                 }
-                let tokens = match k.tokens(t.value(i).len()) {
+                let tokens = match k.tokens(t.value(i)) {
                     Ok(n) => n,
                     Err(e) => return exec_err!("{name}: {col} row {i}: {e}"),
                 };
@@ -437,14 +434,13 @@ fn evaluate(
                     continue;
                 }
                 let ta = decode(i, &mut buf)?;
-                let tb = match ku.tokens(u.value(i).len()) {
+                let tb = match ku.decode_into(u.value(i), &mut other) {
                     Ok(n) => n,
                     Err(e) => return exec_err!("{name}: argument 2 row {i}: {e}"),
                 };
                 if ta != tb {
                     return exec_err!("{name}: row {i} has {ta} tokens in argument 1 and {tb} in argument 2; expected equal token counts");
                 }
-                ku.decode_into(u.value(i), &mut other);
                 b.append_option(tensor::mean_cosine(&buf, &other, k.hidden));
             }
             Arc::new(b.finish())
@@ -486,7 +482,9 @@ fn evaluate(
                     continue;
                 }
                 let tokens = decode(i, &mut buf)?;
-                sk.decode_into(s.value(i), &mut scales);
+                if let Err(e) = sk.decode_into(s.value(i), &mut scales) {
+                    return exec_err!("{name}: argument 2 row {i}: {e}");
+                }
                 if scales.len() != tokens {
                     return exec_err!(
                         "{name}: row {i} has {tokens} tokens but {} scales; expected one f32 scale per token",
@@ -496,7 +494,10 @@ fn evaluate(
                 for (row, sc) in buf.chunks_exact_mut(k.hidden).zip(&scales) {
                     row.iter_mut().for_each(|v| *v *= sc);
                 }
-                b.append_value(tensor::encode_f32_split(&buf));
+                match tensor::encode_f32(&buf) {
+                    Ok(v) => b.append_value(v),
+                    Err(e) => return exec_err!("{name}: row {i}: {e}"),
+                }
             }
             Arc::new(b.finish())
         }

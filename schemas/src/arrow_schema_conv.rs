@@ -19,6 +19,9 @@ pub const SCHEMA_META_KEY: &str = "hslake.schema";
 /// Schema-metadata key holding the format version.
 pub const FORMAT_META_KEY: &str = "hslake.format_version";
 
+/// The encoding of every tensor value (see docs/FORMAT.md and `hslake_store::planes`).
+pub const TENSOR_ENCODING: &str = "plane_zstd";
+
 /// How to rebuild a tensor from one value of its column, stored in the field's metadata.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct TensorFieldMeta {
@@ -32,7 +35,8 @@ pub struct TensorFieldMeta {
     pub capture_point: String,
     /// The decoder layer (0-based), for `layer_output`.
     pub layer: Option<u32>,
-    /// `byte_split`: element byte k of every element stored together, streams in byte order.
+    /// [`TENSOR_ENCODING`] (`plane_zstd`): rotated elements, byte and nibble planes, one zstd
+    /// frame each (docs/FORMAT.md).
     pub encoding: String,
     /// Always `little`.
     pub byte_order: String,
@@ -107,7 +111,7 @@ impl DatasetSchema {
             dim_names: vec!["token".into(), "hidden".into()],
             capture_point: p.kind().into(),
             layer: p.layer(),
-            encoding: "byte_split".into(),
+            encoding: TENSOR_ENCODING.into(),
             byte_order: "little".into(),
             scale_column: self
                 .dtype
@@ -168,6 +172,11 @@ impl DatasetSchema {
             if v > FORMAT_VERSION {
                 return Err(err(format!(
                     "written in format version {v}; this build reads up to {FORMAT_VERSION}: upgrade hslake"
+                )));
+            }
+            if v < FORMAT_VERSION {
+                return Err(err(format!(
+                    "written in format version {v}, whose tensor encoding this build no longer reads (it reads {FORMAT_VERSION})"
                 )));
             }
         }

@@ -3,7 +3,7 @@ use serde::{Deserialize, Serialize};
 use crate::{CapturePoint, DType, FinitePolicy, Sample, SchemaError, LAYER_CONVENTION};
 
 /// Version of the on-disk format this build writes and the newest it reads.
-pub const FORMAT_VERSION: u32 = 1;
+pub const FORMAT_VERSION: u32 = 2;
 
 /// What a dataset holds: the model it came from and which hidden states, of which dtype.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

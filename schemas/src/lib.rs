@@ -28,7 +28,7 @@ mod sample;
 mod stats;
 
 pub use arrow_schema_conv::{
-    column_names, stat_column, StatKind, TensorFieldMeta, TENSOR_META_KEY,
+    column_names, stat_column, StatKind, TensorFieldMeta, TENSOR_ENCODING, TENSOR_META_KEY,
 };
 pub use dataset::{DatasetSchema, FORMAT_VERSION};
 pub use dtype::{bf16_bits_to_f32, f32_to_bf16_bits, f32_to_fp8_e4m3, fp8_e4m3_to_f32, DType};

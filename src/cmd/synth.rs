@@ -136,7 +136,7 @@ pub async fn run(a: Args) -> Result<std::process::ExitCode> {
             let mut i = t;
             while i < n {
                 let s = gen.sample(first + i);
-                let enc = encode_sample(&schema, Default::default(), &s);
+                let enc = encode_sample(&schema, &opts, &s);
                 if tx.send(enc).is_err() {
                     return;
                 }

@@ -1,4 +1,5 @@
-//! Samples to Arrow record batches and back: byte-split tensors, statistics columns.
+//! Samples to Arrow record batches and back: encoded tensors, byte-split scales, statistics
+//! columns.
 use std::sync::Arc;
 
 use arrow_array::builder::{LargeBinaryBuilder, ListBuilder, PrimitiveBuilder};
@@ -60,9 +61,9 @@ pub fn unsplit_into(split: &[u8], elem_size: usize, out: &mut [u8]) {
     }
 }
 
-/// Byte-split encoding of a tensor's values.
-pub fn encode_tensor(t: &TensorData) -> Vec<u8> {
-    split(&t.data, t.dtype.size())
+/// A tensor's values in the `plane_zstd` encoding at zstd `level` (see [`crate::planes`]).
+pub fn encode_tensor(t: &TensorData, level: i32) -> Result<Vec<u8>> {
+    crate::planes::encode(&t.data, t.dtype.size(), level).map_err(|e| StoreError::Usage(format!("encoding a tensor: {e}")))
 }
 
 /// A sample ready to be written: tensors split, statistics computed.
@@ -74,41 +75,51 @@ pub struct EncodedSample {
     pub input_ids: Vec<i32>,
     /// Loss mask.
     pub loss_mask: Vec<u8>,
-    /// Byte-split tensors, in schema order.
+    /// Encoded (`plane_zstd`) tensors, in schema order.
     pub tensors: Vec<Vec<u8>>,
-    /// Byte-split fp8 scales, in schema order.
+    /// Encoded (`plane_zstd` f32) fp8 scales, in schema order.
     pub scales: Vec<Option<Vec<u8>>>,
     /// Statistics, in schema order.
     pub stats: Vec<TensorStats>,
+    /// Raw (decoded) tensor bytes.
+    raw_bytes: u64,
 }
 
 impl EncodedSample {
-    /// Encode a sample (already validated against the schema).
-    pub fn new(s: &Sample) -> Self {
-        EncodedSample {
+    /// Encode a sample (already validated against the schema) at zstd `level`.
+    pub fn new(s: &Sample, level: i32) -> Result<Self> {
+        Ok(EncodedSample {
             sample_id: s.sample_id,
             input_ids: s.input_ids.clone(),
             loss_mask: s.loss_mask.clone(),
-            tensors: s.tensors.iter().map(encode_tensor).collect(),
+            raw_bytes: s.tensors.iter().map(|t| t.data.len() as u64).sum(),
+            tensors: s
+                .tensors
+                .iter()
+                .map(|t| encode_tensor(t, level))
+                .collect::<Result<_>>()?,
             scales: s
                 .tensors
                 .iter()
                 .map(|t| {
-                    t.scales.as_ref().map(|sc| {
-                        split(
-                            &sc.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<_>>(),
-                            4,
-                        )
-                    })
+                    t.scales
+                        .as_ref()
+                        .map(|sc| {
+                            let raw: Vec<u8> = sc.iter().flat_map(|v| v.to_le_bytes()).collect();
+                            crate::planes::encode(&raw, 4, level).map_err(|e| {
+                                StoreError::Usage(format!("encoding fp8 scales: {e}"))
+                            })
+                        })
+                        .transpose()
                 })
-                .collect(),
+                .collect::<Result<_>>()?,
             stats: s.tensors.iter().map(tensor_stats).collect(),
-        }
+        })
     }
 
     /// Uncompressed tensor bytes.
     pub fn raw_bytes(&self) -> u64 {
-        self.tensors.iter().map(|t| t.len() as u64).sum()
+        self.raw_bytes
     }
 }
 
@@ -272,37 +283,29 @@ pub fn decode_tensor(
     sample_id: u64,
 ) -> Result<TensorData> {
     let dtype = schema.dtype;
-    let split_bytes = col.value(row);
-    let expected = seq_len * schema.hidden_size * dtype.size();
-    if split_bytes.len() != expected {
-        return Err(StoreError::corrupt(
+    let mut data = vec![0u8; seq_len * schema.hidden_size * dtype.size()];
+    crate::planes::decode_into(col.value(row), dtype.size(), &mut data).map_err(|e| {
+        StoreError::corrupt(
             path,
             format!(
-                "row {row} (sample {sample_id}) {}: {} bytes, expected {expected} for shape [{seq_len}, {}] of {dtype}",
+                "row {row} (sample {sample_id}) {}: {e} (shape [{seq_len}, {}] of {dtype})",
                 point.label(),
-                split_bytes.len(),
                 schema.hidden_size
             ),
-        ));
-    }
-    let mut data = vec![0u8; expected];
-    unsplit_into(split_bytes, dtype.size(), &mut data);
+        )
+    })?;
     let scales = match scales {
         Some(sc) => {
-            let raw = sc.value(row);
-            if raw.len() != seq_len * 4 {
-                return Err(StoreError::corrupt(
+            let mut b = vec![0u8; seq_len * 4];
+            crate::planes::decode_into(sc.value(row), 4, &mut b).map_err(|e| {
+                StoreError::corrupt(
                     path,
                     format!(
-                        "row {row} (sample {sample_id}) {} scales: {} bytes, expected {}",
-                        point.label(),
-                        raw.len(),
-                        seq_len * 4
+                        "row {row} (sample {sample_id}) {} scales: {e} (one f32 per token, {seq_len} tokens)",
+                        point.label()
                     ),
-                ));
-            }
-            let mut b = vec![0u8; raw.len()];
-            unsplit_into(raw, 4, &mut b);
+                )
+            })?;
             Some(
                 b.chunks_exact(4)
                     .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))

@@ -45,6 +45,16 @@ pub enum StoreError {
         /// The newest this build reads.
         supported: u32,
     },
+    /// A manifest of a format this build no longer reads (before the `plane_zstd` encoding).
+    #[error("{path}: manifest format version {found} predates this build's tensor encoding (it reads version {supported}); rewrite the dataset with the hslake that wrote it")]
+    OlderFormat {
+        /// The manifest file.
+        path: String,
+        /// Its format version.
+        found: u32,
+        /// The only version this build reads.
+        supported: u32,
+    },
     /// An existing dataset whose schema differs from the one expected.
     #[error("{url}: dataset schema differs from the one requested: {detail}")]
     SchemaMismatch {

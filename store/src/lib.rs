@@ -27,6 +27,7 @@ mod copy;
 mod dataset;
 mod error;
 pub mod location;
+pub mod planes;
 mod manifest;
 mod reader;
 pub mod shard_io;

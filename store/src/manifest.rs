@@ -128,6 +128,13 @@ impl Manifest {
                 supported: FORMAT_VERSION,
             });
         }
+        if head.format_version < FORMAT_VERSION {
+            return Err(StoreError::OlderFormat {
+                path: path.to_string(),
+                found: head.format_version,
+                supported: FORMAT_VERSION,
+            });
+        }
         let m: Manifest = serde_json::from_slice(bytes)
             .map_err(|e| StoreError::corrupt(path, format!("bad manifest: {e}")))?;
         m.schema.check()?;
@@ -160,5 +167,13 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("format version 7 is newer"), "{err}");
+    }
+
+    #[test]
+    fn refuses_manifest_of_the_byte_split_format() {
+        let err = Manifest::from_json("v.json", br#"{"format_version": 1}"#)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("format version 1 predates"), "{err}");
     }
 }

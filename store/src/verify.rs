@@ -215,6 +215,7 @@ fn check_batch(
         return;
     };
     let elem = schema.dtype.size();
+    let mut scratch = Vec::new();
     for r in 0..b.num_rows() {
         let row = Some(row0 + r as u64);
         let id = ids.value(r);
@@ -248,26 +249,30 @@ fn check_batch(
                 problem(row, format!("sample {id} {}: null tensor", p.label()));
                 continue;
             }
-            let got = col.value(r).len();
-            let want = n * schema.hidden_size * elem;
-            if got != want {
-                let got_shape = if got % (schema.hidden_size * elem) == 0 {
-                    format!(
-                        "[{}, {}]",
-                        got / (schema.hidden_size * elem),
-                        schema.hidden_size
-                    )
-                } else {
-                    format!("{} elements", got / elem)
-                };
-                problem(
+            // Decoding every value checks its frames as well as its shape.
+            let want = n * schema.hidden_size;
+            scratch.resize(want * elem, 0);
+            match crate::planes::decode_into(col.value(r), elem, &mut scratch) {
+                Ok(()) => {}
+                Err(crate::planes::PlaneError::WrongLength { found, .. }) => {
+                    let got_shape = if found % schema.hidden_size == 0 {
+                        format!("[{}, {}]", found / schema.hidden_size, schema.hidden_size)
+                    } else {
+                        format!("{found} elements")
+                    };
+                    problem(
+                        row,
+                        format!(
+                            "sample {id} {}: expected shape [{n}, {}], got {got_shape}",
+                            p.label(),
+                            schema.hidden_size
+                        ),
+                    );
+                }
+                Err(e) => problem(
                     row,
-                    format!(
-                        "sample {id} {}: expected shape [{n}, {}], got {got_shape}",
-                        p.label(),
-                        schema.hidden_size
-                    ),
-                );
+                    format!("sample {id} {}: cannot be decoded: {e}", p.label()),
+                ),
             }
             if schema.dtype.has_scales() {
                 let sname = format!("{name}_scale");
@@ -275,16 +280,18 @@ fn check_batch(
                     .column_by_name(&sname)
                     .and_then(|c| c.as_binary_opt::<i64>())
                 {
-                    Some(sc) if sc.value(r).len() == n * 4 => {}
-                    Some(sc) => problem(
-                        row,
-                        format!(
-                            "sample {id} {}: {} scale bytes, expected {}",
-                            p.label(),
-                            sc.value(r).len(),
-                            n * 4
-                        ),
-                    ),
+                    Some(sc) => {
+                        scratch.resize(n * 4, 0);
+                        if let Err(e) = crate::planes::decode_into(sc.value(r), 4, &mut scratch) {
+                            problem(
+                                row,
+                                format!(
+                                    "sample {id} {} scales: {e} (one f32 per token, {n} tokens)",
+                                    p.label()
+                                ),
+                            );
+                        }
+                    }
                     None => problem(None, format!("missing scale column {sname:?}")),
                 }
             }

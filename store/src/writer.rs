@@ -106,12 +106,12 @@ struct OpenShard {
     row_groups: Vec<u64>,
 }
 
-/// Validate a sample against the schema, byte-split its tensors and compute their statistics;
+/// Validate a sample against the schema, encode its tensors and compute their statistics;
 /// `None` when the finiteness policy skips it. Pure CPU work: run it on as many threads as
 /// the encoding needs, then hand the results to [`DatasetWriter::append_encoded`].
 pub fn encode_sample(
     schema: &DatasetSchema,
-    policy: FinitePolicy,
+    opts: &WriterOptions,
     sample: &Sample,
 ) -> Result<Option<EncodedSample>> {
     let invalid = |source: SchemaError| StoreError::InvalidSample {
@@ -119,12 +119,12 @@ pub fn encode_sample(
         source,
     };
     schema.validate(sample).map_err(invalid)?;
-    let enc = EncodedSample::new(sample);
+    let enc = EncodedSample::new(sample, opts.zstd_level)?;
     let keep = schema
         .apply_finite_policy(
             sample.sample_id,
             enc.stats.iter().map(|s| (s.nan_count, s.inf_count)),
-            policy,
+            opts.finite_policy,
         )
         .map_err(invalid)?;
     Ok(keep.then_some(enc))
@@ -158,14 +158,20 @@ impl DatasetWriter {
             .set_max_row_group_row_count(None)
             .set_created_by(format!("hslake {}", env!("CARGO_PKG_VERSION")));
         // Tensor values are opaque byte strings: min/max statistics of them are useless bytes.
+        // They arrive compressed (plane_zstd), so Parquet must not compress them again.
         for p in &schema.points {
             b = b.set_column_statistics_enabled(
                 ColumnPath::from(p.column()),
                 EnabledStatistics::None,
             );
+            b = b.set_column_compression(ColumnPath::from(p.column()), Compression::UNCOMPRESSED);
             b = b.set_column_statistics_enabled(
                 ColumnPath::from(format!("{}_scale", p.column())),
                 EnabledStatistics::None,
+            );
+            b = b.set_column_compression(
+                ColumnPath::from(format!("{}_scale", p.column())),
+                Compression::UNCOMPRESSED,
             );
         }
         Ok(DatasetWriter {
@@ -200,7 +206,7 @@ impl DatasetWriter {
 
     /// Validate and encode a sample without buffering it (see [`encode_sample`]).
     pub fn encode(&self, sample: &Sample) -> Result<Option<EncodedSample>> {
-        encode_sample(&self.schema, self.opts.finite_policy, sample)
+        encode_sample(&self.schema, &self.opts, sample)
     }
 
     /// Buffer a sample encoded by [`DatasetWriter::encode`] (`None`: it was skipped).

@@ -394,7 +394,7 @@ async fn bad_input_gets_named_errors(b: Backend) {
     let mut m = ds.manifest(None).await.unwrap();
     m.version = 1;
     let mut json: serde_json::Value = serde_json::from_slice(&m.to_json()).unwrap();
-    json["format_version"] = 2.into();
+    json["format_version"] = (hslake_schemas::FORMAT_VERSION + 1).into();
     let path = ds.object_path(&hslake_store::manifest_path(1));
     ds.object_store()
         .put(&path, PutPayload::from(serde_json::to_vec(&json).unwrap()))
@@ -407,7 +407,10 @@ async fn bad_input_gets_named_errors(b: Backend) {
         .await
         .unwrap_err();
     assert!(
-        err.to_string().contains("format version 2 is newer"),
+        err.to_string().contains(&format!(
+            "format version {} is newer",
+            hslake_schemas::FORMAT_VERSION + 1
+        )),
         "{err}"
     );
     let mut w = DatasetWriter::new(&ds, WriterOptions::default()).await;

@@ -1,5 +1,5 @@
 """Helpers for the capture tests: tiny random HF models, running the CLI, and reading a
-dataset back with nothing but pyarrow and numpy (un-splitting the byte-split tensors)."""
+dataset back with nothing but pyarrow and numpy (tests/python/plane_zstd.py decodes the tensors)."""
 import glob
 import json
 import os
@@ -8,6 +8,8 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow.parquet as pq
+
+import plane_zstd
 import torch
 from transformers import (LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, Qwen2Config,
                           Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM)
@@ -95,25 +97,14 @@ def random_samples(lengths, vocab, seed=0):
     return [{"input_ids": rng.integers(0, vocab, n).tolist()} for n in lengths]
 
 
-def _unsplit(buf, elem, n):
-    return np.frombuffer(buf, np.uint8).reshape(elem, n).T.copy()
-
-
 def decode_tensor(buf, meta, seq_len):
-    """Rebuild [seq_len, hidden] float32 values from a byte-split column value and its metadata."""
-    hidden = meta["shape"][1]
-    n = seq_len * hidden
-    dtype = meta["dtype"]
-    if dtype == "f32":
-        vals = _unsplit(buf, 4, n).view("<f4").reshape(-1)
-    elif dtype == "bf16":
-        bits = _unsplit(buf, 2, n).view("<u2").reshape(-1).astype(np.uint32) << 16
-        vals = bits.view(np.float32)
-    elif dtype == "f16":
-        vals = _unsplit(buf, 2, n).view("<f2").reshape(-1).astype(np.float32)
-    else:
-        raise ValueError(f"unexpected dtype {dtype}")
-    return vals.reshape(seq_len, hidden)
+    """Rebuild [seq_len, hidden] float32 values from a stored column value and its metadata."""
+    t = plane_zstd.decode(buf, meta, seq_len)
+    if meta["dtype"] == "bf16":
+        return (t.astype(np.uint32) << 16).view(np.float32)
+    if meta["dtype"] in ("f16", "f32"):
+        return t.astype(np.float32)
+    raise ValueError(f"unexpected dtype {meta['dtype']}")
 
 
 def manifests(ds):

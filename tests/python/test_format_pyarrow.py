@@ -1,5 +1,5 @@
-"""A shard read with pyarrow and numpy alone: every [seq_len, H] tensor is rebuilt from the
-schema metadata and equals what hslake's own reader returns, for every dtype."""
+"""A shard read with pyarrow and numpy alone (tests/python/plane_zstd.py, written from
+docs/FORMAT.md): every [seq_len, H] tensor is rebuilt from the schema metadata and equals what hslake's own reader returns, for every dtype."""
 import json
 import os
 import subprocess
@@ -9,22 +9,14 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
+import plane_zstd
+
 ROOT = Path(__file__).resolve().parents[2]
 HSLAKE = ROOT / "target" / "debug" / "hslake"
 
 
 def hslake(*args):
     return subprocess.run([str(HSLAKE), *map(str, args)], check=True, capture_output=True, text=True)
-
-
-def rebuild(value: bytes, meta: dict, seq_len: int) -> np.ndarray:
-    """Undo the byte split using only the field metadata."""
-    k = {"bf16": 2, "f16": 2, "f32": 4, "fp8_e4m3": 1}[meta["dtype"]]
-    assert meta["encoding"] == "byte_split" and meta["byte_order"] == "little"
-    raw = np.frombuffer(value, np.uint8).reshape(k, -1).T.copy().reshape(-1)
-    hidden = meta["shape"][1]
-    view = {"bf16": np.uint16, "f16": np.float16, "f32": np.float32, "fp8_e4m3": np.uint8}[meta["dtype"]]
-    return raw.view(view).reshape(seq_len, hidden)
 
 
 @pytest.mark.parametrize("dtype", ["bf16", "f16", "f32", "fp8_e4m3"])
@@ -48,13 +40,13 @@ def test_pyarrow_and_numpy_rebuild_every_tensor(tmp_path, dtype):
             for point in ["layer_1", "layer_7", "final_norm"]:
                 meta = json.loads(schema.field(point).metadata[b"hslake.tensor"])
                 assert meta["shape"] == [None, 24] and meta["dim_names"] == ["token", "hidden"]
-                t = rebuild(row[point], meta, seq_len)
+                t = plane_zstd.decode(row[point], meta, seq_len)
                 want = np.load(out / f"{point}.npy")
                 assert t.shape == (seq_len, 24)
                 assert np.array_equal(t.view(np.uint8), want.view(np.uint8)), point
                 if dtype == "fp8_e4m3":
                     sm = json.loads(schema.field(meta["scale_column"]).metadata[b"hslake.tensor"])
-                    scales = np.frombuffer(row[meta["scale_column"]], np.uint8).reshape(4, -1).T.copy().view(np.float32).reshape(-1)
+                    scales = plane_zstd.decode(row[meta["scale_column"]], sm, seq_len)
                     assert sm["dtype"] == "f32" and np.array_equal(scales, np.load(out / f"{point}_scale.npy"))
                 if dtype in ("bf16", "f32"):
                     # The statistics columns agree with the rebuilt values.

@@ -19,6 +19,7 @@ import pytest
 import torch
 
 import hslake
+import plane_zstd
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(os.environ.get("HSLAKE_BIN", ROOT / "target" / "debug" / "hslake"))
@@ -52,14 +53,6 @@ def latest_manifest(d: Path) -> dict:
     return json.loads(files[-1].read_text())
 
 
-def unsplit_bf16(buf: bytes, tokens: int, hidden: int) -> np.ndarray:
-    """Byte-split little-endian bf16 -> [tokens, hidden] uint16 bits, with numpy only."""
-    a = np.frombuffer(buf, dtype=np.uint8)
-    n = tokens * hidden
-    bits = a[:n].astype(np.uint16) | (a[n:2 * n].astype(np.uint16) << 8)
-    return bits.reshape(tokens, hidden)
-
-
 def stored(d: Path, columns: list[str]) -> dict[int, dict[str, np.ndarray]]:
     """Every sample of the latest version, read with pyarrow + numpy from the schema alone."""
     m = latest_manifest(d)
@@ -68,11 +61,11 @@ def stored(d: Path, columns: list[str]) -> dict[int, dict[str, np.ndarray]]:
     for shard in m["shards"]:
         t = pq.read_table(d / shard["path"], columns=["sample_id", "seq_len", "input_ids", *columns])
         meta = json.loads(t.schema.field(columns[0]).metadata[b"hslake.tensor"])
-        assert meta["dtype"] == "bf16" and meta["encoding"] == "byte_split" and meta["shape"] == [None, hidden]
+        assert meta["dtype"] == "bf16" and meta["shape"] == [None, hidden]
         for row in t.to_pylist():
             n = row["seq_len"]
             out[row["sample_id"]] = {"input_ids": np.array(row["input_ids"]),
-                                     **{c: unsplit_bf16(row[c], n, hidden) for c in columns}}
+                                     **{c: plane_zstd.decode(row[c], meta, n) for c in columns}}
     return out
 
 

@@ -11,6 +11,8 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
+import plane_zstd
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 HSLAKE = pathlib.Path(os.environ.get("HSLAKE_BIN", ROOT / "target" / "debug" / "hslake"))
 
@@ -37,21 +39,14 @@ def sql(url, query, fmt="json"):
     return [json.loads(line) for line in r.stdout.splitlines() if line.strip()]
 
 
-def unsplit(buf, dtype, hidden):
-    """Rebuild a [tokens, hidden] float64 array from one byte-split value, numpy only."""
-    size = {"bf16": 2, "f16": 2, "f32": 4, "fp8_e4m3": 1}[dtype]
-    raw = np.frombuffer(buf, dtype=np.uint8)
-    n = raw.size // size
-    le = np.ascontiguousarray(raw.reshape(size, n).T).reshape(-1)
-    if dtype == "bf16":
-        vals = (le.view("<u2").astype(np.uint32) << 16).view(np.float32)
-    elif dtype == "f16":
-        vals = le.view("<f2").astype(np.float32)
-    elif dtype == "f32":
-        vals = le.view("<f4")
-    else:
+def decoded(buf, meta, seq_len):
+    """Rebuild a [tokens, hidden] float64 array from one stored value, pyarrow + numpy only."""
+    t = plane_zstd.decode(buf, meta, seq_len)
+    if meta["dtype"] == "bf16":
+        return (t.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+    if meta["dtype"] == "fp8_e4m3":
         pytest.skip("fp8 reference decoding is covered by the Rust tests")
-    return vals.astype(np.float64).reshape(-1, hidden)
+    return t.astype(np.float64)
 
 
 def read_tensors(path):
@@ -65,7 +60,7 @@ def read_tensors(path):
                  if f.metadata and b"hslake.tensor" in f.metadata and f.name in ("layer_2", "layer_30")}
         cols = table.to_pydict()
         for i, sid in enumerate(cols["sample_id"]):
-            out[sid] = {c: unsplit(cols[c][i], m["dtype"], m["shape"][1]) for c, m in metas.items()}
+            out[sid] = {c: decoded(cols[c][i], m, cols["seq_len"][i]) for c, m in metas.items()}
     return out
 
 

@@ -1,0 +1,440 @@
+//! The `plane_zstd` encoding of one tensor value: every element rotated left by one bit, its
+//! bytes split into planes (top byte whole, lower bytes as two nibble planes), each plane one
+//! zstd frame. See docs/FORMAT.md for the byte-level description.
+//!
+//! Why this shape: in activations the information sits in the exponent. The rotation moves the
+//! sign out of the top byte, so that byte is the whole exponent for bf16 and f32 (about 2.8 bits
+//! of entropy). Mantissa bytes are nearly random; as whole bytes zstd stores them raw, but their
+//! high nibbles are skewed enough (leading mantissa bits) that a nibble plane compresses. Each
+//! plane gets its own frame and zstd runs with its longest minimum match: on byte planes of
+//! activations short LZ matches cost more than the Huffman-coded literals they replace.
+use std::cell::RefCell;
+
+use thiserror::Error;
+use zstd::zstd_safe;
+
+/// The encoding name stored in a tensor field's metadata.
+pub const ENCODING: &str = hslake_schemas::TENSOR_ENCODING;
+
+/// zstd's longest minimum match length (see the module comment).
+const MIN_MATCH: u32 = 7;
+
+/// Why a stored value cannot be decoded.
+#[derive(Debug, Error, PartialEq)]
+#[non_exhaustive]
+pub enum PlaneError {
+    /// The value is shorter than its own header or its frames.
+    #[error("value of {len} bytes is too short: {detail}")]
+    Truncated {
+        /// Bytes in the value.
+        len: usize,
+        /// What was missing.
+        detail: String,
+    },
+    /// A frame does not decompress to the plane length it must have.
+    #[error("plane {plane}: {detail}")]
+    BadPlane {
+        /// Plane index (0 = top byte).
+        plane: usize,
+        /// What is wrong.
+        detail: String,
+    },
+    /// The element count implied by the value differs from the one expected.
+    #[error("value holds {found} elements, expected {expected}")]
+    WrongLength {
+        /// Elements found.
+        found: usize,
+        /// Elements expected.
+        expected: usize,
+    },
+    /// zstd failed to compress (only on allocation failure in practice).
+    #[error("zstd: {0}")]
+    Zstd(String),
+}
+
+/// Number of planes (and zstd frames) for elements of `size` bytes.
+pub fn plane_count(size: usize) -> usize {
+    if size <= 1 {
+        1
+    } else {
+        1 + 2 * (size - 1)
+    }
+}
+
+/// Byte lengths of the planes of `n` elements of `size` bytes.
+fn plane_lens(size: usize, n: usize) -> impl Iterator<Item = usize> {
+    std::iter::once(n).chain(std::iter::repeat_n(n.div_ceil(2), plane_count(size) - 1))
+}
+
+/// Rotate each element left by one bit and write the planes, concatenated, into `planes`
+/// (resized to fit). `data` holds little-endian elements of `size` bytes.
+pub fn to_planes(data: &[u8], size: usize, planes: &mut Vec<u8>) {
+    let n = data.len() / size;
+    let half = n.div_ceil(2);
+    planes.clear();
+    planes.resize(n + (plane_count(size) - 1) * half, 0);
+    if n == 0 {
+        return;
+    }
+    match size {
+        1 => planes.copy_from_slice(data),
+        2 => {
+            let (top, rest) = planes.split_at_mut(n);
+            let (hi_nib, lo_nib) = rest.split_at_mut(half);
+            let (pairs, tail) = data.split_at(n / 2 * 4);
+            for (((p, t), h), l) in pairs
+                .chunks_exact(4)
+                .zip(top.chunks_exact_mut(2))
+                .zip(hi_nib.iter_mut())
+                .zip(lo_nib.iter_mut())
+            {
+                let a = u16::from_le_bytes([p[0], p[1]]).rotate_left(1);
+                let b = u16::from_le_bytes([p[2], p[3]]).rotate_left(1);
+                t[0] = (a >> 8) as u8;
+                t[1] = (b >> 8) as u8;
+                *h = nibbles_high(a as u8, b as u8);
+                *l = nibbles_low(a as u8, b as u8);
+            }
+            if let [x, y] = *tail {
+                let a = u16::from_le_bytes([x, y]).rotate_left(1);
+                top[n - 1] = (a >> 8) as u8;
+                hi_nib[half - 1] = nibbles_high(a as u8, 0);
+                lo_nib[half - 1] = nibbles_low(a as u8, 0);
+            }
+        }
+        _ => {
+            // Generic path (f32): top byte, then each lower byte from high to low as two
+            // nibble planes.
+            let rotated: Vec<u64> = data
+                .chunks_exact(size)
+                .map(|c| rotl1(le_value(c), size))
+                .collect();
+            let (top, rest) = planes.split_at_mut(n);
+            for (t, &v) in top.iter_mut().zip(&rotated) {
+                *t = (v >> (8 * (size - 1))) as u8;
+            }
+            for (k, pair) in rest.chunks_exact_mut(2 * half).enumerate() {
+                let shift = 8 * (size - 2 - k);
+                let (hi_nib, lo_nib) = pair.split_at_mut(half);
+                for (j, (h, l)) in hi_nib.iter_mut().zip(lo_nib.iter_mut()).enumerate() {
+                    let a = (rotated[2 * j] >> shift) as u8;
+                    let b = rotated.get(2 * j + 1).map_or(0, |v| (v >> shift) as u8);
+                    *h = nibbles_high(a, b);
+                    *l = nibbles_low(a, b);
+                }
+            }
+        }
+    }
+}
+
+/// Inverse of [`to_planes`]: rebuild `out.len() / size` elements from concatenated planes.
+pub fn from_planes(planes: &[u8], size: usize, out: &mut [u8]) {
+    let n = out.len() / size;
+    let half = n.div_ceil(2);
+    if n == 0 {
+        return;
+    }
+    match size {
+        1 => out.copy_from_slice(&planes[..n]),
+        2 => {
+            let (top, rest) = planes.split_at(n);
+            let (hi_nib, lo_nib) = rest.split_at(half);
+            let (pairs, tail) = out.split_at_mut(n / 2 * 4);
+            for (((o, t), &h), &l) in pairs
+                .chunks_exact_mut(4)
+                .zip(top.chunks_exact(2))
+                .zip(hi_nib)
+                .zip(lo_nib)
+            {
+                let a = (u16::from(t[0]) << 8 | u16::from((h << 4) | (l & 0x0f))).rotate_right(1);
+                let b = (u16::from(t[1]) << 8 | u16::from((h & 0xf0) | (l >> 4))).rotate_right(1);
+                o[..2].copy_from_slice(&a.to_le_bytes());
+                o[2..].copy_from_slice(&b.to_le_bytes());
+            }
+            if tail.len() == 2 {
+                let (h, l) = (hi_nib[half - 1], lo_nib[half - 1]);
+                let a = (u16::from(top[n - 1]) << 8 | u16::from((h << 4) | (l & 0x0f)))
+                    .rotate_right(1);
+                tail.copy_from_slice(&a.to_le_bytes());
+            }
+        }
+        _ => {
+            let (top, rest) = planes.split_at(n);
+            let mut rotated: Vec<u64> = top
+                .iter()
+                .map(|&t| u64::from(t) << (8 * (size - 1)))
+                .collect();
+            for (k, pair) in rest.chunks_exact(2 * half).take(size - 1).enumerate() {
+                let shift = 8 * (size - 2 - k);
+                let (hi_nib, lo_nib) = pair.split_at(half);
+                for (i, v) in rotated.iter_mut().enumerate() {
+                    let (h, l) = (hi_nib[i / 2], lo_nib[i / 2]);
+                    let byte = if i % 2 == 0 {
+                        (h << 4) | (l & 0x0f)
+                    } else {
+                        (h & 0xf0) | (l >> 4)
+                    };
+                    *v |= u64::from(byte) << shift;
+                }
+            }
+            for (o, &v) in out.chunks_exact_mut(size).zip(&rotated) {
+                let v = rotr1(v, size);
+                o.copy_from_slice(&v.to_le_bytes()[..size]);
+            }
+        }
+    }
+}
+
+/// High nibbles of two bytes in one: the first element's in the low half.
+fn nibbles_high(a: u8, b: u8) -> u8 {
+    (a >> 4) | (b & 0xf0)
+}
+
+/// Low nibbles of two bytes in one: the first element's in the low half.
+fn nibbles_low(a: u8, b: u8) -> u8 {
+    (a & 0x0f) | (b << 4)
+}
+
+fn le_value(c: &[u8]) -> u64 {
+    c.iter()
+        .rev()
+        .fold(0u64, |acc, &b| (acc << 8) | u64::from(b))
+}
+
+fn rotl1(v: u64, size: usize) -> u64 {
+    let bits = 8 * size;
+    let mask = if bits == 64 { u64::MAX } else { (1 << bits) - 1 };
+    ((v << 1) | (v >> (bits - 1))) & mask
+}
+
+fn rotr1(v: u64, size: usize) -> u64 {
+    let bits = 8 * size;
+    (v >> 1) | ((v & 1) << (bits - 1))
+}
+
+thread_local! {
+    static SCRATCH: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
+    static CCTX: RefCell<Option<(i32, zstd::bulk::Compressor<'static>)>> = const { RefCell::new(None) };
+    static DCTX: RefCell<Option<zstd::bulk::Decompressor<'static>>> = const { RefCell::new(None) };
+}
+
+/// Encode `data` (little-endian elements of `size` bytes) at zstd `level`: a little-endian u32
+/// compressed length per plane, then the planes' zstd frames in order.
+pub fn encode(data: &[u8], size: usize, level: i32) -> Result<Vec<u8>, PlaneError> {
+    let zerr = |e: std::io::Error| PlaneError::Zstd(e.to_string());
+    SCRATCH.with_borrow_mut(|planes| {
+        to_planes(data, size, planes);
+        let n = data.len() / size;
+        let lens: Vec<usize> = plane_lens(size, n).collect();
+        let header = 4 * lens.len();
+        let bound: usize = lens.iter().map(|&l| zstd_safe::compress_bound(l)).sum();
+        let mut out = vec![0u8; header + bound];
+        CCTX.with_borrow_mut(|slot| {
+            if slot.as_ref().is_none_or(|(l, _)| *l != level) {
+                let mut c = zstd::bulk::Compressor::new(level).map_err(zerr)?;
+                c.set_parameter(zstd::zstd_safe::CParameter::MinMatch(MIN_MATCH))
+                    .map_err(zerr)?;
+                c.include_checksum(false).map_err(zerr)?;
+                *slot = Some((level, c));
+            }
+            let (_, c) = slot.as_mut().expect("compressor just set");
+            let (mut pos, mut start) = (header, 0);
+            for (i, &len) in lens.iter().enumerate() {
+                let written = c
+                    .compress_to_buffer(&planes[start..start + len], &mut out[pos..])
+                    .map_err(zerr)?;
+                out[4 * i..4 * i + 4].copy_from_slice(&(written as u32).to_le_bytes());
+                pos += written;
+                start += len;
+            }
+            out.truncate(pos);
+            Ok(out)
+        })
+    })
+}
+
+/// Number of elements in an encoded value (from the first frame's content size).
+pub fn element_count(value: &[u8], size: usize) -> Result<usize, PlaneError> {
+    let frames = frames(value, size)?;
+    match zstd_safe::get_frame_content_size(frames[0]) {
+        Ok(Some(n)) => Ok(n as usize),
+        Ok(None) => Err(PlaneError::BadPlane {
+            plane: 0,
+            detail: "zstd frame does not record its content size".into(),
+        }),
+        Err(_) => Err(PlaneError::BadPlane {
+            plane: 0,
+            detail: "not a zstd frame".into(),
+        }),
+    }
+}
+
+/// The frames of a value, checked against its header.
+fn frames(value: &[u8], size: usize) -> Result<Vec<&[u8]>, PlaneError> {
+    let count = plane_count(size);
+    let header = 4 * count;
+    let short = |detail: String| PlaneError::Truncated {
+        len: value.len(),
+        detail,
+    };
+    if value.len() < header {
+        return Err(short(format!("a header of {count} frame lengths needs {header} bytes")));
+    }
+    let mut out = Vec::with_capacity(count);
+    let mut pos = header;
+    for i in 0..count {
+        let len = u32::from_le_bytes(value[4 * i..4 * i + 4].try_into().expect("4 bytes")) as usize;
+        let end = pos
+            .checked_add(len)
+            .filter(|&e| e <= value.len())
+            .ok_or_else(|| short(format!("frame {i} of {len} bytes at offset {pos}")))?;
+        out.push(&value[pos..end]);
+        pos = end;
+    }
+    if pos != value.len() {
+        return Err(PlaneError::BadPlane {
+            plane: count - 1,
+            detail: format!("{} bytes after the last frame", value.len() - pos),
+        });
+    }
+    Ok(out)
+}
+
+/// Decode a value into `out`, which must hold exactly the expected elements of `size` bytes.
+pub fn decode_into(value: &[u8], size: usize, out: &mut [u8]) -> Result<(), PlaneError> {
+    let frames = frames(value, size)?;
+    let n = out.len() / size;
+    let found = element_count(value, size)?;
+    if found != n {
+        return Err(PlaneError::WrongLength { found, expected: n });
+    }
+    SCRATCH.with_borrow_mut(|planes| {
+        let lens: Vec<usize> = plane_lens(size, n).collect();
+        let total: usize = lens.iter().sum();
+        planes.clear();
+        planes.resize(total, 0);
+        DCTX.with_borrow_mut(|slot| {
+            if slot.is_none() {
+                *slot = Some(
+                    zstd::bulk::Decompressor::new()
+                        .map_err(|e| PlaneError::Zstd(e.to_string()))?,
+                );
+            }
+            let d = slot.as_mut().expect("decompressor just set");
+            let mut start = 0;
+            for (i, (frame, &len)) in frames.iter().zip(&lens).enumerate() {
+                let bad = |detail: String| PlaneError::BadPlane { plane: i, detail };
+                let got = d
+                    .decompress_to_buffer(frame, &mut planes[start..start + len])
+                    .map_err(|e| bad(format!("zstd: {e}")))?;
+                if got != len {
+                    return Err(bad(format!("decompressed to {got} bytes, expected {len}")));
+                }
+                start += len;
+            }
+            Ok(())
+        })?;
+        from_planes(planes, size, out);
+        Ok(())
+    })
+}
+
+/// Decode a value whose element count is not known beforehand.
+pub fn decode(value: &[u8], size: usize) -> Result<Vec<u8>, PlaneError> {
+    let n = element_count(value, size)?;
+    let mut out = vec![0u8; n * size];
+    decode_into(value, size, &mut out)?;
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample_bytes(n: usize, size: usize) -> Vec<u8> {
+        (0..n * size)
+            .map(|i| (i.wrapping_mul(2654435761) >> 7) as u8)
+            .collect()
+    }
+
+    #[test]
+    fn round_trips_every_width_and_odd_lengths() {
+        for size in [1usize, 2, 4] {
+            for n in [0usize, 1, 2, 3, 7, 1000, 1001] {
+                let data = sample_bytes(n, size);
+                let enc = encode(&data, size, 1).unwrap();
+                assert_eq!(element_count(&enc, size).unwrap(), n);
+                let mut back = vec![0u8; data.len()];
+                decode_into(&enc, size, &mut back).unwrap();
+                assert_eq!(back, data, "size {size}, n {n}");
+                assert_eq!(decode(&enc, size).unwrap(), data);
+            }
+        }
+    }
+
+    #[test]
+    fn bf16_top_plane_is_the_exponent() {
+        // 1.0 = 0x3f80 (exponent 127), -2.0 = 0xc000 (exponent 128, sign set).
+        let mut planes = vec![];
+        to_planes(&[0x80, 0x3f, 0x00, 0xc0], 2, &mut planes);
+        assert_eq!(&planes[..2], &[127, 128]);
+        // Low bytes after rotation: 0x00 for 1.0, 0x01 (the sign) for -2.0.
+        assert_eq!(planes[2], 0x00);
+        assert_eq!(planes[3], 0x10);
+    }
+
+    #[test]
+    fn f32_top_plane_is_the_exponent() {
+        let mut planes = vec![];
+        let data: Vec<u8> = [1.0f32, -0.5].iter().flat_map(|v| v.to_le_bytes()).collect();
+        to_planes(&data, 4, &mut planes);
+        assert_eq!(&planes[..2], &[127, 126]);
+    }
+
+    #[test]
+    fn rejects_a_value_of_the_wrong_element_count() {
+        let enc = encode(&sample_bytes(10, 2), 2, 1).unwrap();
+        let mut out = vec![0u8; 22];
+        assert_eq!(
+            decode_into(&enc, 2, &mut out),
+            Err(PlaneError::WrongLength {
+                found: 10,
+                expected: 11
+            })
+        );
+    }
+
+    #[test]
+    fn rejects_truncated_and_garbled_values() {
+        let enc = encode(&sample_bytes(100, 2), 2, 1).unwrap();
+        let mut out = vec![0u8; 200];
+        assert!(matches!(
+            decode_into(&enc[..enc.len() - 1], 2, &mut out),
+            Err(PlaneError::Truncated { .. })
+        ));
+        assert!(matches!(
+            decode_into(&enc[..5], 2, &mut out),
+            Err(PlaneError::Truncated { .. })
+        ));
+        let mut garbled = enc.clone();
+        garbled[12] ^= 0xff; // first byte of the first frame: the zstd magic number
+        assert!(matches!(
+            decode_into(&garbled, 2, &mut out),
+            Err(PlaneError::BadPlane { plane: 0, .. })
+        ));
+    }
+
+    #[test]
+    fn activation_like_bf16_compresses_below_raw() {
+        // Gaussian-ish values at a few scales: the exponent plane must shrink.
+        let vals: Vec<u8> = (0..4096u32)
+            .flat_map(|i| {
+                let x = ((i.wrapping_mul(2654435761) >> 16) as f32 / 65536.0 - 0.5) * 4.0;
+                let bits = (x.to_bits() >> 16) as u16;
+                bits.to_le_bytes()
+            })
+            .collect();
+        let enc = encode(&vals, 2, 1).unwrap();
+        assert!(enc.len() < vals.len() * 9 / 10, "{} of {}", enc.len(), vals.len());
+    }
+}
