@@ -22,13 +22,20 @@ impl RmsNorm {
         })
     }
 
-    /// Normalises over the last dimension.
+    /// Normalises over the last dimension (any strides); `x` itself is never written.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let kind = x.kind();
         let x32 = x.f_to_kind(Kind::Float)?;
-        let var = x32.f_pow_tensor_scalar(2)?.f_mean_dim(-1, true, None)?;
-        let normed = x32.f_mul(&var.f_add_scalar(self.eps)?.f_rsqrt()?)?;
-        Ok(self.weight.f_mul(&normed.f_to_kind(kind)?)?)
+        let rstd = x32
+            .f_pow_tensor_scalar(2)?
+            .f_mean_dim(-1, true, None)?
+            .f_add_scalar_(self.eps)?
+            .f_rsqrt_()?;
+        // transformers' `(x32 * rstd).to(dtype)` as one kernel: the product is computed in f32
+        // and rounded to `dtype` as it is stored, the same bits without the f32 intermediate.
+        // Multiplication commutes, so the in-place `*= weight` is its `weight * normed`.
+        let normed = Tensor::f_empty(x.size().as_slice(), (x.kind(), x.device()))?;
+        let mut normed = x32.f_mul_out(&normed, &rstd)?;
+        Ok(normed.f_mul_(&self.weight)?)
     }
 }
 
@@ -88,57 +95,87 @@ impl Rotary {
         })
     }
 
-    /// `(cos, sin)`, each `[1, 1, t, head_dim]` in `kind`, for positions `0..t`.
-    pub fn cos_sin(&self, t: i64, kind: Kind) -> Result<(Tensor, Tensor)> {
+    /// cos and sin in `kind` for positions `0..t`, computed once per forward.
+    pub fn tables(&self, t: i64, kind: Kind) -> Result<RopeTables> {
         let pos = Tensor::f_arange(t, (Kind::Float, self.inv_freq.device()))?;
         // [t, 1] * [1, d/2] -> [t, d/2] angles; duplicated -> [t, d].
         let freqs = pos.f_unsqueeze(1)?.f_mul(&self.inv_freq.f_unsqueeze(0)?)?;
-        let emb = Tensor::f_cat(&[&freqs, &freqs], -1)?;
-        let cos = emb
-            .f_cos()?
-            .f_to_kind(kind)?
-            .f_unsqueeze(0)?
-            .f_unsqueeze(0)?;
-        let sin = emb
-            .f_sin()?
-            .f_to_kind(kind)?
-            .f_unsqueeze(0)?
-            .f_unsqueeze(0)?;
-        Ok((cos, sin))
+        RopeTables::new(&Tensor::f_cat(&[&freqs, &freqs], -1)?, kind)
     }
 }
 
-/// `x * cos + rotate_half(x) * sin` for `x: [b, heads, t, head_dim]`.
-pub fn apply_rotary(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
-    let half = x.size()[3] / 2;
-    let x1 = x.f_narrow(3, 0, half)?;
-    let x2 = x.f_narrow(3, half, half)?;
-    let rotated = Tensor::f_cat(&[&x2.f_neg()?, &x1], 3)?;
-    Ok(x.f_mul(cos)?.f_add(&rotated.f_mul(sin)?)?)
+/// One forward's rotary tables, shaped `[1, t, 1, ..]` for `[b, t, heads, head_dim]` inputs.
+pub struct RopeTables {
+    cos: Tensor,
+    /// `-sin` over the first half of `head_dim`: `rotate_half` negates `x2` there.
+    sin_lo_neg: Tensor,
+    sin_hi: Tensor,
+}
+
+impl RopeTables {
+    /// From the `[t, head_dim]` f32 angles of positions `0..t`.
+    fn new(emb: &Tensor, kind: Kind) -> Result<Self> {
+        let (t, d) = (emb.size()[0], emb.size()[1]);
+        let half = d / 2;
+        // [1, t, 1, d] broadcasts over the heads of a `[b, t, heads, d]` projection output.
+        let cos = emb.f_cos()?.f_to_kind(kind)?.f_view([1, t, 1, d])?;
+        let sin = emb.f_sin()?.f_to_kind(kind)?.f_view([1, t, 1, d])?;
+        Ok(RopeTables {
+            cos,
+            sin_lo_neg: sin.f_narrow(3, 0, half)?.f_neg()?,
+            sin_hi: sin.f_narrow(3, half, half)?,
+        })
+    }
+
+    /// `x * cos + rotate_half(x) * sin` for `x: [b, t, heads, head_dim]` (any strides, e.g. a
+    /// slice of a fused projection), as a new tensor; `x` is not written.
+    ///
+    /// Bit-identical to transformers' formula with fewer kernels and bytes: `rotate_half(x) *
+    /// sin` is `[x2 * -sin_lo, x1 * sin_hi]` (negation is exact and rounding is symmetric), so
+    /// each half is one multiply written straight into its place, with no negated copy and no
+    /// concatenation; then one multiply by cos and one in-place sum, in transformers' order.
+    pub fn apply(&self, x: &Tensor) -> Result<Tensor> {
+        let size = x.size();
+        let half = size[3] / 2;
+        let rotated = Tensor::f_empty(size.as_slice(), (x.kind(), x.device()))?;
+        let _ = x
+            .f_narrow(3, half, half)?
+            .f_mul_out(&rotated.f_narrow(3, 0, half)?, &self.sin_lo_neg)?;
+        let _ = x
+            .f_narrow(3, 0, half)?
+            .f_mul_out(&rotated.f_narrow(3, half, half)?, &self.sin_hi)?;
+        Ok(x.f_mul(&self.cos)?.f_add_(&rotated)?)
+    }
 }
 
 /// SwiGLU MLP: `down(silu(gate(x)) * up(x))`, gate/up column-parallel, down row-parallel.
 pub struct Mlp {
-    gate_proj: ColumnParallelLinear,
-    up_proj: ColumnParallelLinear,
+    /// This rank's gate rows then its up rows: one GEMM for both.
+    gate_up_proj: ColumnParallelLinear,
     down_proj: RowParallelLinear,
+    /// `intermediate_size / tp`: where the up half of the fused output starts.
+    local_intermediate: i64,
 }
 
 impl Mlp {
-    /// Loads `<prefix>.{gate,up,down}_proj`.
+    /// Loads `<prefix>.{gate,up,down}_proj`, gate and up stacked into one weight.
     pub fn load(ctx: &LoadCtx, prefix: &str, cfg: &ModelConfig) -> Result<Self> {
         let (h, i, b) = (cfg.hidden_size, cfg.intermediate_size, cfg.mlp_bias);
+        let (gate, up) = (format!("{prefix}.gate_proj"), format!("{prefix}.up_proj"));
         Ok(Mlp {
-            gate_proj: ColumnParallelLinear::load(ctx, &format!("{prefix}.gate_proj"), h, i, b)?,
-            up_proj: ColumnParallelLinear::load(ctx, &format!("{prefix}.up_proj"), h, i, b)?,
+            gate_up_proj: ColumnParallelLinear::load_fused(ctx, &[(&gate, i), (&up, i)], h, b)?,
             down_proj: RowParallelLinear::load(ctx, &format!("{prefix}.down_proj"), i, h, b)?,
+            local_intermediate: (i / ctx.comm.world_size()) as i64,
         })
     }
 
     /// `[b, t, hidden] -> [b, t, hidden]` (complete on every rank).
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let gate = self.gate_proj.forward(x)?.f_silu()?; // [b, t, intermediate / tp]
-        let up = self.up_proj.forward(x)?; // [b, t, intermediate / tp]
+        let n = self.local_intermediate;
+        // [b, t, 2 * intermediate / tp]; SiLU runs in place in it, as nothing else holds it.
+        let gate_up = self.gate_up_proj.forward(x)?;
+        let gate = gate_up.f_narrow(-1, 0, n)?.f_silu_()?;
+        let up = gate_up.f_narrow(-1, n, n)?;
         self.down_proj.forward(&gate.f_mul(&up)?)
     }
 
@@ -156,5 +193,59 @@ impl Mlp {
             v.push((format!("{prefix}.down_proj.bias"), vec![h]));
         }
         v
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bf16(size: &[i64], seed: i64) -> Tensor {
+        tch::manual_seed(seed);
+        Tensor::randn(size, (Kind::Float, Device::Cpu)).to_kind(Kind::BFloat16)
+    }
+
+    #[test]
+    fn rope_on_a_strided_slice_equals_the_rotate_half_formula_bit_for_bit() {
+        let (t, d) = (5, 8);
+        tch::manual_seed(1);
+        let angles = Tensor::rand([t, d / 2], (Kind::Float, Device::Cpu)).g_mul_scalar(7.0);
+        let emb = Tensor::cat(&[&angles, &angles], -1);
+        // Heads 1..5 of 7, as a slice of a fused q|k|v output would be.
+        let x = bf16(&[2, t, 7, d], 2).narrow(2, 1, 4);
+        let before = x.copy();
+        let got = RopeTables::new(&emb, Kind::BFloat16)
+            .unwrap()
+            .apply(&x)
+            .unwrap();
+        // transformers: [b, heads, t, d] with cos/sin [1, 1, t, d], q * cos + rotate_half(q) * sin.
+        let xt = x.transpose(1, 2);
+        let cos = emb.cos().to_kind(Kind::BFloat16).view([1, 1, t, d]);
+        let sin = emb.sin().to_kind(Kind::BFloat16).view([1, 1, t, d]);
+        let (x1, x2) = (xt.narrow(3, 0, d / 2), xt.narrow(3, d / 2, d / 2));
+        let rotated = Tensor::cat(&[&x2.neg(), &x1], 3);
+        let expected = (&xt * &cos + rotated * &sin).transpose(1, 2);
+        assert!(got.equal(&expected));
+        assert!(x.equal(&before), "the input was written");
+    }
+
+    fn norm(weight: Tensor) -> RmsNorm {
+        RmsNorm { weight, eps: 1e-6 }
+    }
+
+    #[test]
+    fn rms_norm_matches_transformers_bit_for_bit_and_leaves_its_input_alone() {
+        for kind in [Kind::BFloat16, Kind::Float] {
+            let x = bf16(&[2, 3, 6, 16], 3).to_kind(kind).narrow(2, 1, 4);
+            let before = x.copy();
+            let w = bf16(&[16], 4).to_kind(kind);
+            let got = norm(w.shallow_clone()).forward(&x).unwrap();
+            let x32 = x.to_kind(Kind::Float);
+            let var = x32.pow_tensor_scalar(2).mean_dim(-1, true, None);
+            let expected = &w * (x32 * (var + 1e-6).rsqrt()).to_kind(kind);
+            assert_eq!(got.kind(), kind);
+            assert!(got.equal(&expected), "{kind:?}");
+            assert!(x.equal(&before), "{kind:?}: the input was written");
+        }
     }
 }

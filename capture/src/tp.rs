@@ -56,9 +56,40 @@ impl ColumnParallelLinear {
         out_features: usize,
         bias: bool,
     ) -> Result<Self> {
-        let weight = ctx.split(&format!("{prefix}.weight"), &[out_features, in_features], 0)?;
+        Self::load_fused(ctx, &[(prefix, out_features)], in_features, bias)
+    }
+
+    /// Several column-parallel linears over the same input, run as one GEMM: `parts` are
+    /// `(prefix, full out_features)`, and this rank's rows of each `<prefix>.weight` (and
+    /// `.bias`) are stacked in that order, so the output holds this rank's `out_0 / tp`
+    /// features, then its `out_1 / tp`, and so on. Each rank stacks only its own slices,
+    /// which keeps the Megatron split of every part (and its heads) unchanged.
+    pub fn load_fused(
+        ctx: &LoadCtx,
+        parts: &[(&str, usize)],
+        in_features: usize,
+        bias: bool,
+    ) -> Result<Self> {
+        let stack = |suffix: &str, with_in: bool| -> Result<Tensor> {
+            let mut slices = parts
+                .iter()
+                .map(|(prefix, out)| {
+                    let shape = if with_in {
+                        vec![*out, in_features]
+                    } else {
+                        vec![*out]
+                    };
+                    ctx.split(&format!("{prefix}.{suffix}"), &shape, 0)
+                })
+                .collect::<Result<Vec<_>>>()?;
+            Ok(match slices.len() {
+                1 => slices.remove(0),
+                _ => Tensor::f_cat(&slices, 0)?,
+            })
+        };
+        let weight = stack("weight", true)?;
         let bias = if bias {
-            Some(ctx.split(&format!("{prefix}.bias"), &[out_features], 0)?)
+            Some(stack("bias", false)?)
         } else {
             None
         };
@@ -103,10 +134,14 @@ impl RowParallelLinear {
 
     /// `[.., in / tp] -> [.., out]`, complete on every rank.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        if self.comm.world_size() == 1 {
+            // Nothing to sum, so the bias goes into the GEMM as in transformers' nn.Linear.
+            return Ok(x.f_linear(&self.weight, self.bias.as_ref())?);
+        }
         let mut y = x.f_linear::<Tensor>(&self.weight, None)?;
         self.comm.all_reduce_sum(&mut y)?;
         Ok(match &self.bias {
-            Some(b) => y.f_add(b)?,
+            Some(b) => y.f_add_(b)?,
             None => y,
         })
     }
@@ -163,5 +198,92 @@ impl VocabParallelEmbedding {
             .f_mul(&owned.f_unsqueeze(-1)?.f_to_kind(self.weight.kind())?)?;
         self.comm.all_reduce_sum(&mut out)?;
         Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::comm::LocalComm;
+    use safetensors::tensor::TensorView;
+
+    /// A checkpoint of f32 tensors whose values are `0, 1, 2, ...` scaled by `1/8`.
+    fn checkpoint(dir: &std::path::Path, tensors: &[(&str, Vec<usize>)]) -> Weights {
+        let bytes: Vec<Vec<u8>> = tensors
+            .iter()
+            .enumerate()
+            .map(|(k, (_, s))| {
+                (0..s.iter().product::<usize>())
+                    .flat_map(|i| ((i + 10 * k) as f32 / 8.0).to_le_bytes())
+                    .collect()
+            })
+            .collect();
+        let views: Vec<(String, TensorView)> = tensors
+            .iter()
+            .zip(&bytes)
+            .map(|((n, s), b)| {
+                let view = TensorView::new(safetensors::Dtype::F32, s.clone(), b).unwrap();
+                (n.to_string(), view)
+            })
+            .collect();
+        safetensors::serialize_to_file(views, None, &dir.join("model.safetensors")).unwrap();
+        Weights::open(dir).unwrap()
+    }
+
+    fn ctx(weights: &Weights, comm: LocalComm) -> LoadCtx<'_> {
+        LoadCtx {
+            weights,
+            comm: Rc::new(comm),
+            device: Device::Cpu,
+            kind: Kind::Float,
+        }
+    }
+
+    #[test]
+    fn fused_columns_equal_each_ranks_separate_projections_side_by_side() {
+        let d = tempfile::tempdir().unwrap();
+        let w = checkpoint(
+            d.path(),
+            &[
+                ("a.weight", vec![4, 3]),
+                ("a.bias", vec![4]),
+                ("b.weight", vec![2, 3]),
+                ("b.bias", vec![2]),
+            ],
+        );
+        let x = Tensor::from_slice(&[1.0f32, -2.0, 0.5, 3.0, 0.25, -1.0]).view([1, 2, 3]);
+        for comm in LocalComm::group(2) {
+            let c = ctx(&w, comm);
+            let fused = ColumnParallelLinear::load_fused(&c, &[("a", 4), ("b", 2)], 3, true)
+                .unwrap()
+                .forward(&x)
+                .unwrap();
+            let a = ColumnParallelLinear::load(&c, "a", 3, 4, true).unwrap();
+            let b = ColumnParallelLinear::load(&c, "b", 3, 2, true).unwrap();
+            let separate = Tensor::cat(&[a.forward(&x).unwrap(), b.forward(&x).unwrap()], -1);
+            // Each rank holds 2 of a's 4 features and 1 of b's 2.
+            assert_eq!(fused.size(), vec![1, 2, 3]);
+            assert!(fused.allclose(&separate, 1e-6, 1e-6, false));
+        }
+    }
+
+    #[test]
+    fn fused_load_names_the_missing_or_misshapen_original_tensor() {
+        let d = tempfile::tempdir().unwrap();
+        let w = checkpoint(
+            d.path(),
+            &[("a.weight", vec![4, 3]), ("b.weight", vec![2, 3])],
+        );
+        let c = ctx(&w, LocalComm::group(1).remove(0));
+        let load = |parts: &[(&str, usize)], bias| {
+            ColumnParallelLinear::load_fused(&c, parts, 3, bias)
+                .err()
+                .unwrap()
+                .to_string()
+        };
+        let e = load(&[("a", 4), ("b", 2)], true);
+        assert!(e.contains("missing tensor \"a.bias\""), "{e}");
+        let e = load(&[("a", 4), ("b", 5)], false);
+        assert!(e.contains("tensor \"b.weight\" has shape [2, 3]"), "{e}");
     }
 }

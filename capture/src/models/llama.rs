@@ -9,7 +9,7 @@ use tch::{Kind, Tensor};
 use super::{Captures, DecoderModel};
 use crate::config::ModelConfig;
 use crate::error::Result;
-use crate::layers::{apply_rotary, Mlp, RmsNorm, Rotary};
+use crate::layers::{Mlp, RmsNorm, RopeTables, Rotary};
 use crate::tp::{ColumnParallelLinear, LoadCtx, RowParallelLinear, VocabParallelEmbedding};
 
 /// Every tensor this architecture reads, with its full shape.
@@ -44,9 +44,8 @@ pub fn tensor_shapes(cfg: &ModelConfig) -> Vec<(String, Vec<usize>)> {
 
 /// Causal self-attention with grouped KV heads; this rank holds `heads / tp` query heads.
 struct Attention {
-    q_proj: ColumnParallelLinear,
-    k_proj: ColumnParallelLinear,
-    v_proj: ColumnParallelLinear,
+    /// This rank's q, k and v rows stacked: one GEMM for all three projections.
+    qkv_proj: ColumnParallelLinear,
     o_proj: RowParallelLinear,
     heads: i64,
     kv_heads: i64,
@@ -57,26 +56,12 @@ impl Attention {
     fn load(ctx: &LoadCtx, prefix: &str, cfg: &ModelConfig) -> Result<Self> {
         let (h, d, tp) = (cfg.hidden_size, cfg.head_dim, ctx.comm.world_size());
         let (q, kv) = (cfg.num_heads * d, cfg.num_kv_heads * d);
+        let names = ["q_proj", "k_proj", "v_proj"].map(|n| format!("{prefix}.{n}"));
         Ok(Attention {
-            q_proj: ColumnParallelLinear::load(
+            qkv_proj: ColumnParallelLinear::load_fused(
                 ctx,
-                &format!("{prefix}.q_proj"),
+                &[(&names[0], q), (&names[1], kv), (&names[2], kv)],
                 h,
-                q,
-                cfg.qkv_bias,
-            )?,
-            k_proj: ColumnParallelLinear::load(
-                ctx,
-                &format!("{prefix}.k_proj"),
-                h,
-                kv,
-                cfg.qkv_bias,
-            )?,
-            v_proj: ColumnParallelLinear::load(
-                ctx,
-                &format!("{prefix}.v_proj"),
-                h,
-                kv,
                 cfg.qkv_bias,
             )?,
             o_proj: RowParallelLinear::load(ctx, &format!("{prefix}.o_proj"), q, h, cfg.o_bias)?,
@@ -86,35 +71,26 @@ impl Attention {
         })
     }
 
-    fn forward(
-        &self,
-        x: &Tensor,
-        cos: &Tensor,
-        sin: &Tensor,
-        mask: Option<&Tensor>,
-    ) -> Result<Tensor> {
+    fn forward(&self, x: &Tensor, rope: &RopeTables, mask: Option<&Tensor>) -> Result<Tensor> {
         let (b, t) = (x.size()[0], x.size()[1]);
-        // 1. Project: [b, t, hidden] -> [b, t, heads*d] -> [b, t, heads, d] -> [b, heads, t, d].
-        let q = self
-            .q_proj
-            .forward(x)?
-            .f_view([b, t, self.heads, self.head_dim])?
+        let (heads, kv_heads, d) = (self.heads, self.kv_heads, self.head_dim);
+        // 1. Project: [b, t, hidden] -> [b, t, (heads + 2 kv_heads) * d], this rank's q | k | v.
+        let qkv = self.qkv_proj.forward(x)?;
+        // 2. Rotate positions into q and k at once: they are adjacent heads of one output,
+        //    [b, t, heads + kv_heads, d]; then [b, t, heads, d] -> [b, heads, t, d] views.
+        let qk = qkv
+            .f_narrow(2, 0, (heads + kv_heads) * d)?
+            .f_view([b, t, heads + kv_heads, d])?;
+        let qk = rope.apply(&qk)?;
+        let q = qk.f_narrow(2, 0, heads)?.f_transpose(1, 2)?;
+        let k = qk.f_narrow(2, heads, kv_heads)?.f_transpose(1, 2)?;
+        let v = qkv
+            .f_narrow(2, (heads + kv_heads) * d, kv_heads * d)?
+            .f_view([b, t, kv_heads, d])?
             .f_transpose(1, 2)?;
-        let k = self
-            .k_proj
-            .forward(x)?
-            .f_view([b, t, self.kv_heads, self.head_dim])?
-            .f_transpose(1, 2)?;
-        let v = self
-            .v_proj
-            .forward(x)?
-            .f_view([b, t, self.kv_heads, self.head_dim])?
-            .f_transpose(1, 2)?;
-        // 2. Rotate positions into q and k.
-        let q = apply_rotary(&q, cos, sin)?;
-        let k = apply_rotary(&k, cos, sin)?;
         // 3. Causal attention; right padding sits after every real token, so no real token sees it.
-        //    An explicit mask (sliding window) replaces the built-in causal one.
+        //    An explicit mask (sliding window) replaces the built-in causal one. The kernels read
+        //    these strided views as they are (unit stride over d is all they need).
         let y = Tensor::f_scaled_dot_product_attention(
             &q,
             &k,
@@ -126,9 +102,7 @@ impl Attention {
             true,
         )?;
         // 4. [b, heads, t, d] -> [b, t, heads*d] -> row-parallel projection and all-reduce.
-        let y = y
-            .f_transpose(1, 2)?
-            .f_reshape([b, t, self.heads * self.head_dim])?;
+        let y = y.f_transpose(1, 2)?.f_reshape([b, t, heads * d])?;
         self.o_proj.forward(&y)
     }
 }
@@ -157,24 +131,18 @@ impl DecoderLayer {
         })
     }
 
-    fn forward(
-        &self,
-        x: &Tensor,
-        cos: &Tensor,
-        sin: &Tensor,
-        mask: Option<&Tensor>,
-    ) -> Result<Tensor> {
-        let x = x.f_add(&self.self_attn.forward(
-            &self.input_layernorm.forward(x)?,
-            cos,
-            sin,
-            mask,
-        )?)?;
-        Ok(x.f_add(
-            &self
-                .mlp
-                .forward(&self.post_attention_layernorm.forward(&x)?)?,
-        )?)
+    /// A new tensor; `x` is never written (a capture may hold it).
+    fn forward(&self, x: &Tensor, rope: &RopeTables, mask: Option<&Tensor>) -> Result<Tensor> {
+        // The residual sums go into the sublayers' fresh outputs, which nothing else holds;
+        // addition commutes, so the bits are transformers' `x + sublayer(x)`.
+        let h = self
+            .self_attn
+            .forward(&self.input_layernorm.forward(x)?, rope, mask)?
+            .f_add_(x)?;
+        Ok(self
+            .mlp
+            .forward(&self.post_attention_layernorm.forward(&h)?)?
+            .f_add_(&h)?)
     }
 }
 
@@ -220,10 +188,10 @@ impl Model {
         let mut captures = Captures::new(points, self.layers.len())?;
         let last = captures.last_layer(self.layers.len());
         let t = input_ids.size()[1];
-        let (cos, sin) = self.rotary.cos_sin(t, self.kind)?; // [1, 1, t, d]
+        let rope = self.rotary.tables(t, self.kind)?;
         let mut x = self.embed_tokens.forward(input_ids)?; // [b, t, hidden]
         for (i, layer) in self.layers.iter().enumerate().take(last + 1) {
-            x = layer.forward(&x, &cos, &sin, mask)?;
+            x = layer.forward(&x, &rope, mask)?;
             captures.after_layer(i, &x);
         }
         captures.final_norm(|| self.norm.forward(&x))?;

@@ -1,7 +1,8 @@
 //! `Qwen2ForCausalLM`: the Llama computation (see `llama.rs`, whose layers it loads) with a
 //! bias on the q, k and v projections and none on o_proj — the config conversion sets
-//! `qkv_bias = true, o_bias = false` for this architecture, and the column-parallel q/k/v
-//! layers shard those biases with their rows. Sliding-window Qwen2 configs are rejected there.
+//! `qkv_bias = true, o_bias = false` for this architecture, and the fused column-parallel
+//! q|k|v layer shards those biases with their rows. Sliding-window Qwen2 configs are
+//! rejected there.
 use super::llama;
 use crate::config::ModelConfig;
 

@@ -8,7 +8,7 @@ use tch::{Kind, Tensor};
 use super::{llama, Captures, DecoderModel};
 use crate::config::ModelConfig;
 use crate::error::Result;
-use crate::layers::{apply_rotary, Mlp, RmsNorm, Rotary};
+use crate::layers::{Mlp, RmsNorm, RopeTables, Rotary};
 use crate::tp::{ColumnParallelLinear, LoadCtx, RowParallelLinear, VocabParallelEmbedding};
 
 /// Every tensor this architecture reads, with its full shape.
@@ -29,9 +29,8 @@ pub fn tensor_shapes(cfg: &ModelConfig) -> Vec<(String, Vec<usize>)> {
 
 /// Causal GQA attention with per-head q/k RMS norm; this rank holds `heads / tp` query heads.
 struct Attention {
-    q_proj: ColumnParallelLinear,
-    k_proj: ColumnParallelLinear,
-    v_proj: ColumnParallelLinear,
+    /// This rank's q, k and v rows stacked: one GEMM for all three projections.
+    qkv_proj: ColumnParallelLinear,
     o_proj: RowParallelLinear,
     q_norm: RmsNorm,
     k_norm: RmsNorm,
@@ -44,26 +43,12 @@ impl Attention {
     fn load(ctx: &LoadCtx, prefix: &str, cfg: &ModelConfig) -> Result<Self> {
         let (h, d, tp) = (cfg.hidden_size, cfg.head_dim, ctx.comm.world_size());
         let (q, kv) = (cfg.num_heads * d, cfg.num_kv_heads * d);
+        let names = ["q_proj", "k_proj", "v_proj"].map(|n| format!("{prefix}.{n}"));
         Ok(Attention {
-            q_proj: ColumnParallelLinear::load(
+            qkv_proj: ColumnParallelLinear::load_fused(
                 ctx,
-                &format!("{prefix}.q_proj"),
+                &[(&names[0], q), (&names[1], kv), (&names[2], kv)],
                 h,
-                q,
-                cfg.qkv_bias,
-            )?,
-            k_proj: ColumnParallelLinear::load(
-                ctx,
-                &format!("{prefix}.k_proj"),
-                h,
-                kv,
-                cfg.qkv_bias,
-            )?,
-            v_proj: ColumnParallelLinear::load(
-                ctx,
-                &format!("{prefix}.v_proj"),
-                h,
-                kv,
                 cfg.qkv_bias,
             )?,
             o_proj: RowParallelLinear::load(ctx, &format!("{prefix}.o_proj"), q, h, cfg.o_bias)?,
@@ -75,36 +60,30 @@ impl Attention {
         })
     }
 
-    fn forward(&self, x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
+    fn forward(&self, x: &Tensor, rope: &RopeTables) -> Result<Tensor> {
         let (b, t) = (x.size()[0], x.size()[1]);
-        // 1. Project and split heads: [b, t, hidden] -> [b, t, heads, d].
-        let q = self
-            .q_proj
-            .forward(x)?
-            .f_view([b, t, self.heads, self.head_dim])?;
-        let k = self
-            .k_proj
-            .forward(x)?
-            .f_view([b, t, self.kv_heads, self.head_dim])?;
-        let v = self
-            .v_proj
-            .forward(x)?
-            .f_view([b, t, self.kv_heads, self.head_dim])?;
-        // 2. Normalise each head over d, then [b, t, heads, d] -> [b, heads, t, d].
-        let q = self.q_norm.forward(&q)?.f_transpose(1, 2)?;
-        let k = self.k_norm.forward(&k)?.f_transpose(1, 2)?;
+        let (heads, kv_heads, d) = (self.heads, self.kv_heads, self.head_dim);
+        // 1. Project: [b, t, hidden] -> [b, t, (heads + 2 kv_heads) * d], this rank's q | k | v,
+        //    and split heads as views: [b, t, heads, d].
+        let qkv = self.qkv_proj.forward(x)?;
+        let q = qkv.f_narrow(2, 0, heads * d)?.f_view([b, t, heads, d])?;
+        let k = qkv
+            .f_narrow(2, heads * d, kv_heads * d)?
+            .f_view([b, t, kv_heads, d])?;
+        let v = qkv
+            .f_narrow(2, (heads + kv_heads) * d, kv_heads * d)?
+            .f_view([b, t, kv_heads, d])?;
+        // 2. Normalise each head over d, rotate positions in, then [b, t, heads, d] ->
+        //    [b, heads, t, d].
+        let q = rope.apply(&self.q_norm.forward(&q)?)?.f_transpose(1, 2)?;
+        let k = rope.apply(&self.k_norm.forward(&k)?)?.f_transpose(1, 2)?;
         let v = v.f_transpose(1, 2)?;
-        // 3. Rotate positions into q and k.
-        let q = apply_rotary(&q, cos, sin)?;
-        let k = apply_rotary(&k, cos, sin)?;
-        // 4. Causal attention; right padding is never attended by a real token.
+        // 3. Causal attention; right padding is never attended by a real token.
         let y = Tensor::f_scaled_dot_product_attention::<Tensor>(
             &q, &k, &v, None, 0.0, true, None, true,
         )?;
-        // 5. [b, heads, t, d] -> [b, t, heads*d] -> row-parallel projection and all-reduce.
-        let y = y
-            .f_transpose(1, 2)?
-            .f_reshape([b, t, self.heads * self.head_dim])?;
+        // 4. [b, heads, t, d] -> [b, t, heads*d] -> row-parallel projection and all-reduce.
+        let y = y.f_transpose(1, 2)?.f_reshape([b, t, heads * d])?;
         self.o_proj.forward(&y)
     }
 }
@@ -133,17 +112,17 @@ impl DecoderLayer {
         })
     }
 
-    fn forward(&self, x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
-        let x = x.f_add(
-            &self
-                .self_attn
-                .forward(&self.input_layernorm.forward(x)?, cos, sin)?,
-        )?;
-        Ok(x.f_add(
-            &self
-                .mlp
-                .forward(&self.post_attention_layernorm.forward(&x)?)?,
-        )?)
+    /// A new tensor; `x` is never written (a capture may hold it).
+    fn forward(&self, x: &Tensor, rope: &RopeTables) -> Result<Tensor> {
+        // As in llama.rs: residual sums go into the sublayers' fresh outputs.
+        let h = self
+            .self_attn
+            .forward(&self.input_layernorm.forward(x)?, rope)?
+            .f_add_(x)?;
+        Ok(self
+            .mlp
+            .forward(&self.post_attention_layernorm.forward(&h)?)?
+            .f_add_(&h)?)
     }
 }
 
@@ -182,10 +161,10 @@ impl DecoderModel for Model {
         let mut captures = Captures::new(points, self.layers.len())?;
         let last = captures.last_layer(self.layers.len());
         let t = input_ids.size()[1];
-        let (cos, sin) = self.rotary.cos_sin(t, self.kind)?; // [1, 1, t, d]
+        let rope = self.rotary.tables(t, self.kind)?;
         let mut x = self.embed_tokens.forward(input_ids)?; // [b, t, hidden]
         for (i, layer) in self.layers.iter().enumerate().take(last + 1) {
-            x = layer.forward(&x, &cos, &sin)?;
+            x = layer.forward(&x, &rope)?;
             captures.after_layer(i, &x);
         }
         captures.final_norm(|| self.norm.forward(&x))?;
