@@ -105,7 +105,8 @@ impl<'a> Captures<'a> {
     pub(crate) fn after_layer(&mut self, i: usize, x: &Tensor) {
         for (p, o) in self.points.iter().zip(&mut self.out) {
             if *p == CapturePoint::LayerOutput(i as u32) {
-                // Each layer returns a fresh tensor, so sharing storage with `x` is safe.
+                // Each layer returns a fresh tensor and never writes its input (residual sums
+                // go into its own sublayer outputs), so sharing storage with `x` is safe.
                 *o = Some(x.shallow_clone());
             }
         }
