@@ -172,26 +172,35 @@ mod tests {
         let mut out = Vec::new();
 
         let f32s: Vec<Vec<u8>> = vals.iter().map(|v| v.to_le_bytes().to_vec()).collect();
-        assert_eq!(kind(DType::F32).decode_into(&encoded(4, &f32s), &mut out), Ok(2));
+        assert_eq!(
+            kind(DType::F32).decode_into(&encoded(4, &f32s), &mut out),
+            Ok(2)
+        );
         assert_eq!(out, vals);
 
         let bf: Vec<Vec<u8>> = vals
             .iter()
             .map(|&v| half::bf16::from_f32(v).to_le_bytes().to_vec())
             .collect();
-        kind(DType::Bf16).decode_into(&encoded(2, &bf), &mut out).unwrap();
+        kind(DType::Bf16)
+            .decode_into(&encoded(2, &bf), &mut out)
+            .unwrap();
         assert_eq!(out, vals);
 
         let h: Vec<Vec<u8>> = vals
             .iter()
             .map(|&v| half::f16::from_f32(v).to_le_bytes().to_vec())
             .collect();
-        kind(DType::F16).decode_into(&encoded(2, &h), &mut out).unwrap();
+        kind(DType::F16)
+            .decode_into(&encoded(2, &h), &mut out)
+            .unwrap();
         assert_eq!(out, vals);
 
         // e4m3: 1.0 = 0x38, -2.0 = 0xc0, 0.25 = 0x28, 3.0 = 0x44
         let fp8 = vec![vec![0x38], vec![0xc0], vec![0x28], vec![0x44]];
-        kind(DType::Fp8E4m3).decode_into(&encoded(1, &fp8), &mut out).unwrap();
+        kind(DType::Fp8E4m3)
+            .decode_into(&encoded(1, &fp8), &mut out)
+            .unwrap();
         assert_eq!(out, [1.0, -2.0, 0.25, 3.0]);
     }
 
@@ -221,7 +230,10 @@ mod tests {
         assert_eq!(k.tokens(&twelve).unwrap(), 3);
         let five = planes::encode(&[0u8; 10], 2, 1).unwrap();
         let err = k.tokens(&five).unwrap_err();
-        assert!(err.contains("5 bf16 elements") && err.contains("rows of 4"), "{err}");
+        assert!(
+            err.contains("5 bf16 elements") && err.contains("rows of 4"),
+            "{err}"
+        );
         assert!(k.tokens(&[1, 2, 3]).unwrap_err().contains("too short"));
     }
 

@@ -64,7 +64,7 @@ async fn load_samples(a: &StoreArgs) -> Result<(DatasetSchema, Vec<Sample>)> {
         return Ok((r.schema().clone(), out));
     }
     if let Some(dir) = &a.from_npy {
-        return samples_from_npy(dir, a.samples);
+        return Ok(hslake_store::bench::samples_from_npy(dir, a.samples)?);
     }
     let seq = super::synth::parse_range(&a.seq_len)?;
     let dtype: DType = a.dtype.parse()?;
@@ -88,71 +88,6 @@ async fn load_samples(a: &StoreArgs) -> Result<(DatasetSchema, Vec<Sample>)> {
         schema,
         (0..a.samples as u64).map(|i| gen.sample(i)).collect(),
     ))
-}
-
-fn samples_from_npy(dir: &std::path::Path, limit: usize) -> Result<(DatasetSchema, Vec<Sample>)> {
-    let (_, ishape, ids) = super::npy::read_npy(&dir.join("input_ids.npy"))?;
-    let [n, t] = ishape[..] else {
-        anyhow::bail!("input_ids.npy: expected [N, T], got {ishape:?}")
-    };
-    let mut layers: Vec<u32> = std::fs::read_dir(dir)?
-        .filter_map(|e| {
-            e.ok()?
-                .file_name()
-                .to_str()?
-                .strip_prefix("layer_")?
-                .strip_suffix(".npy")?
-                .parse()
-                .ok()
-        })
-        .collect();
-    layers.sort_unstable();
-    let mut tensors = vec![];
-    let mut hidden = 0;
-    for l in &layers {
-        let (descr, shape, data) = super::npy::read_npy(&dir.join(format!("layer_{l}.npy")))?;
-        anyhow::ensure!(
-            descr == "<u2" && shape.len() == 3 && shape[..2] == [n, t],
-            "layer_{l}.npy: expected <u2 [{n}, {t}, H]"
-        );
-        hidden = shape[2];
-        tensors.push(data);
-    }
-    let points = layers
-        .iter()
-        .map(|&l| CapturePoint::LayerOutput(l))
-        .collect();
-    let top = layers.iter().max().map_or(1, |m| *m as usize + 2);
-    let schema = DatasetSchema::new(
-        "real activations",
-        "LlamaForCausalLM",
-        hidden,
-        top,
-        1 << 20,
-        DType::Bf16,
-        points,
-    )?;
-    let per = t * hidden * 2;
-    let samples = (0..n.min(limit))
-        .map(|i| Sample {
-            sample_id: i as u64,
-            input_ids: ids[i * t * 4..(i + 1) * t * 4]
-                .chunks_exact(4)
-                .map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-                .collect(),
-            loss_mask: vec![1; t],
-            tensors: tensors
-                .iter()
-                .map(|d| hslake_schemas::TensorData {
-                    dtype: DType::Bf16,
-                    shape: vec![t, hidden],
-                    data: d[i * per..(i + 1) * per].to_vec(),
-                    scales: None,
-                })
-                .collect(),
-        })
-        .collect();
-    Ok((schema, samples))
 }
 
 /// Run a benchmark.

@@ -5,7 +5,6 @@ pub mod cp;
 pub mod export;
 pub mod info;
 pub mod ls;
-pub mod npy;
 pub mod serve_sql;
 pub mod sql;
 pub mod synth;

@@ -1,5 +1,6 @@
 //! `cargo bench -p hslake-store`: the shard-format benchmark in a release build, on synthetic
-//! activations (or on a dataset named by HSLAKE_BENCH_FROM, e.g. real captured states).
+//! activations, on a dataset named by HSLAKE_BENCH_FROM, or on the `.npy` directory named by
+//! HSLAKE_BENCH_NPY (real activations from `scripts/real_activations.py`).
 //! Knobs: HSLAKE_BENCH_SAMPLES, HSLAKE_BENCH_HIDDEN, HSLAKE_BENCH_SEQ (MIN:MAX), HSLAKE_BENCH_LEVEL,
 //! HSLAKE_BENCH_ROW_GROUP_MB.
 use futures::TryStreamExt;
@@ -17,6 +18,9 @@ fn env<T: std::str::FromStr>(k: &str, d: T) -> T {
 
 async fn samples() -> (DatasetSchema, Vec<Sample>) {
     let n: usize = env("HSLAKE_BENCH_SAMPLES", 200);
+    if let Ok(dir) = std::env::var("HSLAKE_BENCH_NPY") {
+        return hslake_store::bench::samples_from_npy(dir.as_ref(), n).expect("npy samples");
+    }
     if let Ok(url) = std::env::var("HSLAKE_BENCH_FROM") {
         let r = DatasetReader::open(&Dataset::open(&url).await.expect("open"), None)
             .await

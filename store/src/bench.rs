@@ -12,7 +12,7 @@ use arrow_buffer::OffsetBuffer;
 use arrow_schema::{DataType, Field, Schema};
 use bytes::Bytes;
 use futures::TryStreamExt;
-use hslake_schemas::{DatasetSchema, Sample};
+use hslake_schemas::{CapturePoint, DType, DatasetSchema, Sample};
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use parquet::arrow::ArrowWriter;
 use parquet::basic::{Compression, Encoding, ZstdLevel};
@@ -149,8 +149,11 @@ pub struct LayoutBench {
 }
 
 /// The layouts compared: tensor columns only, same zstd level, one row group per 32 MiB raw.
-pub const LAYOUTS: [&str; 4] = [
-    "blob-split (chosen)",
+/// `blob-plane-zstd` compresses its values itself ([`crate::planes`]); the others leave
+/// compression to Parquet.
+pub const LAYOUTS: [&str; 5] = [
+    "blob-plane-zstd (chosen)",
+    "blob-split",
     "blob-plain",
     "list-bss",
     "row-per-token",
@@ -174,9 +177,14 @@ pub fn bench_layouts(
     for layout in LAYOUTS {
         let clock = Clock::start();
         let mut buf = Vec::new();
-        let batch0 = layout_batch(layout, schema, &samples[..1])?;
+        let batch0 = layout_batch(layout, schema, &samples[..1], zstd_level)?;
+        let compression = if layout.starts_with("blob-plane-zstd") {
+            Compression::UNCOMPRESSED
+        } else {
+            Compression::ZSTD(level)
+        };
         let mut props = WriterProperties::builder()
-            .set_compression(Compression::ZSTD(level))
+            .set_compression(compression)
             .set_dictionary_enabled(false);
         if layout == "list-bss" {
             props = props.set_encoding(Encoding::BYTE_STREAM_SPLIT);
@@ -191,7 +199,7 @@ pub fn bench_layouts(
                 .sum::<usize>()
                 .max(1));
         for chunk in samples.chunks(per_group.max(1)) {
-            let b = layout_batch(layout, schema, chunk)?;
+            let b = layout_batch(layout, schema, chunk, zstd_level)?;
             w.write(&b).map_err(|e| StoreError::pq(layout, e))?;
             w.flush().map_err(|e| StoreError::pq(layout, e))?;
         }
@@ -223,7 +231,12 @@ pub fn bench_layouts(
     Ok(out)
 }
 
-fn layout_batch(layout: &str, schema: &DatasetSchema, rows: &[Sample]) -> Result<RecordBatch> {
+fn layout_batch(
+    layout: &str,
+    schema: &DatasetSchema,
+    rows: &[Sample],
+    level: i32,
+) -> Result<RecordBatch> {
     let k = schema.dtype.size();
     let h = schema.hidden_size;
     let mut fields = vec![];
@@ -231,17 +244,16 @@ fn layout_batch(layout: &str, schema: &DatasetSchema, rows: &[Sample]) -> Result
     for (i, p) in schema.points.iter().enumerate() {
         let name = p.column();
         let (field, col): (Field, ArrayRef) = match layout {
-            "blob-split (chosen)" | "blob-plain" => {
+            "blob-plane-zstd (chosen)" | "blob-split" | "blob-plain" => {
                 let vals: Vec<Vec<u8>> = rows
                     .iter()
-                    .map(|s| {
-                        if layout == "blob-plain" {
-                            s.tensors[i].data.clone()
-                        } else {
-                            split(&s.tensors[i].data, k)
-                        }
+                    .map(|s| match layout {
+                        "blob-plain" => Ok(s.tensors[i].data.clone()),
+                        "blob-split" => Ok(split(&s.tensors[i].data, k)),
+                        _ => crate::planes::encode(&s.tensors[i].data, k, level)
+                            .map_err(|e| StoreError::Usage(e.to_string())),
                     })
-                    .collect();
+                    .collect::<Result<_>>()?;
                 (
                     Field::new(name, DataType::LargeBinary, false),
                     Arc::new(LargeBinaryArray::from_iter_values(vals.iter())),
@@ -306,16 +318,19 @@ fn decode_layout(layout: &str, b: &RecordBatch, k: usize, h: usize) -> u64 {
     let mut total = 0u64;
     for col in b.columns() {
         match layout {
-            "blob-split (chosen)" | "blob-plain" => {
+            "blob-plane-zstd (chosen)" | "blob-split" | "blob-plain" => {
                 let a = col.as_binary::<i64>();
                 for r in 0..a.len() {
                     let v = a.value(r);
-                    let mut out = vec![0u8; v.len()];
-                    if layout == "blob-plain" {
-                        out.copy_from_slice(v);
-                    } else {
-                        unsplit_into(v, k, &mut out);
-                    }
+                    let out = match layout {
+                        "blob-plain" => v.to_vec(),
+                        "blob-split" => {
+                            let mut out = vec![0u8; v.len()];
+                            unsplit_into(v, k, &mut out);
+                            out
+                        }
+                        _ => crate::planes::decode(v, k).unwrap_or_default(),
+                    };
                     total += std::hint::black_box(out).len() as u64;
                 }
             }
@@ -335,4 +350,78 @@ fn decode_layout(layout: &str, b: &RecordBatch, k: usize, h: usize) -> u64 {
         }
     }
     total
+}
+
+/// Samples from a directory of `input_ids.npy` (`[N, T]` int32) and `layer_<i>.npy` (`[N, T, H]`
+/// bf16 bits as uint16), as `scripts/real_activations.py` writes them; at most `limit`.
+pub fn samples_from_npy(
+    dir: &std::path::Path,
+    limit: usize,
+) -> Result<(DatasetSchema, Vec<Sample>)> {
+    let (_, ishape, ids) = crate::npy::read_npy(&dir.join("input_ids.npy"))?;
+    let [n, t] = ishape[..] else {
+        return Err(StoreError::Usage(format!(
+            "input_ids.npy: expected [N, T], got {ishape:?}"
+        )));
+    };
+    let mut layers: Vec<u32> = std::fs::read_dir(dir)
+        .map_err(|e| StoreError::Usage(format!("{}: {e}", dir.display())))?
+        .filter_map(|e| {
+            e.ok()?
+                .file_name()
+                .to_str()?
+                .strip_prefix("layer_")?
+                .strip_suffix(".npy")?
+                .parse()
+                .ok()
+        })
+        .collect();
+    layers.sort_unstable();
+    let mut tensors = vec![];
+    let mut hidden = 0;
+    for l in &layers {
+        let (descr, shape, data) = crate::npy::read_npy(&dir.join(format!("layer_{l}.npy")))?;
+        if descr != "<u2" || shape.len() != 3 || shape[..2] != [n, t] {
+            return Err(StoreError::Usage(format!(
+                "layer_{l}.npy: expected <u2 [{n}, {t}, H], got {descr} {shape:?}"
+            )));
+        }
+        hidden = shape[2];
+        tensors.push(data);
+    }
+    let points = layers
+        .iter()
+        .map(|&l| CapturePoint::LayerOutput(l))
+        .collect();
+    let top = layers.iter().max().map_or(1, |m| *m as usize + 2);
+    let schema = DatasetSchema::new(
+        "real activations",
+        "LlamaForCausalLM",
+        hidden,
+        top,
+        1 << 20,
+        DType::Bf16,
+        points,
+    )?;
+    let per = t * hidden * 2;
+    let samples = (0..n.min(limit))
+        .map(|i| Sample {
+            sample_id: i as u64,
+            input_ids: ids[i * t * 4..(i + 1) * t * 4]
+                .chunks_exact(4)
+                .map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect(),
+            loss_mask: vec![1; t],
+            tensors: tensors
+                .iter()
+                .map(|d| hslake_schemas::TensorData {
+                    dtype: DType::Bf16,
+                    shape: vec![t, hidden],
+                    data: d[i * per..(i + 1) * per].to_vec(),
+                    scales: None,
+                })
+                .collect(),
+        })
+        .collect();
+    Ok((schema, samples))
 }

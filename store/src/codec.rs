@@ -63,7 +63,8 @@ pub fn unsplit_into(split: &[u8], elem_size: usize, out: &mut [u8]) {
 
 /// A tensor's values in the `plane_zstd` encoding at zstd `level` (see [`crate::planes`]).
 pub fn encode_tensor(t: &TensorData, level: i32) -> Result<Vec<u8>> {
-    crate::planes::encode(&t.data, t.dtype.size(), level).map_err(|e| StoreError::Usage(format!("encoding a tensor: {e}")))
+    crate::planes::encode(&t.data, t.dtype.size(), level)
+        .map_err(|e| StoreError::Usage(format!("encoding a tensor: {e}")))
 }
 
 /// A sample ready to be written: tensors split, statistics computed.
@@ -106,9 +107,8 @@ impl EncodedSample {
                         .as_ref()
                         .map(|sc| {
                             let raw: Vec<u8> = sc.iter().flat_map(|v| v.to_le_bytes()).collect();
-                            crate::planes::encode(&raw, 4, level).map_err(|e| {
-                                StoreError::Usage(format!("encoding fp8 scales: {e}"))
-                            })
+                            crate::planes::encode(&raw, 4, level)
+                                .map_err(|e| StoreError::Usage(format!("encoding fp8 scales: {e}")))
                         })
                         .transpose()
                 })

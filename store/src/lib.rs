@@ -27,8 +27,9 @@ mod copy;
 mod dataset;
 mod error;
 pub mod location;
-pub mod planes;
 mod manifest;
+pub mod npy;
+pub mod planes;
 mod reader;
 pub mod shard_io;
 

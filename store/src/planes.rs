@@ -4,8 +4,9 @@
 //!
 //! Why this shape: in activations the information sits in the exponent. The rotation moves the
 //! sign out of the top byte, so that byte is the whole exponent for bf16 and f32 (about 2.8 bits
-//! of entropy). Mantissa bytes are nearly random; as whole bytes zstd stores them raw, but their
-//! high nibbles are skewed enough (leading mantissa bits) that a nibble plane compresses. Each
+//! of entropy). Mantissa bytes are nearly random; as whole bytes zstd stores them raw, but split
+//! into nibble planes one of them compresses (in real bf16 activations the lowest mantissa bit
+//! is measurably skewed). Each
 //! plane gets its own frame and zstd runs with its longest minimum match: on byte planes of
 //! activations short LZ matches cost more than the Huffman-coded literals they replace.
 use std::cell::RefCell;
@@ -153,8 +154,8 @@ pub fn from_planes(planes: &[u8], size: usize, out: &mut [u8]) {
             }
             if tail.len() == 2 {
                 let (h, l) = (hi_nib[half - 1], lo_nib[half - 1]);
-                let a = (u16::from(top[n - 1]) << 8 | u16::from((h << 4) | (l & 0x0f)))
-                    .rotate_right(1);
+                let a =
+                    (u16::from(top[n - 1]) << 8 | u16::from((h << 4) | (l & 0x0f))).rotate_right(1);
                 tail.copy_from_slice(&a.to_le_bytes());
             }
         }
@@ -203,7 +204,11 @@ fn le_value(c: &[u8]) -> u64 {
 
 fn rotl1(v: u64, size: usize) -> u64 {
     let bits = 8 * size;
-    let mask = if bits == 64 { u64::MAX } else { (1 << bits) - 1 };
+    let mask = if bits == 64 {
+        u64::MAX
+    } else {
+        (1 << bits) - 1
+    };
     ((v << 1) | (v >> (bits - 1))) & mask
 }
 
@@ -278,7 +283,9 @@ fn frames(value: &[u8], size: usize) -> Result<Vec<&[u8]>, PlaneError> {
         detail,
     };
     if value.len() < header {
-        return Err(short(format!("a header of {count} frame lengths needs {header} bytes")));
+        return Err(short(format!(
+            "a header of {count} frame lengths needs {header} bytes"
+        )));
     }
     let mut out = Vec::with_capacity(count);
     let mut pos = header;
@@ -316,8 +323,7 @@ pub fn decode_into(value: &[u8], size: usize, out: &mut [u8]) -> Result<(), Plan
         DCTX.with_borrow_mut(|slot| {
             if slot.is_none() {
                 *slot = Some(
-                    zstd::bulk::Decompressor::new()
-                        .map_err(|e| PlaneError::Zstd(e.to_string()))?,
+                    zstd::bulk::Decompressor::new().map_err(|e| PlaneError::Zstd(e.to_string()))?,
                 );
             }
             let d = slot.as_mut().expect("decompressor just set");
@@ -386,7 +392,10 @@ mod tests {
     #[test]
     fn f32_top_plane_is_the_exponent() {
         let mut planes = vec![];
-        let data: Vec<u8> = [1.0f32, -0.5].iter().flat_map(|v| v.to_le_bytes()).collect();
+        let data: Vec<u8> = [1.0f32, -0.5]
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect();
         to_planes(&data, 4, &mut planes);
         assert_eq!(&planes[..2], &[127, 126]);
     }
@@ -435,6 +444,11 @@ mod tests {
             })
             .collect();
         let enc = encode(&vals, 2, 1).unwrap();
-        assert!(enc.len() < vals.len() * 9 / 10, "{} of {}", enc.len(), vals.len());
+        assert!(
+            enc.len() < vals.len() * 9 / 10,
+            "{} of {}",
+            enc.len(),
+            vals.len()
+        );
     }
 }
