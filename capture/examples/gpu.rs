@@ -6,6 +6,7 @@
 //! gpu nccl-check                         NCCL with one rank on GPU 0: init, all-reduce, compare
 //! gpu prefill --model DIR [--batch 8 --seq 2048 --iters 5 --layers 2,16,29,31]
 //!                                        our forward alone (no copy, no write): tokens/s
+//! gpu verify URL                         `hslake verify` of what a capture wrote
 //! ```
 use std::process::ExitCode;
 use std::rc::Rc;
@@ -55,6 +56,32 @@ enum Command {
         #[arg(long, value_delimiter = ',', default_value = "2,16,29,31")]
         layers: Vec<CapturePoint>,
     },
+    /// Checksums, row counts and every tensor's decoding and shape, as `hslake verify` does.
+    Verify {
+        /// Dataset URL.
+        url: String,
+    },
+}
+
+/// Verify the newest version; failure when any problem is found.
+async fn verify(url: &str) -> anyhow::Result<ExitCode> {
+    let ds = hslake_store::Dataset::open(url).await?;
+    let report = hslake_store::verify(&ds, None, |_| {}).await?;
+    for p in &report.problems {
+        eprintln!("{p}");
+    }
+    println!(
+        "verify {url}: version {}, {} shards, {} samples, {} problems",
+        report.version,
+        report.shards,
+        report.samples,
+        report.problems.len()
+    );
+    Ok(if report.is_clean() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
 }
 
 fn nccl_check() -> anyhow::Result<()> {
@@ -136,6 +163,11 @@ fn main() -> ExitCode {
             iters,
             layers,
         } => prefill(&model, batch, seq, iters, &layers).map(|_| ExitCode::SUCCESS),
+        Command::Verify { url } => tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()
+            .context("cannot start the async runtime")
+            .and_then(|rt| rt.block_on(verify(&url))),
     };
     match result {
         Ok(code) => code,
