@@ -443,7 +443,7 @@ fn write_synthetic(
     shard_bytes: u64,
     dtype: &str,
 ) -> PyResult<Option<u64>> {
-    use hslake_schemas::{DType, DatasetSchema, FinitePolicy};
+    use hslake_schemas::{DType, DatasetSchema};
     use hslake_store::{
         encode_sample, synth::SynthModel, DatasetWriter, Provenance, WriterOptions,
     };
