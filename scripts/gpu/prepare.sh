@@ -8,6 +8,6 @@ T=${CARGO_TARGET_DIR:-target}
 cargo build --release -p hslake-capture --example gpu
 mkdir -p gpu-run
 cp "$T/release/examples/gpu" gpu-run/gpu
-cp scripts/gpu/run.sh scripts/gpu/variants.sh scripts/gpu/make_llama8b.py scripts/gpu/parity_bf16.py gpu-run/
+cp scripts/gpu/env.sh scripts/gpu/run.sh scripts/gpu/variants.sh scripts/gpu/make_llama8b.py scripts/gpu/parity_bf16.py gpu-run/
 cp /work/shared/reference/hf_baseline.py gpu-run/ 2>/dev/null || cp scripts/gpu/hf_baseline.py gpu-run/
 ls -la gpu-run

@@ -8,14 +8,7 @@
 # VARIANTS=0 skips the two diagnostic capture variants (malloc heap, memory://).
 # Logs and results go to $OUT (or ./gpu-out).
 set -uo pipefail
-HERE=$(cd "$(dirname "$0")" && pwd)
-OUT=${OUT:-$PWD/gpu-out}
-mkdir -p "$OUT"
-SITE=$(python3 -c 'import torch,os;print(os.path.dirname(os.path.dirname(torch.__file__)))')
-CUDART=$(dirname "$(find "$SITE/nvidia" -name 'libcudart.so.13*' | head -1)")
-# torch's own NVIDIA folders first: the system NCCL must not be the one loaded.
-export LD_LIBRARY_PATH=$SITE/torch/lib:$SITE/nvidia/nccl/lib:$CUDART${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-BIN=$HERE/gpu
+source "$(dirname "$0")/env.sh"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT/gpu.txt"
 python3 -c 'import torch,transformers;print("torch",torch.__version__,"transformers",transformers.__version__)' | tee -a "$OUT/gpu.txt"
 

@@ -4,13 +4,7 @@
 # end-to-end capture (+ verify) and the bf16 parity check under the fastest setting for us.
 #   bash gpu-run/variants.sh          (staged by scripts/gpu/prepare.sh; results in $OUT)
 set -uo pipefail
-HERE=$(cd "$(dirname "$0")" && pwd)
-OUT=${OUT:-$PWD/gpu-out}
-mkdir -p "$OUT"
-SITE=$(python3 -c 'import torch,os;print(os.path.dirname(os.path.dirname(torch.__file__)))')
-CUDART=$(dirname "$(find "$SITE/nvidia" -name 'libcudart.so.13*' | head -1)")
-export LD_LIBRARY_PATH=$SITE/torch/lib:$SITE/nvidia/nccl/lib:$CUDART${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-BIN=$HERE/gpu
+source "$(dirname "$0")/env.sh"
 W=/tmp/hslake-tp
 mkdir -p $W
 python3 "$HERE/make_llama8b.py" --out $W/llama8b --inputs $W/in.jsonl --samples ${SAMPLES:-640} --seq 2048 2>&1 | tail -2 | tee "$OUT/make.txt"
