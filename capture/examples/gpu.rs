@@ -15,6 +15,7 @@ use std::time::Instant;
 use anyhow::{bail, Context};
 use clap::{Parser, Subcommand};
 use hslake_capture::comm::{Communicator, SingleRank};
+use hslake_capture::layers::NormKernel;
 use hslake_capture::nccl::{self, NcclComm};
 use hslake_capture::weights::Weights;
 use hslake_capture::{models, ModelConfig};
@@ -55,6 +56,9 @@ enum Command {
         /// Layers whose outputs the forward returns (kept on the GPU).
         #[arg(long, value_delimiter = ',', default_value = "2,16,29,31")]
         layers: Vec<CapturePoint>,
+        /// RMS norm kernel: exact or fused.
+        #[arg(long, default_value = "exact")]
+        norm: NormKernel,
     },
     /// Checksums, row counts and every tensor's decoding and shape, as `hslake verify` does.
     Verify {
@@ -110,13 +114,14 @@ fn prefill(
     seq: i64,
     iters: usize,
     points: &[CapturePoint],
+    norm: NormKernel,
 ) -> anyhow::Result<()> {
     let _g = tch::no_grad_guard();
     let cfg = ModelConfig::load(model)?;
     let weights = Weights::open(model)?;
     let comm: Rc<dyn Communicator> = Rc::new(SingleRank);
     let t = Instant::now();
-    let m = models::load(&cfg, &weights, comm, Device::Cuda(0), Kind::BFloat16)?;
+    let m = models::load(&cfg, &weights, comm, Device::Cuda(0), Kind::BFloat16, norm)?;
     tch::Cuda::synchronize(0);
     println!("ours load secs {:.1}", t.elapsed().as_secs_f64());
     let ids = Tensor::f_randint(
@@ -162,7 +167,8 @@ fn main() -> ExitCode {
             seq,
             iters,
             layers,
-        } => prefill(&model, batch, seq, iters, &layers).map(|_| ExitCode::SUCCESS),
+            norm,
+        } => prefill(&model, batch, seq, iters, &layers, norm).map(|_| ExitCode::SUCCESS),
         Command::Verify { url } => tokio::runtime::Builder::new_multi_thread()
             .enable_all()
             .build()

@@ -21,6 +21,7 @@ use crate::config::ModelConfig;
 use crate::cuda::{CopyStream, PendingCopy, PinnedBuffer};
 use crate::error::{CaptureError, Result};
 use crate::input::{read_inputs, InputLimits, InputSample, Overlong};
+use crate::layers::NormKernel;
 use crate::models;
 use crate::nccl::{self, NcclComm};
 use crate::weights::Weights;
@@ -62,6 +63,8 @@ pub struct CaptureOptions {
     pub device: DeviceKind,
     /// Compute (and stored) dtype: bf16, f16 or f32.
     pub dtype: DType,
+    /// How RMS norms are computed on CUDA.
+    pub norm: NormKernel,
     /// Token budget of one padded batch (`batch * longest`).
     pub max_tokens_per_batch: usize,
     /// Longest sample kept whole.
@@ -100,6 +103,7 @@ impl CaptureOptions {
             tp: 1,
             device: DeviceKind::Cpu,
             dtype: DType::Bf16,
+            norm: NormKernel::Exact,
             max_tokens_per_batch: 16384,
             max_seq_len: None,
             overlong: Overlong::Truncate,
@@ -275,6 +279,7 @@ struct RankJob {
     weights: Arc<Weights>,
     device: Device,
     kind: Kind,
+    norm: NormKernel,
     points: Vec<CapturePoint>,
     batches: Receiver<Arc<BatchInput>>,
     out: Option<SyncSender<HostBatch>>,
@@ -315,7 +320,14 @@ fn run_rank(init: CommInit, job: RankJob) -> Result<RankTimes> {
 fn rank_loop(comm: Rc<dyn Communicator>, job: RankJob) -> Result<RankTimes> {
     let mut times = RankTimes::default();
     let t = Instant::now();
-    let model = models::load(&job.cfg, &job.weights, comm.clone(), job.device, job.kind)?;
+    let model = models::load(
+        &job.cfg,
+        &job.weights,
+        comm.clone(),
+        job.device,
+        job.kind,
+        job.norm,
+    )?;
     let copier = match (job.device, &job.out) {
         (Device::Cuda(d), Some(_)) => Some(CopyStream::new(d)?),
         _ => None,
@@ -867,6 +879,7 @@ fn run_threads(
                 DeviceKind::Cuda => Device::Cuda(rank),
             },
             kind,
+            norm: opts.norm,
             points: opts.points.clone(),
             batches: rx,
             out: if rank == 0 { host_tx.take() } else { None },

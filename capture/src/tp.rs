@@ -20,6 +20,8 @@ pub struct LoadCtx<'a> {
     pub device: Device,
     /// The compute dtype.
     pub kind: Kind,
+    /// How RMS norms are computed.
+    pub norm: crate::layers::NormKernel,
 }
 
 impl LoadCtx<'_> {
@@ -236,6 +238,7 @@ mod tests {
             comm: Rc::new(comm),
             device: Device::Cpu,
             kind: Kind::Float,
+            norm: Default::default(),
         }
     }
 

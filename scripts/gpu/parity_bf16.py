@@ -11,6 +11,7 @@ from capture_util import ARCHS, VOCAB, randomize, random_samples, read_dataset, 
 
 p = argparse.ArgumentParser()
 p.add_argument("--bin", required=True)
+p.add_argument("capture_flags", nargs="*", help="extra flags for the capture, e.g. --norm fused")
 p.add_argument("--work", required=True)
 a = p.parse_args()
 os.makedirs(a.work, exist_ok=True)
@@ -32,7 +33,7 @@ for arch, make in sorted(ARCHS.items()):
         subprocess.run(["rm", "-rf", ds])
         r = subprocess.run([a.bin, "capture", "--model", path, "--input", inputs, "--output", f"file://{ds}",
                             "--layers", "0,1,2", "--final-norm", "--device", "cuda", "--dtype", "bf16",
-                            "--max-tokens-per-batch", budget, "--no-progress"], capture_output=True, text=True)
+                            "--max-tokens-per-batch", budget, "--no-progress", *a.capture_flags], capture_output=True, text=True)
         if r.returncode != 0:
             print(f"{arch}: capture failed\n{r.stderr}")
             sys.exit(1)

@@ -4,6 +4,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::{bail, Context};
+use hslake_capture::layers::NormKernel;
 use hslake_capture::{capture, CaptureOptions, DeviceKind, Overlong};
 use hslake_schemas::{CapturePoint, DType};
 use hslake_store::WriterOptions;
@@ -35,6 +36,10 @@ pub struct Args {
     /// Compute and stored dtype: bf16, f16 or f32.
     #[arg(long, default_value = "bf16")]
     pub dtype: DType,
+    /// RMS norm on cuda: exact (transformers' own operations, bit-identical to it) or fused
+    /// (one libtorch kernel, less memory traffic; differs by at most one unit in the last place).
+    #[arg(long, default_value = "exact")]
+    pub norm: NormKernel,
     /// Token budget of one padded batch (batch size x longest sample).
     #[arg(long, default_value_t = 16384)]
     pub max_tokens_per_batch: usize,
@@ -86,6 +91,7 @@ pub async fn run(a: Args) -> anyhow::Result<ExitCode> {
     opts.tp = a.tp;
     opts.device = a.device;
     opts.dtype = a.dtype;
+    opts.norm = a.norm;
     opts.max_tokens_per_batch = a.max_tokens_per_batch;
     opts.max_seq_len = a.max_seq_len;
     opts.overlong = a.overlong;

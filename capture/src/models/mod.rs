@@ -9,6 +9,7 @@ use tch::{Device, Kind, Tensor};
 use crate::comm::Communicator;
 use crate::config::{Architecture, ModelConfig};
 use crate::error::{CaptureError, Result};
+use crate::layers::NormKernel;
 use crate::tp::LoadCtx;
 use crate::weights::Weights;
 
@@ -49,6 +50,7 @@ pub fn load(
     comm: Rc<dyn Communicator>,
     device: Device,
     kind: Kind,
+    norm: NormKernel,
 ) -> Result<Box<dyn DecoderModel>> {
     cfg.check_tp(comm.world_size())?;
     check_checkpoint(cfg, weights)?;
@@ -57,6 +59,7 @@ pub fn load(
         comm,
         device,
         kind,
+        norm,
     };
     Ok(match cfg.architecture {
         Architecture::Llama => Box::new(llama::Model::load(&ctx, cfg)?),
