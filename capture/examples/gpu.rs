@@ -56,8 +56,8 @@ enum Command {
         /// Layers whose outputs the forward returns (kept on the GPU).
         #[arg(long, value_delimiter = ',', default_value = "2,16,29,31")]
         layers: Vec<CapturePoint>,
-        /// RMS norm kernel: exact or fused.
-        #[arg(long, default_value = "exact")]
+        /// RMS norm kernel: fast or exact.
+        #[arg(long, default_value = "fast")]
         norm: NormKernel,
     },
     /// Checksums, row counts and every tensor's decoding and shape, as `hslake verify` does.

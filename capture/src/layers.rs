@@ -7,17 +7,18 @@ use crate::config::{ModelConfig, RopeScaling};
 use crate::error::Result;
 use crate::tp::{ColumnParallelLinear, LoadCtx, RowParallelLinear};
 
-/// How RMS norms are computed.
+/// How RMS norms are computed on CUDA.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum NormKernel {
-    /// transformers' own sequence of operations (f32 variance, `(x * rstd)` rounded to the
-    /// compute dtype, then `* weight` rounded again): bit-identical to transformers.
-    #[default]
+    /// transformers' own sequence of operations (an f32 copy of `x`, its square, their mean,
+    /// `(x * rstd)` rounded to the compute dtype, then `* weight` rounded again):
+    /// bit-identical to transformers.
     Exact,
-    /// libtorch's fused RMS norm on CUDA: one pass over `x`, `x * rstd * weight` in f32 rounded
-    /// once. Far less memory traffic; in bf16 about one element in five differs from
-    /// transformers' double rounding by one unit in the last place. CPU runs stay `Exact`.
-    Fused,
+    /// The same two roundings, but the mean square comes from one f32 reduction over `x` (no
+    /// f32 copy, no squared copy): 40 % of the memory traffic. `rstd` can differ from the exact
+    /// one in its last f32 bit, which changes a bf16 rounding about once in 2^16 elements.
+    #[default]
+    Fast,
 }
 
 impl std::str::FromStr for NormKernel {
@@ -25,10 +26,8 @@ impl std::str::FromStr for NormKernel {
     fn from_str(s: &str) -> std::result::Result<Self, String> {
         match s {
             "exact" => Ok(NormKernel::Exact),
-            "fused" => Ok(NormKernel::Fused),
-            _ => Err(format!(
-                "unknown norm kernel {s:?}; expected exact or fused"
-            )),
+            "fast" => Ok(NormKernel::Fast),
+            _ => Err(format!("unknown norm kernel {s:?}; expected exact or fast")),
         }
     }
 }
@@ -37,7 +36,7 @@ impl std::str::FromStr for NormKernel {
 pub struct RmsNorm {
     weight: Tensor,
     eps: f64,
-    fused: bool,
+    fast: bool,
 }
 
 impl RmsNorm {
@@ -46,17 +45,27 @@ impl RmsNorm {
         Ok(RmsNorm {
             weight: ctx.full(&format!("{prefix}.weight"), &[dim])?,
             eps,
-            fused: ctx.norm == NormKernel::Fused && ctx.device.is_cuda(),
+            fast: ctx.norm == NormKernel::Fast && ctx.device.is_cuda(),
         })
     }
 
     /// Normalises over the last dimension (any strides); `x` itself is never written.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        if self.fused {
-            let dim = x.size().last().copied().unwrap_or(0);
-            let (normed, _rstd) =
-                x.f_internal_fused_rms_norm([dim].as_slice(), Some(&self.weight), self.eps)?;
-            return Ok(normed);
+        if self.fast {
+            let dim = x.size().last().copied().unwrap_or(1).max(1);
+            // ||x||_2 accumulated in f32 straight from x; squaring it back costs at most an
+            // f32 rounding or two in rstd.
+            let rstd = x
+                .f_norm_scalaropt_dim_dtype(2.0, [-1i64].as_slice(), true, Kind::Float)?
+                .f_square_()?
+                .f_div_scalar_(dim as f64)?
+                .f_add_scalar_(self.eps)?
+                .f_rsqrt_()?;
+            // x (compute dtype) * rstd (f32) is computed in f32 and rounded once as it is
+            // stored: transformers' `(x32 * rstd).to(dtype)` without the f32 copy of x.
+            let normed = Tensor::f_empty(x.size().as_slice(), (x.kind(), x.device()))?;
+            let mut normed = x.f_mul_out(&normed, &rstd)?;
+            return Ok(normed.f_mul_(&self.weight)?);
         }
         let x32 = x.f_to_kind(Kind::Float)?;
         let rstd = x32
@@ -267,7 +276,7 @@ mod tests {
         RmsNorm {
             weight,
             eps: 1e-6,
-            fused: false,
+            fast: false,
         }
     }
 
@@ -288,32 +297,39 @@ mod tests {
     }
 
     #[test]
-    fn fused_rms_norm_is_within_one_unit_in_the_last_place_of_the_exact_one() {
-        // The fused kernel only runs on CUDA in a capture; libtorch has it on the CPU too,
-        // which lets this test check the call itself (shape, weight, eps) against the formula.
-        let x = bf16(&[2, 5, 64], 5);
-        let w = bf16(&[64], 6);
+    fn fast_rms_norm_rounds_like_the_exact_one_almost_everywhere() {
+        // The fast path only runs on CUDA in a capture; its operations exist on the CPU too,
+        // which lets this test check it against transformers' formula.
+        let x = bf16(&[4, 16, 64], 5).narrow(2, 0, 48);
+        let w = bf16(&[48], 6);
         let exact = norm(w.shallow_clone()).forward(&x).unwrap();
-        let fused = RmsNorm {
+        let fast = RmsNorm {
             weight: w,
             eps: 1e-6,
-            fused: true,
+            fast: true,
         }
         .forward(&x)
         .unwrap();
-        assert_eq!(fused.kind(), Kind::BFloat16);
-        assert_eq!(fused.size(), exact.size());
-        // One bf16 unit in the last place is 2^-7 of the value's binade: |d| <= |exact| / 128.
-        let d = (&fused.to_kind(Kind::Float) - &exact.to_kind(Kind::Float)).abs();
-        let bound = exact.to_kind(Kind::Float).abs() / 128.0 + 1e-30;
-        assert!(d.le_tensor(&bound).all().int64_value(&[]) == 1);
+        assert_eq!(fast.kind(), Kind::BFloat16);
+        assert_eq!(fast.size(), exact.size());
+        let (e, f) = (exact.to_kind(Kind::Float), fast.to_kind(Kind::Float));
+        // Never more than one unit in the last place (2^-7 of the value's binade)...
+        let d = (&f - &e).abs();
+        assert!(d.le_tensor(&(e.abs() / 128.0)).all().int64_value(&[]) == 1);
+        // ...and almost always none.
+        let differing = d.gt(0.0).sum(Kind::Int64).int64_value(&[]);
+        assert!(
+            differing * 100 <= e.numel() as i64,
+            "{differing} of {}",
+            e.numel()
+        );
     }
 
     #[test]
     fn norm_kernel_parses_and_names_the_choices() {
-        assert_eq!("fused".parse::<NormKernel>(), Ok(NormKernel::Fused));
+        assert_eq!("fast".parse::<NormKernel>(), Ok(NormKernel::Fast));
         assert_eq!("exact".parse::<NormKernel>(), Ok(NormKernel::Exact));
-        let err = "fast".parse::<NormKernel>().unwrap_err();
-        assert!(err.contains("exact or fused"), "{err}");
+        let err = "fused".parse::<NormKernel>().unwrap_err();
+        assert!(err.contains("exact or fast"), "{err}");
     }
 }

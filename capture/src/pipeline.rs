@@ -103,7 +103,7 @@ impl CaptureOptions {
             tp: 1,
             device: DeviceKind::Cpu,
             dtype: DType::Bf16,
-            norm: NormKernel::Exact,
+            norm: NormKernel::Fast,
             max_tokens_per_batch: 16384,
             max_seq_len: None,
             overlong: Overlong::Truncate,
