@@ -37,7 +37,7 @@ pub struct Args {
     #[arg(long, default_value = "bf16")]
     pub dtype: DType,
     /// RMS norm on cuda: fast (the mean square in one f32 pass, 40 % of the memory traffic;
-    /// about one element in 2^16 one unit in the last place off transformers) or exact
+    /// about one element in 10^5 one unit in the last place off transformers) or exact
     /// (transformers' own operations, bit-identical to it). CPU runs are always exact.
     #[arg(long, default_value = "fast")]
     pub norm: NormKernel,
