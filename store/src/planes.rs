@@ -260,17 +260,22 @@ pub fn encode(data: &[u8], size: usize, level: i32) -> Result<Vec<u8>, PlaneErro
 
 /// Number of elements in an encoded value (from the first frame's content size).
 pub fn element_count(value: &[u8], size: usize) -> Result<usize, PlaneError> {
-    let frames = frames(value, size)?;
-    match zstd_safe::get_frame_content_size(frames[0]) {
-        Ok(Some(n)) => Ok(n as usize),
-        Ok(None) => Err(PlaneError::BadPlane {
-            plane: 0,
-            detail: "zstd frame does not record its content size".into(),
-        }),
-        Err(_) => Err(PlaneError::BadPlane {
-            plane: 0,
-            detail: "not a zstd frame".into(),
-        }),
+    content_size(frames(value, size)?[0])
+}
+
+/// The content size a frame records. A zstd block holds at most 128 KiB and takes at least
+/// 4 bytes (an RLE block), so a claim beyond 32 Ki times the frame's length is corrupt, and is
+/// refused before anything is allocated for it.
+fn content_size(frame: &[u8]) -> Result<usize, PlaneError> {
+    let bad = |detail: String| PlaneError::BadPlane { plane: 0, detail };
+    match zstd_safe::get_frame_content_size(frame) {
+        Ok(Some(n)) if n <= frame.len() as u64 * 32768 => Ok(n as usize),
+        Ok(Some(n)) => Err(bad(format!(
+            "a frame of {} bytes claims {n} bytes of content",
+            frame.len()
+        ))),
+        Ok(None) => Err(bad("zstd frame does not record its content size".into())),
+        Err(_) => Err(bad("not a zstd frame".into())),
     }
 }
 
@@ -311,15 +316,28 @@ fn frames(value: &[u8], size: usize) -> Result<Vec<&[u8]>, PlaneError> {
 pub fn decode_into(value: &[u8], size: usize, out: &mut [u8]) -> Result<(), PlaneError> {
     let frames = frames(value, size)?;
     let n = out.len() / size;
-    let found = element_count(value, size)?;
+    let found = content_size(frames[0])?;
     if found != n {
         return Err(PlaneError::WrongLength { found, expected: n });
     }
+    decode_frames(&frames, size, out)
+}
+
+/// Decode a value whose element count is not known beforehand.
+pub fn decode(value: &[u8], size: usize) -> Result<Vec<u8>, PlaneError> {
+    let frames = frames(value, size)?;
+    let mut out = vec![0u8; content_size(frames[0])? * size];
+    decode_frames(&frames, size, &mut out)?;
+    Ok(out)
+}
+
+/// Decompress checked frames into the planes and rebuild `out.len() / size` elements.
+fn decode_frames(frames: &[&[u8]], size: usize, out: &mut [u8]) -> Result<(), PlaneError> {
+    let n = out.len() / size;
     SCRATCH.with_borrow_mut(|planes| {
         let lens: Vec<usize> = plane_lens(size, n).collect();
-        let total: usize = lens.iter().sum();
         planes.clear();
-        planes.resize(total, 0);
+        planes.resize(lens.iter().sum(), 0);
         DCTX.with_borrow_mut(|slot| {
             if slot.is_none() {
                 *slot = Some(
@@ -343,14 +361,6 @@ pub fn decode_into(value: &[u8], size: usize, out: &mut [u8]) -> Result<(), Plan
         from_planes(planes, size, out);
         Ok(())
     })
-}
-
-/// Decode a value whose element count is not known beforehand.
-pub fn decode(value: &[u8], size: usize) -> Result<Vec<u8>, PlaneError> {
-    let n = element_count(value, size)?;
-    let mut out = vec![0u8; n * size];
-    decode_into(value, size, &mut out)?;
-    Ok(out)
 }
 
 #[cfg(test)]
@@ -449,6 +459,21 @@ mod tests {
             "{} of {}",
             enc.len(),
             vals.len()
+        );
+    }
+
+    #[test]
+    fn refuses_a_content_size_no_frame_of_its_length_can_hold() {
+        // A valid header over a 13-byte first frame that claims 2^40 bytes of content.
+        let mut frame = vec![0x28, 0xb5, 0x2f, 0xfd, 0xc0];
+        frame.extend_from_slice(&(1u64 << 40).to_le_bytes());
+        frame.extend_from_slice(&[0x01, 0x00, 0x00]); // an empty last raw block
+        let mut value = (frame.len() as u32).to_le_bytes().to_vec();
+        value.extend_from_slice(&frame);
+        let err = decode(&value, 1).unwrap_err();
+        assert!(
+            matches!(&err, PlaneError::BadPlane { plane: 0, detail } if detail.contains("claims")),
+            "{err}"
         );
     }
 }
