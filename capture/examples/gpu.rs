@@ -67,6 +67,17 @@ enum Command {
     },
 }
 
+/// Run an async subcommand on a multi-threaded runtime.
+fn block_on(
+    f: impl std::future::Future<Output = anyhow::Result<ExitCode>>,
+) -> anyhow::Result<ExitCode> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?
+        .block_on(f)
+}
+
 /// Verify the newest version; failure when any problem is found.
 async fn verify(url: &str) -> anyhow::Result<ExitCode> {
     let ds = hslake_store::Dataset::open(url).await?;
@@ -155,11 +166,7 @@ fn main() -> ExitCode {
         .init();
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Capture(a) => tokio::runtime::Builder::new_multi_thread()
-            .enable_all()
-            .build()
-            .context("cannot start the async runtime")
-            .and_then(|rt| rt.block_on(capture::run(a))),
+        Command::Capture(a) => block_on(capture::run(a)),
         Command::NcclCheck => nccl_check().map(|_| ExitCode::SUCCESS),
         Command::Prefill {
             model,
@@ -169,11 +176,7 @@ fn main() -> ExitCode {
             layers,
             norm,
         } => prefill(&model, batch, seq, iters, &layers, norm).map(|_| ExitCode::SUCCESS),
-        Command::Verify { url } => tokio::runtime::Builder::new_multi_thread()
-            .enable_all()
-            .build()
-            .context("cannot start the async runtime")
-            .and_then(|rt| rt.block_on(verify(&url))),
+        Command::Verify { url } => block_on(verify(&url)),
     };
     match result {
         Ok(code) => code,

@@ -48,6 +48,11 @@ impl TensorKind {
     /// Number of token rows in a stored value, or an error naming the mismatch.
     pub fn tokens(&self, value: &[u8]) -> Result<usize, String> {
         let n = planes::element_count(value, self.dtype.size()).map_err(|e| e.to_string())?;
+        self.rows(n)
+    }
+
+    /// Token rows in `n` elements, or an error naming the partial row.
+    fn rows(&self, n: usize) -> Result<usize, String> {
         if !n.is_multiple_of(self.hidden) {
             return Err(format!(
                 "a value of {n} {} elements is not a whole number of rows of {}",
@@ -60,8 +65,8 @@ impl TensorKind {
     /// Decode a stored value into f32, row-major `[tokens, hidden]`, into `out`; returns the
     /// number of tokens.
     pub fn decode_into(&self, value: &[u8], out: &mut Vec<f32>) -> Result<usize, String> {
-        let tokens = self.tokens(value)?;
         let raw = planes::decode(value, self.dtype.size()).map_err(|e| e.to_string())?;
+        let tokens = self.rows(raw.len() / self.dtype.size())?;
         out.clear();
         out.reserve(tokens * self.hidden);
         match self.dtype {

@@ -1,4 +1,4 @@
-//! Samples to Arrow record batches and back: encoded tensors, byte-split scales, statistics
+//! Samples to Arrow record batches and back: `plane_zstd` tensors and fp8 scales, statistics
 //! columns.
 use std::sync::Arc;
 
@@ -61,13 +61,19 @@ pub fn unsplit_into(split: &[u8], elem_size: usize, out: &mut [u8]) {
     }
 }
 
-/// A tensor's values in the `plane_zstd` encoding at zstd `level` (see [`crate::planes`]).
-pub fn encode_tensor(t: &TensorData, level: i32) -> Result<Vec<u8>> {
-    crate::planes::encode(&t.data, t.dtype.size(), level)
-        .map_err(|e| StoreError::Usage(format!("encoding a tensor: {e}")))
+/// Little-endian values of `size` bytes in the `plane_zstd` encoding at zstd `level` (see
+/// [`crate::planes`]); `what` names them in the error.
+fn encode_values(raw: &[u8], size: usize, level: i32, what: &str) -> Result<Vec<u8>> {
+    crate::planes::encode(raw, size, level)
+        .map_err(|e| StoreError::Usage(format!("encoding {what}: {e}")))
 }
 
-/// A sample ready to be written: tensors split, statistics computed.
+/// A tensor's values in the `plane_zstd` encoding at zstd `level`.
+pub fn encode_tensor(t: &TensorData, level: i32) -> Result<Vec<u8>> {
+    encode_values(&t.data, t.dtype.size(), level, "a tensor")
+}
+
+/// A sample ready to be written: tensors encoded, statistics computed.
 #[derive(Debug, Clone)]
 pub struct EncodedSample {
     /// The sample id.
@@ -107,8 +113,7 @@ impl EncodedSample {
                         .as_ref()
                         .map(|sc| {
                             let raw: Vec<u8> = sc.iter().flat_map(|v| v.to_le_bytes()).collect();
-                            crate::planes::encode(&raw, 4, level)
-                                .map_err(|e| StoreError::Usage(format!("encoding fp8 scales: {e}")))
+                            encode_values(&raw, 4, level, "fp8 scales")
                         })
                         .transpose()
                 })

@@ -157,22 +157,18 @@ impl DatasetWriter {
             .set_statistics_enabled(EnabledStatistics::Chunk)
             .set_max_row_group_row_count(None)
             .set_created_by(format!("hslake {}", env!("CARGO_PKG_VERSION")));
-        // Tensor values are opaque byte strings: min/max statistics of them are useless bytes.
-        // They arrive compressed (plane_zstd), so Parquet must not compress them again.
+        // Tensor and scale values are opaque byte strings: min/max statistics of them are
+        // useless bytes. They arrive compressed (plane_zstd), so Parquet must not compress them
+        // again.
         for p in &schema.points {
-            b = b.set_column_statistics_enabled(
-                ColumnPath::from(p.column()),
-                EnabledStatistics::None,
-            );
-            b = b.set_column_compression(ColumnPath::from(p.column()), Compression::UNCOMPRESSED);
-            b = b.set_column_statistics_enabled(
-                ColumnPath::from(format!("{}_scale", p.column())),
-                EnabledStatistics::None,
-            );
-            b = b.set_column_compression(
-                ColumnPath::from(format!("{}_scale", p.column())),
-                Compression::UNCOMPRESSED,
-            );
+            for col in [p.column(), format!("{}_scale", p.column())] {
+                b = b
+                    .set_column_statistics_enabled(
+                        ColumnPath::from(col.clone()),
+                        EnabledStatistics::None,
+                    )
+                    .set_column_compression(ColumnPath::from(col), Compression::UNCOMPRESSED);
+            }
         }
         Ok(DatasetWriter {
             ds: ds.clone(),
