@@ -11,10 +11,23 @@ if [ ! -x .venv/bin/python3 ]; then
   echo "setup: creating .venv" >&2
   "$PY" -m venv .venv
 fi
+# Installing the Python packages needs about 8 GB (torch with its NVIDIA libraries unpacks to
+# 5.4 GB, and pip holds the wheels meanwhile); the first dev build of the workspace about 8 GB
+# more. A full disk otherwise surfaces as pip's "No space left on device" halfway through.
+need_space() { # <GB> <what>
+  local free_kb
+  free_kb=$(df -Pk "$ROOT" | awk 'NR==2 {print $4}')
+  if [ "${HSLAKE_SKIP_SPACE_CHECK:-0}" != 1 ] && [ "$free_kb" -lt $(($1 * 1024 * 1024)) ]; then
+    echo "setup: $2 needs about $1 GB free on the disk of $ROOT, but only $((free_kb / 1024)) MB are free" >&2
+    echo "setup: free some space (or set HSLAKE_SKIP_SPACE_CHECK=1 to try anyway)" >&2
+    exit 1
+  fi
+}
 stamp=.venv/.requirements.sha
 want=$(sha256sum requirements-dev.txt | cut -d' ' -f1)
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   echo "setup: installing Python packages (torch 2.11.0 is about 4.6 GB with its NVIDIA libraries)" >&2
+  need_space 8 "installing the Python packages"
   .venv/bin/pip install -q --upgrade pip
   .venv/bin/pip install -q -r requirements-dev.txt
   echo "$want" > "$stamp"
@@ -27,5 +40,8 @@ for step in scripts/setup.d/*.sh; do
   bash "$step"
 done
 
+if [ ! -d "${CARGO_TARGET_DIR:-target}/debug" ]; then
+  need_space 8 "the first dev build of the workspace"
+fi
 echo "setup: building hslake (dev profile)" >&2
 cargo build --workspace --bins
