@@ -1,9 +1,13 @@
 #!/usr/bin/env python3
 """SQL benchmark: hslake (DataFusion) vs DuckDB over the same Parquet shards.
 
-Writes a synthetic dataset with `hslake synth` (unless it exists), then times a metadata query
-and a tensor query through `hslake sql` (in-process query time and bytes read, from its
-"query done" log line) and the metadata query through DuckDB on the very same shard files.
+Writes a synthetic dataset with `hslake synth` (unless it exists), then times the metadata
+queries and a tensor query through `hslake sql` (in-process query time and bytes read, from its
+"query done" log line) and the metadata queries through DuckDB on the very same shard files.
+Each engine is timed twice: "cold", a fresh engine per run (a new `hslake sql` process, a new
+DuckDB connection: footers are read and parsed again; the OS page cache is warm for both), and
+"warm", the query repeated in one engine (one `hslake sql` session reading statements from stdin,
+one DuckDB connection).
 Usage: .venv/bin/python scripts/bench_sql.py [--samples 1000000] [--dir /tmp/hslake-bench-sql]
 """
 import argparse
@@ -26,32 +30,53 @@ FILTERED = "SELECT count(*) AS n, avg(seq_len) AS avg_len FROM samples WHERE lay
 TENSOR = "SELECT avg(tensor_norm(layer_30)) AS mean_norm FROM samples"
 
 
-def hslake_query(url, q, runs):
-    best = None
-    for _ in range(runs):
-        r = subprocess.run([HSLAKE, "sql", url, q, "--format", "csv"], capture_output=True, text=True,
-                           env={**os.environ, "NO_COLOR": "1"})
+def hslake_runs(url, q, runs, warm):
+    """(ms, bytes read, output) of every run: one process per run, or all runs in one session."""
+    env = {**os.environ, "NO_COLOR": "1"}
+    if warm:
+        r = subprocess.run([HSLAKE, "sql", url, "--format", "csv"], input=f"{q};\n" * runs,
+                           capture_output=True, text=True, env=env)
         r.check_returncode()
-        line = [l for l in r.stderr.splitlines() if "query done" in l][-1]
+        lines = r.stdout.strip().splitlines()
+        outs = ["\n".join(lines[: len(lines) // runs])] * runs
+        logs = [l for l in r.stderr.splitlines() if "query done" in l]
+    else:
+        outs, logs = [], []
+        for _ in range(runs):
+            r = subprocess.run([HSLAKE, "sql", url, q, "--format", "csv"], capture_output=True, text=True,
+                               env=env)
+            r.check_returncode()
+            outs.append(r.stdout.strip())
+            logs.append([l for l in r.stderr.splitlines() if "query done" in l][-1])
+    res = []
+    for line, out in zip(logs, outs):
         line = re.sub(r"\x1b\[[0-9;]*m", "", line)
         ms = int(re.search(r"elapsed_ms=(\d+)", line).group(1))
         read = int(re.search(r"bytes_read=(\d+)", line).group(1))
-        if best is None or ms < best[0]:
-            best = (ms, read, r.stdout.strip())
-    return best
+        res.append((ms, read, out))
+    return res
 
 
-def duck_query(files, q, runs):
-    con = duckdb.connect()
-    con.execute(f"CREATE VIEW samples AS SELECT * FROM read_parquet({files!r})")
-    best = None
+def duck_runs(files, q, runs, warm):
+    """(ms, result) of every run: a new connection per run, or all runs on one connection."""
+    def connect():
+        con = duckdb.connect()
+        con.execute(f"CREATE VIEW samples AS SELECT * FROM read_parquet({files!r})")
+        return con
+    con = connect()
+    res = []
     for _ in range(runs):
+        if not warm:
+            con = connect()
         t = time.perf_counter()
-        res = con.execute(q).fetchall()
-        ms = (time.perf_counter() - t) * 1000
-        if best is None or ms < best[0]:
-            best = (ms, res)
-    return best
+        out = con.execute(q).fetchall()
+        res.append(((time.perf_counter() - t) * 1000, out))
+    return res
+
+
+def best_median(ms):
+    ms = sorted(ms)
+    return ms[0], ms[len(ms) // 2]
 
 
 def main():
@@ -73,20 +98,22 @@ def main():
     samples = sum(s["rows"] for s in manifest["shards"])
     print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores; "
           f"dataset: {samples} samples, {len(files)} shards, {total / 1e6:.1f} MB")
-    rows = []
+    print(f"| query | engine | mode | ms, best | ms, median of {a.runs} | bytes read | % of dataset | result |")
+    print("|---|---|---|---|---|---|---|---|")
     for name, q in [("metadata", METADATA), ("metadata, WHERE", FILTERED), ("tensor", TENSOR)]:
-        ms, read, out = hslake_query(url, q, a.runs)
-        rows.append((name, "hslake", ms, read, out.replace("\n", " | ")))
-        if q is not TENSOR:
-            # DuckDB cannot decode plane_zstd tensors, so only the metadata queries run there.
-            dms, res = duck_query(files, q, a.runs)
-            rows.append((name, "duckdb", dms, None, str(res)))
-    print(f"| query | engine | time (ms, best of {a.runs}) | bytes read | % of dataset | result |")
-    print("|---|---|---|---|---|---|")
-    for name, eng, ms, read, out in rows:
-        pct = f"{100 * read / total:.3f}%" if read is not None else "n/a"
-        rd = f"{read:,}" if read is not None else "n/a"
-        print(f"| {name} | {eng} | {ms:.0f} | {rd} | {pct} | {out} |")
+        for warm in (False, True):
+            mode = "warm" if warm else "cold"
+            runs = hslake_runs(url, q, a.runs, warm)
+            b, m = best_median([r[0] for r in runs])
+            read, out = runs[-1][1], runs[-1][2].replace("\n", " ")
+            print(f"| {name} | hslake | {mode} | {b:.0f} | {m:.0f} | {read:,} | {100 * read / total:.3f}% | {out} |",
+                  flush=True)
+            if q is TENSOR:
+                # DuckDB cannot decode plane_zstd tensors, so only the metadata queries run there.
+                continue
+            runs = duck_runs(files, q, a.runs, warm)
+            b, m = best_median([r[0] for r in runs])
+            print(f"| {name} | duckdb | {mode} | {b:.1f} | {m:.1f} | n/a | n/a | {runs[-1][1]} |", flush=True)
 
 
 if __name__ == "__main__":
