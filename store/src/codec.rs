@@ -9,7 +9,7 @@ use arrow_array::{
     ArrayRef, Float32Array, LargeBinaryArray, RecordBatch, UInt32Array, UInt64Array,
 };
 use arrow_schema::{DataType, Field, Schema};
-use hslake_schemas::{tensor_stats, DatasetSchema, Sample, StatKind, TensorData, TensorStats};
+use hslake_schemas::{DatasetSchema, Sample, StatKind, TensorData, TensorStats};
 
 use crate::{Result, StoreError};
 
@@ -93,8 +93,9 @@ pub struct EncodedSample {
 }
 
 impl EncodedSample {
-    /// Encode a sample (already validated against the schema) at zstd `level`.
-    pub fn new(s: &Sample, level: i32) -> Result<Self> {
+    /// Encode a sample (already validated against the schema) at zstd `level`; `stats` are
+    /// its tensors' [`tensor_stats`], in order.
+    pub fn new(s: &Sample, stats: Vec<TensorStats>, level: i32) -> Result<Self> {
         Ok(EncodedSample {
             sample_id: s.sample_id,
             input_ids: s.input_ids.clone(),
@@ -118,7 +119,7 @@ impl EncodedSample {
                         .transpose()
                 })
                 .collect::<Result<_>>()?,
-            stats: s.tensors.iter().map(tensor_stats).collect(),
+            stats,
         })
     }
 

@@ -5,7 +5,7 @@ use std::sync::{Arc, Mutex};
 use bytes::Bytes;
 use futures::future::BoxFuture;
 use futures::FutureExt;
-use hslake_schemas::{DatasetSchema, FinitePolicy, Sample, SchemaError};
+use hslake_schemas::{tensor_stats, DatasetSchema, FinitePolicy, Sample, SchemaError, TensorStats};
 use object_store::buffered::BufWriter;
 use object_store::ObjectStoreExt;
 use parquet::arrow::async_writer::AsyncFileWriter;
@@ -119,15 +119,19 @@ pub fn encode_sample(
         source,
     };
     schema.validate(sample).map_err(invalid)?;
-    let enc = EncodedSample::new(sample, opts.zstd_level)?;
+    // The policy needs only the statistics: a sample it skips or refuses is never compressed.
+    let stats: Vec<TensorStats> = sample.tensors.iter().map(tensor_stats).collect();
     let keep = schema
         .apply_finite_policy(
             sample.sample_id,
-            enc.stats.iter().map(|s| (s.nan_count, s.inf_count)),
+            stats.iter().map(|s| (s.nan_count, s.inf_count)),
             opts.finite_policy,
         )
         .map_err(invalid)?;
-    Ok(keep.then_some(enc))
+    if !keep {
+        return Ok(None);
+    }
+    EncodedSample::new(sample, stats, opts.zstd_level).map(Some)
 }
 
 /// Appends samples to a dataset; `commit` makes them visible atomically as a new version.
@@ -376,5 +380,59 @@ impl DatasetWriter {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use hslake_schemas::{CapturePoint, DType, TensorData};
+
+    fn nan_sample() -> (DatasetSchema, Sample) {
+        let schema = DatasetSchema::new(
+            "m",
+            "LlamaForCausalLM",
+            2,
+            4,
+            100,
+            DType::Bf16,
+            vec![CapturePoint::LayerOutput(1)],
+        )
+        .unwrap();
+        let s = Sample {
+            sample_id: 9,
+            input_ids: vec![1, 2],
+            loss_mask: vec![1, 1],
+            tensors: vec![TensorData::from_bf16_bits(
+                &[0x3f80, 0x7fc0, 0x4000, 0x4040],
+                vec![2, 2],
+            )],
+        };
+        (schema, s)
+    }
+
+    fn with_policy(finite_policy: FinitePolicy) -> WriterOptions {
+        WriterOptions {
+            finite_policy,
+            ..WriterOptions::default()
+        }
+    }
+
+    #[test]
+    fn finite_policy_decides_what_a_sample_with_nan_becomes() {
+        let (schema, s) = nan_sample();
+        let err = encode_sample(&schema, &with_policy(FinitePolicy::Error), &s).unwrap_err();
+        assert!(
+            matches!(err, StoreError::InvalidSample { sample_id: 9, .. }),
+            "{err}"
+        );
+        assert!(encode_sample(&schema, &with_policy(FinitePolicy::Skip), &s)
+            .unwrap()
+            .is_none());
+        let kept = encode_sample(&schema, &with_policy(FinitePolicy::Record), &s)
+            .unwrap()
+            .expect("kept");
+        assert_eq!(kept.stats[0].nan_count, 1);
+        assert_eq!(kept.raw_bytes(), 8);
     }
 }
