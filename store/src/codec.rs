@@ -13,54 +13,6 @@ use hslake_schemas::{DatasetSchema, Sample, StatKind, TensorData, TensorStats};
 
 use crate::{Result, StoreError};
 
-/// Byte-split a little-endian buffer of `elem_size`-byte values: byte 0 of every element,
-/// then byte 1 of every element, and so on. Exponent bytes end up together, which is what
-/// lets zstd find the redundancy in activations.
-pub fn split(data: &[u8], elem_size: usize) -> Vec<u8> {
-    let n = data.len() / elem_size;
-    let mut out = vec![0u8; data.len()];
-    match elem_size {
-        1 => out.copy_from_slice(data),
-        2 => {
-            let (lo, hi) = out.split_at_mut(n);
-            for ((l, h), v) in lo.iter_mut().zip(hi.iter_mut()).zip(data.chunks_exact(2)) {
-                *l = v[0];
-                *h = v[1];
-            }
-        }
-        k => {
-            for (i, v) in data.chunks_exact(k).enumerate() {
-                for (b, &byte) in v.iter().enumerate() {
-                    out[b * n + i] = byte;
-                }
-            }
-        }
-    }
-    out
-}
-
-/// Inverse of [`split`], writing into `out` (same length as `split`).
-pub fn unsplit_into(split: &[u8], elem_size: usize, out: &mut [u8]) {
-    let n = split.len() / elem_size;
-    match elem_size {
-        1 => out.copy_from_slice(split),
-        2 => {
-            let (lo, hi) = split.split_at(n);
-            for ((o, &l), &h) in out.chunks_exact_mut(2).zip(lo).zip(hi) {
-                o[0] = l;
-                o[1] = h;
-            }
-        }
-        k => {
-            for (i, o) in out.chunks_exact_mut(k).enumerate() {
-                for (b, byte) in o.iter_mut().enumerate() {
-                    *byte = split[b * n + i];
-                }
-            }
-        }
-    }
-}
-
 /// Little-endian values of `size` bytes in the `plane_zstd` encoding at zstd `level` (see
 /// [`crate::planes`]); `what` names them in the error.
 fn encode_values(raw: &[u8], size: usize, level: i32, what: &str) -> Result<Vec<u8>> {
@@ -326,28 +278,4 @@ pub fn decode_tensor(
         data,
         scales,
     })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn split_and_unsplit_are_inverse_for_every_width() {
-        for k in [1usize, 2, 4] {
-            let data: Vec<u8> = (0..(k * 37)).map(|i| (i * 31 % 251) as u8).collect();
-            let s = split(&data, k);
-            let mut back = vec![0; data.len()];
-            unsplit_into(&s, k, &mut back);
-            assert_eq!(back, data);
-        }
-    }
-
-    #[test]
-    fn split_groups_high_bytes_of_bf16() {
-        assert_eq!(
-            split(&[0x11, 0xaa, 0x22, 0xbb], 2),
-            vec![0x11, 0x22, 0xaa, 0xbb]
-        );
-    }
 }

@@ -6,9 +6,9 @@
 //! sign out of the top byte, so that byte is the whole exponent for bf16 and f32 (about 2.8 bits
 //! of entropy). Mantissa bytes are nearly random; as whole bytes zstd stores them raw, but split
 //! into nibble planes one of them compresses (in real bf16 activations the lowest mantissa bit
-//! is measurably skewed). Each
-//! plane gets its own frame and zstd runs with its longest minimum match: on byte planes of
-//! activations short LZ matches cost more than the Huffman-coded literals they replace.
+//! is measurably skewed). Each plane gets its own frame and zstd runs with its longest minimum
+//! match: on byte planes of activations short LZ matches cost more than the Huffman-coded
+//! literals they replace.
 use std::cell::RefCell;
 
 use thiserror::Error;
@@ -73,7 +73,7 @@ pub fn to_planes(data: &[u8], size: usize, planes: &mut Vec<u8>) {
     let n = data.len() / size;
     let half = n.div_ceil(2);
     planes.clear();
-    planes.resize(n + (plane_count(size) - 1) * half, 0);
+    planes.resize(plane_lens(size, n).sum(), 0);
     if n == 0 {
         return;
     }
