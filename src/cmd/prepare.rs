@@ -95,6 +95,7 @@ fn counter_bar(what: &str) -> ProgressBar {
 }
 
 struct Rejects {
+    input: String,
     shown: u64,
     file: Option<std::io::BufWriter<std::fs::File>>,
 }
@@ -103,7 +104,7 @@ impl Rejects {
     // The first few go to the log, every one to --rejects.
     fn record(&mut self, location: &str, reason: &str) -> Result<()> {
         if self.shown < 20 {
-            tracing::warn!(%location, %reason, "record left out");
+            tracing::warn!("record left out: {}: {location}: {reason}", self.input);
             self.shown += 1;
         } else if self.shown == 20 {
             tracing::warn!("more records left out; the summary counts them (--rejects FILE lists each)");
@@ -128,7 +129,8 @@ pub async fn run(a: Args) -> Result<std::process::ExitCode> {
     let format = a.format.unwrap_or_else(|| FileFormat::of_path(&a.output));
     let fetched = tempfile::tempdir().context("cannot create a temporary directory")?;
     let input = fetch_input(&a.input, fetched.path()).await?;
-    let mut rejects = Rejects {
+    let rejects = Rejects {
+        input: a.input.clone(),
         shown: 0,
         file: match &a.rejects {
             Some(p) => Some(std::io::BufWriter::new(std::fs::File::create(p).with_context(|| format!("{}: cannot create", p.display()))?)),
