@@ -188,8 +188,9 @@ pub fn parse_conversation(v: &Value) -> Result<Conversation, RecordError> {
         )));
     };
     let id = match obj.get("id") {
-        Some(Value::Number(n)) => Some(n.as_u64().ok_or_else(|| {
-            malformed(format!("\"id\" {n} is not a non-negative integer"))
+        // Capture reads ids as i64: keep them in 0..2^63.
+        Some(Value::Number(n)) => Some(n.as_i64().filter(|&i| i >= 0).map(|i| i as u64).ok_or_else(|| {
+            malformed(format!("\"id\" {n} is not an integer in 0..2^63"))
         })?),
         _ => None,
     };

@@ -60,7 +60,7 @@ fn batch(samples: &[Sample]) -> std::result::Result<RecordBatch, arrow_schema::A
         masks.values().append_slice(&s.loss_mask);
         masks.append(true);
     }
-    let id: Int64Array = samples.iter().map(|s| s.id as i64).collect();
+    let id = Int64Array::from_iter_values(samples.iter().map(|s| s.id as i64));
     RecordBatch::try_new(schema(), vec![Arc::new(id) as ArrayRef, Arc::new(ids.finish()), Arc::new(masks.finish())])
 }
 
@@ -92,24 +92,22 @@ impl SampleWriter {
         Ok(SampleWriter { path: path.to_path_buf(), tmp, sink })
     }
 
-    fn err(&self, message: impl std::fmt::Display) -> PrepareError {
-        PrepareError::Output { path: self.path.clone(), message: message.to_string() }
-    }
-
     /// Appends one sample.
     pub fn write(&mut self, sample: Sample) -> Result<()> {
+        let path = &self.path;
+        let err = |message: String| PrepareError::Output { path: path.clone(), message };
         match &mut self.sink {
             Sink::Jsonl(w) => {
                 let line = serde_json::json!({"id": sample.id, "input_ids": sample.input_ids, "loss_mask": sample.loss_mask});
                 let r = serde_json::to_writer(&mut *w, &line).map_err(std::io::Error::from).and_then(|_| w.write_all(b"\n"));
-                r.map_err(|e| self.err(e))
+                r.map_err(|e| err(e.to_string()))
             }
             Sink::Parquet { writer, pending } => {
                 pending.push(sample);
                 if pending.len() >= PARQUET_BATCH {
                     let r = batch(pending).map_err(|e| e.to_string()).and_then(|b| writer.write(&b).map_err(|e| e.to_string()));
                     pending.clear();
-                    r.map_err(|e| self.err(e))?;
+                    r.map_err(err)?;
                 }
                 Ok(())
             }

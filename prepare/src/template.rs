@@ -71,17 +71,8 @@ fn py_json(v: &Value, indent: Option<usize>, sort_keys: bool, level: usize, out:
     match v.kind() {
         ValueKind::Undefined | ValueKind::None => out.push_str("null"),
         ValueKind::Bool => out.push_str(if v.is_true() { "true" } else { "false" }),
-        ValueKind::Number => {
-            if let Some(f) = v.as_object().is_none().then(|| f64::try_from(v.clone()).ok()).flatten().filter(|_| !v.is_integer()) {
-                if f.is_finite() && f.fract() == 0.0 && f.abs() < 1e16 {
-                    out.push_str(&format!("{f:.1}"));
-                } else {
-                    out.push_str(&v.to_string());
-                }
-            } else {
-                out.push_str(&v.to_string());
-            }
-        }
+        // minijinja prints numbers as Python does (2.0 stays 2.0).
+        ValueKind::Number => out.push_str(&v.to_string()),
         ValueKind::String => {
             out.push_str(&serde_json::to_string(v.as_str().unwrap_or_default()).map_err(|e| Error::new(ErrorKind::InvalidOperation, e.to_string()))?)
         }
@@ -250,7 +241,7 @@ impl ChatTemplate {
             .collect();
         for (k, v) in extra {
             globals.retain(|(g, _)| g != k);
-            globals.push((k.clone(), Value::from_serialize(v)));
+            globals.push((k.clone(), json_value(v)));
         }
         Ok(ChatTemplate { env, source_path: source.path.clone(), has_generation, globals })
     }
@@ -273,7 +264,7 @@ impl ChatTemplate {
                     pairs.push(("reasoning_content", Value::from(r.as_str())));
                     pairs.push(("thinking", Value::from(r.as_str())));
                 }
-                Ok(Value::from_iter(pairs))
+                Ok(Value::from_pairs(pairs))
             })
             .collect()
     }
@@ -285,16 +276,32 @@ impl ChatTemplate {
             .get_template("chat_template")
             .map_err(|e| RecordError::Template(e.to_string()))?;
         let mut ctx: Vec<(&str, Value)> = self.globals.iter().map(|(k, v)| (k.as_str(), v.clone())).collect();
-        ctx.push(("messages", Value::from(messages.to_vec())));
+        ctx.push(("messages", Value::from(messages)));
         ctx.push(("add_generation_prompt", Value::from(add_generation_prompt)));
         let raw = tmpl
-            .render(Value::from_iter(ctx))
+            .render(Value::from_pairs(ctx))
             .map_err(|e| RecordError::Template(template_error_text(&e)))?;
         if self.has_generation {
             split_markers(&raw)
         } else {
             Ok(Rendered { text: raw, generation_spans: vec![] })
         }
+    }
+}
+
+// A JSON value (a --chat-template-kwargs entry) as a template value.
+fn json_value(v: &serde_json::Value) -> Value {
+    match v {
+        serde_json::Value::Null => Value::from(()),
+        serde_json::Value::Bool(b) => Value::from(*b),
+        serde_json::Value::Number(n) => match (n.as_i64(), n.as_u64()) {
+            (Some(i), _) => Value::from(i),
+            (None, Some(u)) => Value::from(u),
+            _ => Value::from(n.as_f64().unwrap_or(f64::NAN)),
+        },
+        serde_json::Value::String(s) => Value::from(s.as_str()),
+        serde_json::Value::Array(a) => a.iter().map(json_value).collect(),
+        serde_json::Value::Object(o) => Value::from_pairs(o.iter().map(|(k, v)| (k.as_str(), json_value(v)))),
     }
 }
 
