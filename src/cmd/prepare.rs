@@ -67,23 +67,15 @@ pub struct Args {
     /// Retries of a failed request (transport errors, HTTP 429 and 5xx).
     #[arg(long, default_value_t = 5)]
     retries: u32,
-    /// Wait before the first retry (doubles each time), e.g. 1s.
-    #[arg(long, default_value = "1s", value_parser = parse_duration_ms)]
-    retry_backoff: Duration,
-    /// Limit of one request, e.g. 10m.
-    #[arg(long, default_value = "10m", value_parser = super::parse_duration)]
-    request_timeout: Duration,
+    /// Milliseconds before the first retry (doubling each time, at most 30 s).
+    #[arg(long, default_value_t = 1000)]
+    retry_backoff_ms: u64,
+    /// Seconds one request may take.
+    #[arg(long, default_value_t = 600)]
+    request_timeout_secs: u64,
     /// Where answered conversations are kept, so a restarted run resumes (default: OUTPUT.regen.jsonl).
     #[arg(long)]
     progress_file: Option<PathBuf>,
-}
-
-// Like parse_duration, plus milliseconds ("250ms") for tests and fast local servers.
-fn parse_duration_ms(s: &str) -> std::result::Result<Duration, String> {
-    match s.strip_suffix("ms") {
-        Some(n) => n.parse::<u64>().map(Duration::from_millis).map_err(|_| format!("invalid duration {s:?}; expected e.g. 250ms, 1s")),
-        None => super::parse_duration(s),
-    }
 }
 
 fn counter_bar(what: &str) -> ProgressBar {
@@ -165,8 +157,8 @@ async fn regenerate_all(a: &Args, input: &Path) -> Result<Vec<ConversationRecord
         max_tokens: a.max_tokens,
         temperature: a.temperature,
         retries: a.retries,
-        backoff: a.retry_backoff,
-        timeout: a.request_timeout,
+        backoff: Duration::from_millis(a.retry_backoff_ms),
+        timeout: Duration::from_secs(a.request_timeout_secs),
     };
     let counters = Arc::new(RegenCounters::default());
     let pb = counter_bar("conversations answered");

@@ -128,7 +128,7 @@ def test_answers_land_and_failures_are_retried_then_reported(proxy, tmp_path):
     ]
     inp, out, rej = tmp_path / "in.jsonl", tmp_path / "out.jsonl", tmp_path / "rejects.jsonl"
     write_jsonl(inp, convs)
-    r = subprocess.run(regen_cmd(inp, out, proxy.url, "--retries", "2", "--retry-backoff", "50ms",
+    r = subprocess.run(regen_cmd(inp, out, proxy.url, "--retries", "2", "--retry-backoff-ms", "50",
                                  "--concurrency", "2", "--rejects", str(rej)), capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr
     assert [x["location"] for x in read_jsonl(rej)] == ["line 5"]
