@@ -165,3 +165,99 @@ impl ChatTokenizer {
         Ok(char_spans(full, &spans))
     }
 }
+
+/// A tiny model directory for tests: a whitespace word-level tokenizer with ChatML specials.
+#[cfg(test)]
+pub(crate) mod test_model {
+    use std::path::{Path, PathBuf};
+
+    /// The words of the vocabulary; a word's id is its index.
+    pub const WORDS: &[&str] = &["[UNK]", "<|im_start|>", "<|im_end|>", "system", "user", "assistant", "hi", "hello", "there", "q", "a"];
+
+    /// ChatML without generation markers.
+    pub const CHATML: &str = "{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>' + '\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}";
+
+    /// The same text with the assistant's content and end-of-turn token in a generation block.
+    pub const CHATML_MARKED: &str = "{% for m in messages %}{% if m['role'] == 'assistant' %}{{ '<|im_start|>assistant\\n' }}{% generation %}{{ m['content'] + '<|im_end|>' }}{% endgeneration %}{{ '\\n' }}{% else %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>' + '\\n' }}{% endif %}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}";
+
+    /// Writes the model with `template` under `dir`.
+    pub fn write(dir: &Path, template: &str) -> PathBuf {
+        let vocab: serde_json::Map<String, serde_json::Value> = WORDS.iter().enumerate().map(|(i, w)| (w.to_string(), i.into())).collect();
+        let added: Vec<serde_json::Value> = (0..3)
+            .map(|i| serde_json::json!({"id": i, "content": WORDS[i], "single_word": false, "lstrip": false, "rstrip": false, "normalized": false, "special": true}))
+            .collect();
+        let tok = serde_json::json!({
+            "version": "1.0", "truncation": null, "padding": null, "added_tokens": added,
+            "normalizer": null, "pre_tokenizer": {"type": "Whitespace"}, "post_processor": null, "decoder": null,
+            "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "[UNK]"}
+        });
+        std::fs::write(dir.join("tokenizer.json"), tok.to_string()).unwrap();
+        std::fs::write(dir.join("tokenizer_config.json"), r#"{"eos_token": "<|im_end|>"}"#).unwrap();
+        std::fs::write(dir.join("chat_template.jinja"), template).unwrap();
+        dir.to_path_buf()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::conversation::Message;
+
+    fn tokenizer(template: &str, loss_on: LossOn) -> (tempfile::TempDir, ChatTokenizer) {
+        let dir = tempfile::tempdir().unwrap();
+        let model = test_model::write(dir.path(), template);
+        let tok = ChatTokenizer::from_model_dir(&model, loss_on, &Default::default()).unwrap();
+        (dir, tok)
+    }
+
+    fn conv(turns: &[(Role, &str)]) -> Conversation {
+        Conversation { id: None, messages: turns.iter().map(|(r, c)| Message::new(*r, *c)).collect() }
+    }
+
+    #[test]
+    fn turn_by_turn_and_generation_markers_give_the_same_mask() {
+        let (_d1, plain) = tokenizer(test_model::CHATML, LossOn::Assistant);
+        let (_d2, marked) = tokenizer(test_model::CHATML_MARKED, LossOn::Assistant);
+        assert_eq!(plain.mask_method(), MaskMethod::TurnByTurn);
+        assert_eq!(marked.mask_method(), MaskMethod::GenerationMarkers);
+        let c = conv(&[(Role::System, "hi"), (Role::User, "q"), (Role::Assistant, "hello there"), (Role::User, "q"), (Role::Assistant, "")]);
+        let a = plain.tokenize(&c).unwrap();
+        assert_eq!(a, marked.tokenize(&c).unwrap());
+        // system hi | user q | assistant [hello there <|im_end|>] | user q | assistant [<|im_end|>]
+        assert_eq!(a.input_ids, [1, 3, 6, 2, 1, 4, 9, 2, 1, 5, 7, 8, 2, 1, 4, 9, 2, 1, 5, 2]);
+        assert_eq!(a.loss_mask, [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 0, 0, 0, 0, 0, 0, 1]);
+    }
+
+    #[test]
+    fn all_tokens_get_loss_with_loss_on_all() {
+        let (_d, tok) = tokenizer(test_model::CHATML, LossOn::All);
+        let t = tok.tokenize(&conv(&[(Role::User, "q")])).unwrap();
+        assert_eq!(t.loss_mask, [1; 4]);
+    }
+
+    #[test]
+    fn refuses_conversations_without_an_assistant_turn() {
+        let (_d, tok) = tokenizer(test_model::CHATML, LossOn::Assistant);
+        assert_eq!(tok.tokenize(&conv(&[(Role::User, "q")])).unwrap_err(), RecordError::NoAssistant);
+        assert_eq!(tok.tokenize(&conv(&[])).unwrap_err(), RecordError::Empty);
+    }
+
+    #[test]
+    fn takes_end_of_turn_tokens_from_generation_config() {
+        let dir = tempfile::tempdir().unwrap();
+        let model = test_model::write(dir.path(), test_model::CHATML);
+        std::fs::write(model.join("generation_config.json"), r#"{"eos_token_id": [2, 0]}"#).unwrap();
+        let tok = ChatTokenizer::from_model_dir(&model, LossOn::Assistant, &Default::default()).unwrap();
+        assert_eq!(tok.end_of_turn(), ["<|im_end|>", "[UNK]"]);
+        std::fs::write(model.join("generation_config.json"), r#"{"eos_token_id": 99}"#).unwrap();
+        let e = ChatTokenizer::from_model_dir(&model, LossOn::Assistant, &Default::default()).err().unwrap();
+        assert!(e.to_string().contains("eos_token_id 99 is not in the tokenizer's vocabulary"), "{e}");
+    }
+
+    #[test]
+    fn names_a_model_without_tokenizer_json() {
+        let dir = tempfile::tempdir().unwrap();
+        let e = ChatTokenizer::from_model_dir(dir.path(), LossOn::Assistant, &Default::default()).err().unwrap();
+        assert!(e.to_string().contains("no tokenizer.json"), "{e}");
+    }
+}

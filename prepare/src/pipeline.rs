@@ -185,3 +185,77 @@ pub fn prepare_file(path: &Path, tok: &ChatTokenizer, opts: &PrepareOptions) -> 
     )?;
     Ok((samples, summary))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::chat_tokenizer::test_model;
+    use crate::conversation::{Conversation, Message, Role};
+
+    fn record(index: u64, id: Option<u64>, answer: &str) -> Result<ConversationRecord> {
+        let messages = vec![Message::new(Role::User, "q"), Message::new(Role::Assistant, answer)];
+        Ok(ConversationRecord { index, location: format!("line {}", index + 1), conversation: Ok(Conversation { id, messages }) })
+    }
+
+    fn run(records: Vec<Result<ConversationRecord>>, opts: PrepareOptions) -> (Result<Summary>, Vec<Sample>, Vec<String>) {
+        let dir = tempfile::tempdir().unwrap();
+        let model = test_model::write(dir.path(), test_model::CHATML);
+        let tok = ChatTokenizer::from_model_dir(&model, LossOn::Assistant, &Default::default()).unwrap();
+        let (mut samples, mut dropped) = (vec![], vec![]);
+        let summary = prepare(
+            Path::new("in.jsonl"),
+            records.into_iter(),
+            &tok,
+            &opts,
+            |s| {
+                samples.push(s);
+                Ok(())
+            },
+            |loc, reason| dropped.push(format!("{loc}: {reason}")),
+            |_| {},
+        );
+        (summary, samples, dropped)
+    }
+
+    #[test]
+    fn keeps_input_order_across_parallel_chunks() {
+        let records = (0..50).map(|i| record(i, None, if i % 2 == 0 { "a" } else { "hello there" })).collect();
+        let (summary, samples, _) = run(records, PrepareOptions { chunk_size: 7, ..Default::default() });
+        let summary = summary.unwrap();
+        assert_eq!(samples.iter().map(|s| s.id).collect::<Vec<_>>(), (0..50).collect::<Vec<_>>());
+        assert_eq!((summary.conversations, summary.samples), (50, 50));
+        // 8 tokens with 2 of loss, or 9 with 3.
+        assert_eq!((summary.tokens, summary.loss_tokens), (25 * 8 + 25 * 9, 25 * 2 + 25 * 3));
+    }
+
+    #[test]
+    fn counts_duplicates_and_overlong_records_by_reason() {
+        let records = vec![record(0, Some(5), "a"), record(1, Some(5), "a"), record(2, Some(6), "hello there")];
+        let opts = PrepareOptions { max_seq_len: Some(8), overlong: Overlong::Skip, ..Default::default() };
+        let (summary, samples, dropped) = run(records, opts);
+        let summary = summary.unwrap();
+        assert_eq!(samples.len(), 1);
+        assert_eq!(dropped, ["line 2: duplicate id 5 (first at line 1)", "line 3: 9 tokens, longer than --max-seq-len 8"]);
+        assert_eq!(summary.dropped.get("duplicate id"), Some(&1));
+        assert_eq!(summary.dropped.get("longer than --max-seq-len"), Some(&1));
+    }
+
+    #[test]
+    fn truncates_overlong_samples_with_their_masks() {
+        let opts = PrepareOptions { max_seq_len: Some(7), ..Default::default() };
+        let (summary, samples, _) = run(vec![record(0, None, "hello there")], opts);
+        assert_eq!(summary.unwrap().truncated, 1);
+        assert_eq!(samples[0].input_ids, [1, 4, 9, 2, 1, 5, 7]);
+        assert_eq!(samples[0].loss_mask, [0, 0, 0, 0, 0, 0, 1]);
+    }
+
+    #[test]
+    fn strict_fails_on_the_first_bad_record_with_its_location() {
+        let mut bad = record(1, None, "a").unwrap();
+        bad.conversation = Err(RecordError::Empty);
+        let opts = PrepareOptions { strict: true, ..Default::default() };
+        let (summary, samples, _) = run(vec![record(0, None, "a"), Ok(bad)], opts);
+        assert_eq!(summary.unwrap_err().to_string(), "in.jsonl: line 2: empty conversation: no messages");
+        assert_eq!(samples.len(), 1);
+    }
+}

@@ -383,7 +383,7 @@ mod tests {
         let r = render(&t, &[Message::new(Role::User, "é"), Message::new(Role::Assistant, "ü")], false).unwrap();
         // trim_blocks drops the newline after each block tag, as around the original tags.
         assert_eq!(r.text, "U:é\nA:\nü!\n");
-        assert_eq!(r.generation_spans, vec![(6, 8)]);
+        assert_eq!(r.generation_spans, vec![(7, 9)]);
     }
 
     #[test]
