@@ -204,7 +204,7 @@ mod tests {
     use std::sync::Arc;
 
     use arrow_array::builder::{ListBuilder, StringBuilder, StructBuilder};
-    use arrow_array::{Int64Array, RecordBatch};
+    use arrow_array::{Array, Int64Array, RecordBatch};
     use arrow_schema::{DataType, Field, Fields, Schema};
 
     #[test]

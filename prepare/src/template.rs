@@ -224,8 +224,12 @@ impl ChatTemplate {
         let has_generation = generation_tag().is_match(&source.text);
         let text = if has_generation { rewrite_generation_tags(&source.text) } else { source.text.clone() };
         let mut env = Environment::new();
-        env.set_trim_blocks(true);
-        env.set_lstrip_blocks(true);
+        let syntax = minijinja::syntax::SyntaxConfig::builder()
+            .trim_blocks(true)
+            .lstrip_blocks(true)
+            .build()
+            .map_err(|e| PrepareError::TemplateSyntax { path: source.path.clone(), message: e.to_string() })?;
+        env.set_syntax(syntax);
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
         env.add_filter("tojson", tojson);
         env.add_function("raise_exception", raise_exception);
