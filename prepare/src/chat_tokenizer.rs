@@ -161,7 +161,11 @@ impl ChatTokenizer {
 
     fn turn_char_spans(&self, full: &str, conv: &Conversation, values: &[Value]) -> Result<Vec<(usize, usize)>, RecordError> {
         let roles: Vec<Role> = conv.messages.iter().map(|m| m.role).collect();
-        let spans = turn_spans(full, &roles, &self.end_of_turn, |i| Ok(self.template.render(&values[..i], true)?.text))?;
+        let spans = turn_spans(full, &roles, &self.end_of_turn, |i, prompt| match (i, prompt) {
+            // No history: nothing rendered (transformers refuses to render an empty conversation).
+            (0, false) => Ok(String::new()),
+            _ => Ok(self.template.render(&values[..i], prompt)?.text),
+        })?;
         Ok(char_spans(full, &spans))
     }
 }

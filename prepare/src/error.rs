@@ -37,7 +37,7 @@ pub enum RecordError {
     Template(String),
     /// The template renders earlier turns differently once later turns follow, so turn-by-turn
     /// rendering cannot tell which text the assistant wrote.
-    #[error("chat template is not prefix-stable at message {index}: rendering the first {index} messages with the generation prompt is not a prefix of the whole conversation; add {{% generation %}} markers to the template")]
+    #[error("chat template is not prefix-stable at message {index}: the first {index} messages do not render as a prefix of the whole conversation, so the assistant's text cannot be located; add {{% generation %}} markers to the template")]
     NotPrefixStable {
         /// 0-based index of the assistant message.
         index: usize,

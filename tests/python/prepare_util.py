@@ -110,8 +110,9 @@ def reference_sample(tok, messages, eot, kwargs=None):
     """input_ids and loss mask the way hslake must produce them, computed with transformers alone:
     ids from apply_chat_template(tokenize=True); the mask from return_assistant_tokens_mask when the
     template has {% generation %}, else turn by turn: an assistant turn runs from the end of the
-    rendering of the messages before it with the generation prompt, through its first end-of-turn
-    token; every token overlapping that text gets loss."""
+    rendering of the messages before it with the generation prompt (or of the part of that prompt
+    the full rendering shares), through its first end-of-turn token; every token overlapping that
+    text gets loss."""
     import jinja2
 
     kwargs = kwargs or {}
@@ -128,10 +129,22 @@ def reference_sample(tok, messages, eot, kwargs=None):
     for i, m in enumerate(messages):
         if m["role"] != "assistant":
             continue
-        prefix = tok.apply_chat_template(messages[:i], tokenize=False, add_generation_prompt=True, **kwargs)
-        if not full.startswith(prefix):
-            raise Refused(f"not prefix-stable at message {i}")
-        start = len(prefix)
+        prompted = tok.apply_chat_template(messages[:i], tokenize=False, add_generation_prompt=True, **kwargs)
+        if full.startswith(prompted):
+            start = len(prompted)
+        else:
+            # The prompt may differ from a followed turn (Qwen3's empty think block with
+            # enable_thinking=False): start after the part of it the full rendering shares.
+            history = tok.apply_chat_template(messages[:i], tokenize=False, **kwargs) if i else ""
+            shared = 0
+            if full.startswith(history) and prompted.startswith(history):
+                for a, b in zip(prompted[len(history):], full[len(history):]):
+                    if a != b:
+                        break
+                    shared += 1
+            if shared == 0:
+                raise Refused(f"not prefix-stable at message {i}")
+            start = len(history) + shared
         ends = [full.find(t, start) + len(t) for t in eot if full.find(t, start) >= 0]
         if not ends:
             raise Refused(f"no end-of-turn token at message {i}")
