@@ -5,13 +5,33 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 const TEMPLATE: &str = "{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>' + '\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}";
-const WORDS: &[&str] = &["[UNK]", "<|im_start|>", "<|im_end|>", "system", "user", "assistant", "hi", "hello", "there", "be", "brief", "q", "a", "long", "."];
+const WORDS: &[&str] = &[
+    "[UNK]",
+    "<|im_start|>",
+    "<|im_end|>",
+    "system",
+    "user",
+    "assistant",
+    "hi",
+    "hello",
+    "there",
+    "be",
+    "brief",
+    "q",
+    "a",
+    "long",
+    ".",
+];
 
 /// A model directory with a word-level tokenizer (whitespace split), ChatML template, eos `<|im_end|>`.
 pub fn tiny_model(dir: &Path) -> PathBuf {
     let model = dir.join("model");
     std::fs::create_dir_all(&model).unwrap();
-    let vocab: serde_json::Map<String, serde_json::Value> = WORDS.iter().enumerate().map(|(i, w)| (w.to_string(), i.into())).collect();
+    let vocab: serde_json::Map<String, serde_json::Value> = WORDS
+        .iter()
+        .enumerate()
+        .map(|(i, w)| (w.to_string(), i.into()))
+        .collect();
     let added: Vec<serde_json::Value> = [0, 1, 2]
         .iter()
         .map(|&i| serde_json::json!({"id": i, "content": WORDS[i], "single_word": false, "lstrip": false, "rstrip": false, "normalized": false, "special": true}))
@@ -22,13 +42,21 @@ pub fn tiny_model(dir: &Path) -> PathBuf {
         "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "[UNK]"}
     });
     std::fs::write(model.join("tokenizer.json"), tok.to_string()).unwrap();
-    std::fs::write(model.join("tokenizer_config.json"), r#"{"eos_token": "<|im_end|>"}"#).unwrap();
+    std::fs::write(
+        model.join("tokenizer_config.json"),
+        r#"{"eos_token": "<|im_end|>"}"#,
+    )
+    .unwrap();
     std::fs::write(model.join("chat_template.jinja"), TEMPLATE).unwrap();
     model
 }
 
 fn hslake(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_hslake")).args(args).env("HSLAKE_LOG", "warn").output().expect("run hslake")
+    Command::new(env!("CARGO_BIN_EXE_hslake"))
+        .args(args)
+        .env("HSLAKE_LOG", "warn")
+        .output()
+        .expect("run hslake")
 }
 
 fn stderr(o: &Output) -> String {
@@ -36,17 +64,33 @@ fn stderr(o: &Output) -> String {
 }
 
 fn prepare(model: &Path, input: &Path, output: &Path, extra: &[&str]) -> Output {
-    let mut args = vec!["prepare", "--model", model.to_str().unwrap(), "--input", input.to_str().unwrap(), "--output", output.to_str().unwrap()];
+    let mut args = vec![
+        "prepare",
+        "--model",
+        model.to_str().unwrap(),
+        "--input",
+        input.to_str().unwrap(),
+        "--output",
+        output.to_str().unwrap(),
+    ];
     args.extend_from_slice(extra);
     hslake(&args)
 }
 
 fn read_jsonl(path: &Path) -> Vec<serde_json::Value> {
-    std::fs::read_to_string(path).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect()
+    std::fs::read_to_string(path)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
 }
 
 fn ints(v: &serde_json::Value) -> Vec<i64> {
-    v.as_array().unwrap().iter().map(|x| x.as_i64().unwrap()).collect()
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_i64().unwrap())
+        .collect()
 }
 
 const GOOD: &str = r#"{"id": 10, "messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello there"}]}"#;
@@ -80,15 +124,15 @@ fn names_each_bad_line_and_writes_exactly_the_good_rows() {
     let input = dir.path().join("in.jsonl");
     let mut bytes = Vec::new();
     for line in [
-        GOOD,                                                                                    // 1
+        GOOD,                                                                                     // 1
         r#"{"conversations": [{"from": "human", "value": "q"}, {"from": "gpt", "value": "a"}]}"#, // 2: id 1 (record index)
-        r#"{"messages": []}"#,                                                                   // 3
-        r#"{"messages": [{"role": "user", "content": "hi"}]}"#,                                  // 4
-        r#"{"messages": [{"role": "robot", "content": "hi"}]}"#,                                 // 5
-        r#"{"prompt": "q", "response": "a long ."#,                                             // 6: not JSON
-        "",                                                                                      // 7: blank, not a record
-        r#"{"prompt": "q", "response": "a", "system": "be brief"}"#,                             // 8: id 6
-        GOOD,                                                                                    // 9: duplicate id 10
+        r#"{"messages": []}"#,                                       // 3
+        r#"{"messages": [{"role": "user", "content": "hi"}]}"#,      // 4
+        r#"{"messages": [{"role": "robot", "content": "hi"}]}"#,     // 5
+        r#"{"prompt": "q", "response": "a long ."#,                  // 6: not JSON
+        "",                                                          // 7: blank, not a record
+        r#"{"prompt": "q", "response": "a", "system": "be brief"}"#, // 8: id 6
+        GOOD,                                                        // 9: duplicate id 10
     ] {
         bytes.extend_from_slice(line.as_bytes());
         bytes.push(b'\n');
@@ -97,7 +141,12 @@ fn names_each_bad_line_and_writes_exactly_the_good_rows() {
     std::fs::write(&input, bytes).unwrap();
     let out = dir.path().join("out.jsonl");
     let rejects = dir.path().join("rejects.jsonl");
-    let o = prepare(&model, &input, &out, &["--rejects", rejects.to_str().unwrap()]);
+    let o = prepare(
+        &model,
+        &input,
+        &out,
+        &["--rejects", rejects.to_str().unwrap()],
+    );
     assert!(o.status.success(), "{}", stderr(&o));
     let err = stderr(&o);
     for expected in [
@@ -110,10 +159,19 @@ fn names_each_bad_line_and_writes_exactly_the_good_rows() {
     ] {
         assert!(err.contains(expected), "missing {expected:?} in:\n{err}");
     }
-    let ids: Vec<i64> = read_jsonl(&out).iter().map(|r| r["id"].as_i64().unwrap()).collect();
+    let ids: Vec<i64> = read_jsonl(&out)
+        .iter()
+        .map(|r| r["id"].as_i64().unwrap())
+        .collect();
     assert_eq!(ids, [10, 1, 6]);
-    let rejected: Vec<String> = read_jsonl(&rejects).iter().map(|r| r["location"].as_str().unwrap().to_string()).collect();
-    assert_eq!(rejected, ["line 3", "line 4", "line 5", "line 6", "line 9", "line 10"]);
+    let rejected: Vec<String> = read_jsonl(&rejects)
+        .iter()
+        .map(|r| r["location"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(
+        rejected,
+        ["line 3", "line 4", "line 5", "line 6", "line 9", "line 10"]
+    );
     assert!(err.contains("dropped           6"), "{err}");
 }
 
@@ -122,13 +180,25 @@ fn strict_stops_at_the_first_bad_record_and_leaves_no_output() {
     let dir = tempfile::tempdir().unwrap();
     let model = tiny_model(dir.path());
     let input = dir.path().join("in.jsonl");
-    std::fs::write(&input, format!("{GOOD}\n{{\"messages\": [{{\"role\": \"user\", \"content\": \"hi\"}}]}}\n")).unwrap();
+    std::fs::write(
+        &input,
+        format!("{GOOD}\n{{\"messages\": [{{\"role\": \"user\", \"content\": \"hi\"}}]}}\n"),
+    )
+    .unwrap();
     let out = dir.path().join("out.jsonl");
     let o = prepare(&model, &input, &out, &["--strict"]);
     assert!(!o.status.success());
-    assert!(stderr(&o).contains("in.jsonl: line 2: no assistant turn"), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("in.jsonl: line 2: no assistant turn"),
+        "{}",
+        stderr(&o)
+    );
     assert!(!out.exists());
-    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 2, "no temporary file may stay behind");
+    assert_eq!(
+        std::fs::read_dir(dir.path()).unwrap().count(),
+        2,
+        "no temporary file may stay behind"
+    );
 }
 
 #[test]
@@ -136,7 +206,11 @@ fn truncates_or_skips_samples_over_max_seq_len() {
     let dir = tempfile::tempdir().unwrap();
     let model = tiny_model(dir.path());
     let input = dir.path().join("in.jsonl");
-    std::fs::write(&input, format!("{GOOD}\n{{\"prompt\": \"q\", \"response\": \"a\"}}\n")).unwrap();
+    std::fs::write(
+        &input,
+        format!("{GOOD}\n{{\"prompt\": \"q\", \"response\": \"a\"}}\n"),
+    )
+    .unwrap();
     let out = dir.path().join("out.jsonl");
     let o = prepare(&model, &input, &out, &["--max-seq-len", "8"]);
     assert!(o.status.success(), "{}", stderr(&o));
@@ -145,10 +219,19 @@ fn truncates_or_skips_samples_over_max_seq_len() {
     assert_eq!(ints(&rows[0]["loss_mask"]), [0, 0, 0, 0, 0, 0, 1, 1]);
     assert!(stderr(&o).contains("truncated         1"), "{}", stderr(&o));
 
-    let o = prepare(&model, &input, &out, &["--max-seq-len", "8", "--overlong", "skip"]);
+    let o = prepare(
+        &model,
+        &input,
+        &out,
+        &["--max-seq-len", "8", "--overlong", "skip"],
+    );
     assert!(o.status.success(), "{}", stderr(&o));
     assert_eq!(read_jsonl(&out).len(), 1);
-    assert!(stderr(&o).contains("line 1: 9 tokens, longer than --max-seq-len 8"), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("line 1: 9 tokens, longer than --max-seq-len 8"),
+        "{}",
+        stderr(&o)
+    );
 }
 
 #[test]
@@ -172,7 +255,11 @@ fn fails_without_output_when_no_record_is_usable() {
     let out = dir.path().join("o.jsonl");
     let o = prepare(&model, &input, &out, &[]);
     assert!(!o.status.success());
-    assert!(stderr(&o).contains("no usable conversation"), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("no usable conversation"),
+        "{}",
+        stderr(&o)
+    );
     assert!(!out.exists());
 }
 
@@ -181,18 +268,32 @@ fn parquet_output_is_what_capture_reads() {
     let dir = tempfile::tempdir().unwrap();
     let model = tiny_model(dir.path());
     let input = dir.path().join("in.jsonl");
-    std::fs::write(&input, format!("{GOOD}\n{{\"prompt\": \"q\", \"response\": \"a\"}}\n")).unwrap();
+    std::fs::write(
+        &input,
+        format!("{GOOD}\n{{\"prompt\": \"q\", \"response\": \"a\"}}\n"),
+    )
+    .unwrap();
     for name in ["out.parquet", "out.jsonl"] {
         let out = dir.path().join(name);
         let o = prepare(&model, &input, &out, &[]);
         assert!(o.status.success(), "{}", stderr(&o));
-        let limits = hslake_capture::input::InputLimits { vocab_size: WORDS.len(), max_seq_len: None, overlong: Default::default() };
+        let limits = hslake_capture::input::InputLimits {
+            vocab_size: WORDS.len(),
+            max_seq_len: None,
+            overlong: Default::default(),
+        };
         let inputs = hslake_capture::input::read_inputs(&out, limits).unwrap();
         assert!(inputs.ids_from_input);
         let got: Vec<(u64, usize, u32)> = inputs
             .samples
             .iter()
-            .map(|s| (s.sample_id, s.input_ids.len(), s.loss_mask.iter().map(|&m| m as u32).sum()))
+            .map(|s| {
+                (
+                    s.sample_id,
+                    s.input_ids.len(),
+                    s.loss_mask.iter().map(|&m| m as u32).sum(),
+                )
+            })
             .collect();
         assert_eq!(got, [(10, 9, 3), (1, 8, 2)], "{name}");
     }

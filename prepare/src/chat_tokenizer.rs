@@ -26,7 +26,9 @@ impl std::str::FromStr for LossOn {
         match s {
             "assistant" => Ok(LossOn::Assistant),
             "all" => Ok(LossOn::All),
-            _ => Err(format!("unknown loss scope {s:?}; expected assistant or all")),
+            _ => Err(format!(
+                "unknown loss scope {s:?}; expected assistant or all"
+            )),
         }
     }
 }
@@ -60,7 +62,11 @@ fn model_err(path: &Path, message: impl Into<String>) -> PrepareError {
 
 // The strings that end an assistant turn: the tokenizer's eos_token and every eos_token_id of
 // generation_config.json (Llama 3 lists several, <|eot_id|> among them).
-fn end_of_turn_strings(model_dir: &Path, tokenizer: &Tokenizer, eos: Option<&str>) -> Result<Vec<String>> {
+fn end_of_turn_strings(
+    model_dir: &Path,
+    tokenizer: &Tokenizer,
+    eos: Option<&str>,
+) -> Result<Vec<String>> {
     let mut out: Vec<String> = eos.map(str::to_string).into_iter().collect();
     let gen_path = model_dir.join("generation_config.json");
     if let Ok(bytes) = std::fs::read(&gen_path) {
@@ -75,7 +81,12 @@ fn end_of_turn_strings(model_dir: &Path, tokenizer: &Tokenizer, eos: Option<&str
             let tok = u32::try_from(id)
                 .ok()
                 .and_then(|id| tokenizer.id_to_token(id))
-                .ok_or_else(|| model_err(&gen_path, format!("eos_token_id {id} is not in the tokenizer's vocabulary")))?;
+                .ok_or_else(|| {
+                    model_err(
+                        &gen_path,
+                        format!("eos_token_id {id} is not in the tokenizer's vocabulary"),
+                    )
+                })?;
             if !out.contains(&tok) {
                 out.push(tok);
             }
@@ -86,20 +97,40 @@ fn end_of_turn_strings(model_dir: &Path, tokenizer: &Tokenizer, eos: Option<&str
 
 impl ChatTokenizer {
     /// Loads `tokenizer.json` and the chat template of a Hugging Face model directory.
-    pub fn from_model_dir(model_dir: &Path, loss_on: LossOn, kwargs: &TemplateKwargs) -> Result<Self> {
+    pub fn from_model_dir(
+        model_dir: &Path,
+        loss_on: LossOn,
+        kwargs: &TemplateKwargs,
+    ) -> Result<Self> {
         let tok_path = model_dir.join("tokenizer.json");
         if !tok_path.exists() {
-            return Err(model_err(model_dir, "no tokenizer.json (a fast tokenizer is needed)"));
+            return Err(model_err(
+                model_dir,
+                "no tokenizer.json (a fast tokenizer is needed)",
+            ));
         }
-        let tokenizer = Tokenizer::from_file(&tok_path).map_err(|e| model_err(&tok_path, format!("cannot load tokenizer: {e}")))?;
+        let tokenizer = Tokenizer::from_file(&tok_path)
+            .map_err(|e| model_err(&tok_path, format!("cannot load tokenizer: {e}")))?;
         let source = read_template_source(model_dir)?;
         let template = ChatTemplate::new(&source, kwargs)?;
-        let eos = source.special_tokens.iter().find(|(k, _)| k == "eos_token").map(|(_, v)| v.as_str());
+        let eos = source
+            .special_tokens
+            .iter()
+            .find(|(k, _)| k == "eos_token")
+            .map(|(_, v)| v.as_str());
         let end_of_turn = end_of_turn_strings(model_dir, &tokenizer, eos)?;
-        if loss_on == LossOn::Assistant && !template.has_generation_markers() && end_of_turn.is_empty() {
+        if loss_on == LossOn::Assistant
+            && !template.has_generation_markers()
+            && end_of_turn.is_empty()
+        {
             return Err(model_err(model_dir, "the chat template has no {% generation %} markers and the model names no end-of-turn token (eos_token in tokenizer_config.json or eos_token_id in generation_config.json), so the assistant's tokens cannot be told apart"));
         }
-        Ok(ChatTokenizer { template, tokenizer, end_of_turn, loss_on })
+        Ok(ChatTokenizer {
+            template,
+            tokenizer,
+            end_of_turn,
+            loss_on,
+        })
     }
 
     /// How the loss mask is found for this template.
@@ -145,7 +176,9 @@ impl ChatTokenizer {
         let spans = match (self.loss_on, self.mask_method()) {
             (LossOn::All, _) => vec![],
             (LossOn::Assistant, MaskMethod::GenerationMarkers) => rendered.generation_spans.clone(),
-            (LossOn::Assistant, MaskMethod::TurnByTurn) => self.turn_char_spans(&rendered.text, conv, &values)?,
+            (LossOn::Assistant, MaskMethod::TurnByTurn) => {
+                self.turn_char_spans(&rendered.text, conv, &values)?
+            }
         };
         // transformers: tokenizer(rendered, add_special_tokens=False), offsets in characters.
         let enc = self
@@ -156,15 +189,25 @@ impl ChatTokenizer {
             LossOn::All => vec![1; enc.get_ids().len()],
             LossOn::Assistant => token_mask(enc.get_offsets(), &spans),
         };
-        Ok(Tokenized { input_ids: enc.get_ids().to_vec(), loss_mask })
+        Ok(Tokenized {
+            input_ids: enc.get_ids().to_vec(),
+            loss_mask,
+        })
     }
 
-    fn turn_char_spans(&self, full: &str, conv: &Conversation, values: &[Value]) -> Result<Vec<(usize, usize)>, RecordError> {
+    fn turn_char_spans(
+        &self,
+        full: &str,
+        conv: &Conversation,
+        values: &[Value],
+    ) -> Result<Vec<(usize, usize)>, RecordError> {
         let roles: Vec<Role> = conv.messages.iter().map(|m| m.role).collect();
-        let spans = turn_spans(full, &roles, &self.end_of_turn, |i, prompt| match (i, prompt) {
-            // No history: nothing rendered (transformers refuses to render an empty conversation).
-            (0, false) => Ok(String::new()),
-            _ => Ok(self.template.render(&values[..i], prompt)?.text),
+        let spans = turn_spans(full, &roles, &self.end_of_turn, |i, prompt| {
+            match (i, prompt) {
+                // No history: nothing rendered (transformers refuses to render an empty conversation).
+                (0, false) => Ok(String::new()),
+                _ => Ok(self.template.render(&values[..i], prompt)?.text),
+            }
         })?;
         Ok(char_spans(full, &spans))
     }
@@ -176,7 +219,19 @@ pub(crate) mod test_model {
     use std::path::{Path, PathBuf};
 
     /// The words of the vocabulary; a word's id is its index.
-    pub const WORDS: &[&str] = &["[UNK]", "<|im_start|>", "<|im_end|>", "system", "user", "assistant", "hi", "hello", "there", "q", "a"];
+    pub const WORDS: &[&str] = &[
+        "[UNK]",
+        "<|im_start|>",
+        "<|im_end|>",
+        "system",
+        "user",
+        "assistant",
+        "hi",
+        "hello",
+        "there",
+        "q",
+        "a",
+    ];
 
     /// ChatML without generation markers.
     pub const CHATML: &str = "{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>' + '\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}";
@@ -186,7 +241,11 @@ pub(crate) mod test_model {
 
     /// Writes the model with `template` under `dir`.
     pub fn write(dir: &Path, template: &str) -> PathBuf {
-        let vocab: serde_json::Map<String, serde_json::Value> = WORDS.iter().enumerate().map(|(i, w)| (w.to_string(), i.into())).collect();
+        let vocab: serde_json::Map<String, serde_json::Value> = WORDS
+            .iter()
+            .enumerate()
+            .map(|(i, w)| (w.to_string(), i.into()))
+            .collect();
         let added: Vec<serde_json::Value> = (0..3)
             .map(|i| serde_json::json!({"id": i, "content": WORDS[i], "single_word": false, "lstrip": false, "rstrip": false, "normalized": false, "special": true}))
             .collect();
@@ -196,7 +255,11 @@ pub(crate) mod test_model {
             "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "[UNK]"}
         });
         std::fs::write(dir.join("tokenizer.json"), tok.to_string()).unwrap();
-        std::fs::write(dir.join("tokenizer_config.json"), r#"{"eos_token": "<|im_end|>"}"#).unwrap();
+        std::fs::write(
+            dir.join("tokenizer_config.json"),
+            r#"{"eos_token": "<|im_end|>"}"#,
+        )
+        .unwrap();
         std::fs::write(dir.join("chat_template.jinja"), template).unwrap();
         dir.to_path_buf()
     }
@@ -215,7 +278,10 @@ mod tests {
     }
 
     fn conv(turns: &[(Role, &str)]) -> Conversation {
-        Conversation { id: None, messages: turns.iter().map(|(r, c)| Message::new(*r, *c)).collect() }
+        Conversation {
+            id: None,
+            messages: turns.iter().map(|(r, c)| Message::new(*r, *c)).collect(),
+        }
     }
 
     #[test]
@@ -224,12 +290,24 @@ mod tests {
         let (_d2, marked) = tokenizer(test_model::CHATML_MARKED, LossOn::Assistant);
         assert_eq!(plain.mask_method(), MaskMethod::TurnByTurn);
         assert_eq!(marked.mask_method(), MaskMethod::GenerationMarkers);
-        let c = conv(&[(Role::System, "hi"), (Role::User, "q"), (Role::Assistant, "hello there"), (Role::User, "q"), (Role::Assistant, "")]);
+        let c = conv(&[
+            (Role::System, "hi"),
+            (Role::User, "q"),
+            (Role::Assistant, "hello there"),
+            (Role::User, "q"),
+            (Role::Assistant, ""),
+        ]);
         let a = plain.tokenize(&c).unwrap();
         assert_eq!(a, marked.tokenize(&c).unwrap());
         // system hi | user q | assistant [hello there <|im_end|>] | user q | assistant [<|im_end|>]
-        assert_eq!(a.input_ids, [1, 3, 6, 2, 1, 4, 9, 2, 1, 5, 7, 8, 2, 1, 4, 9, 2, 1, 5, 2]);
-        assert_eq!(a.loss_mask, [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 0, 0, 0, 0, 0, 0, 1]);
+        assert_eq!(
+            a.input_ids,
+            [1, 3, 6, 2, 1, 4, 9, 2, 1, 5, 7, 8, 2, 1, 4, 9, 2, 1, 5, 2]
+        );
+        assert_eq!(
+            a.loss_mask,
+            [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 0, 0, 0, 0, 0, 0, 1]
+        );
     }
 
     #[test]
@@ -242,7 +320,10 @@ mod tests {
     #[test]
     fn refuses_conversations_without_an_assistant_turn() {
         let (_d, tok) = tokenizer(test_model::CHATML, LossOn::Assistant);
-        assert_eq!(tok.tokenize(&conv(&[(Role::User, "q")])).unwrap_err(), RecordError::NoAssistant);
+        assert_eq!(
+            tok.tokenize(&conv(&[(Role::User, "q")])).unwrap_err(),
+            RecordError::NoAssistant
+        );
         assert_eq!(tok.tokenize(&conv(&[])).unwrap_err(), RecordError::Empty);
     }
 
@@ -250,18 +331,35 @@ mod tests {
     fn takes_end_of_turn_tokens_from_generation_config() {
         let dir = tempfile::tempdir().unwrap();
         let model = test_model::write(dir.path(), test_model::CHATML);
-        std::fs::write(model.join("generation_config.json"), r#"{"eos_token_id": [2, 0]}"#).unwrap();
-        let tok = ChatTokenizer::from_model_dir(&model, LossOn::Assistant, &Default::default()).unwrap();
+        std::fs::write(
+            model.join("generation_config.json"),
+            r#"{"eos_token_id": [2, 0]}"#,
+        )
+        .unwrap();
+        let tok =
+            ChatTokenizer::from_model_dir(&model, LossOn::Assistant, &Default::default()).unwrap();
         assert_eq!(tok.end_of_turn(), ["<|im_end|>", "[UNK]"]);
-        std::fs::write(model.join("generation_config.json"), r#"{"eos_token_id": 99}"#).unwrap();
-        let e = ChatTokenizer::from_model_dir(&model, LossOn::Assistant, &Default::default()).err().unwrap();
-        assert!(e.to_string().contains("eos_token_id 99 is not in the tokenizer's vocabulary"), "{e}");
+        std::fs::write(
+            model.join("generation_config.json"),
+            r#"{"eos_token_id": 99}"#,
+        )
+        .unwrap();
+        let e = ChatTokenizer::from_model_dir(&model, LossOn::Assistant, &Default::default())
+            .err()
+            .unwrap();
+        assert!(
+            e.to_string()
+                .contains("eos_token_id 99 is not in the tokenizer's vocabulary"),
+            "{e}"
+        );
     }
 
     #[test]
     fn names_a_model_without_tokenizer_json() {
         let dir = tempfile::tempdir().unwrap();
-        let e = ChatTokenizer::from_model_dir(dir.path(), LossOn::Assistant, &Default::default()).err().unwrap();
+        let e = ChatTokenizer::from_model_dir(dir.path(), LossOn::Assistant, &Default::default())
+            .err()
+            .unwrap();
         assert!(e.to_string().contains("no tokenizer.json"), "{e}");
     }
 }

@@ -134,7 +134,11 @@ fn kind_of(v: &Value) -> &'static str {
     }
 }
 
-fn messages_of(list: &[Value], role_key: &str, text_key: &str) -> Result<Vec<Message>, RecordError> {
+fn messages_of(
+    list: &[Value],
+    role_key: &str,
+    text_key: &str,
+) -> Result<Vec<Message>, RecordError> {
     let mut out = Vec::with_capacity(list.len());
     for (index, m) in list.iter().enumerate() {
         let Some(obj) = m.as_object() else {
@@ -165,7 +169,10 @@ fn messages_of(list: &[Value], role_key: &str, text_key: &str) -> Result<Vec<Mes
         })?;
         let text = obj.get(text_key).or_else(|| obj.get("content"));
         let content = text_of(text, &format!("message {index}"))?;
-        let reasoning = match obj.get("reasoning_content").or_else(|| obj.get("reasoning")) {
+        let reasoning = match obj
+            .get("reasoning_content")
+            .or_else(|| obj.get("reasoning"))
+        {
             Some(Value::String(s)) => Some(s.clone()),
             _ => None,
         };
@@ -189,9 +196,12 @@ pub fn parse_conversation(v: &Value) -> Result<Conversation, RecordError> {
     };
     let id = match obj.get("id") {
         // Capture reads ids as i64: keep them in 0..2^63.
-        Some(Value::Number(n)) => Some(n.as_i64().filter(|&i| i >= 0).map(|i| i as u64).ok_or_else(|| {
-            malformed(format!("\"id\" {n} is not an integer in 0..2^63"))
-        })?),
+        Some(Value::Number(n)) => Some(
+            n.as_i64()
+                .filter(|&i| i >= 0)
+                .map(|i| i as u64)
+                .ok_or_else(|| malformed(format!("\"id\" {n} is not an integer in 0..2^63")))?,
+        ),
         _ => None,
     };
     let messages = if let Some(m) = obj.get("messages") {
@@ -270,7 +280,8 @@ mod tests {
 
     #[test]
     fn reads_prompt_response_pairs() {
-        let c = parse_conversation(&json!({"prompt": "p", "response": "r", "system": "s"})).unwrap();
+        let c =
+            parse_conversation(&json!({"prompt": "p", "response": "r", "system": "s"})).unwrap();
         assert_eq!(roles(&c), [Role::System, Role::User, Role::Assistant]);
         let c = parse_conversation(&json!({"prompt": "p"})).unwrap();
         assert_eq!(roles(&c), [Role::User]);
@@ -308,8 +319,13 @@ mod tests {
         assert!(e.to_string().contains("no \"messages\""), "{e}");
         let e = parse_conversation(&json!([1])).unwrap_err();
         assert!(e.to_string().contains("got a list"), "{e}");
-        let e = parse_conversation(&json!({"messages": [{"role": "user", "content": 3}]})).unwrap_err();
-        assert!(e.to_string().contains("message 0: expected a string, got a number"), "{e}");
+        let e =
+            parse_conversation(&json!({"messages": [{"role": "user", "content": 3}]})).unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("message 0: expected a string, got a number"),
+            "{e}"
+        );
     }
 
     #[test]

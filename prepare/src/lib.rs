@@ -30,5 +30,9 @@ pub use error::{PrepareError, RecordError, Result};
 pub use mask::MaskMethod;
 pub use output::{Sample, SampleWriter};
 pub use pipeline::{prepare, prepare_file, Overlong, PrepareOptions, Summary};
-pub use regenerate::{regenerate, regenerated_records, ProgressFile, RegenCounters, RegenOptions, RegenReport};
-pub use source::{fetch_input, open_records, read_conversations, ConversationRecord, FileFormat, RawRecord};
+pub use regenerate::{
+    regenerate, regenerated_records, ProgressFile, RegenCounters, RegenOptions, RegenReport,
+};
+pub use source::{
+    fetch_input, open_records, read_conversations, ConversationRecord, FileFormat, RawRecord,
+};

@@ -52,7 +52,9 @@ pub fn turn_spans(
             prompted.len()
         } else {
             let history = render_prefix(index, false)?;
-            let prompt = prompted.strip_prefix(history.as_str()).filter(|_| full.starts_with(&history));
+            let prompt = prompted
+                .strip_prefix(history.as_str())
+                .filter(|_| full.starts_with(&history));
             let shared = prompt.map_or(0, |p| common_prefix_len(p, &full[history.len()..]));
             if shared == 0 {
                 return Err(RecordError::NotPrefixStable { index });
@@ -149,7 +151,15 @@ mod tests {
         // rendered turn has none.
         let roles = [Role::User, Role::Assistant];
         let full = "<u>q</e><a>x</e>";
-        let spans = turn_spans(full, &roles, &eot(), |_, prompt| Ok(if prompt { "<u>q</e><a><t></t>" } else { "<u>q</e>" }.into())).unwrap();
+        let spans = turn_spans(full, &roles, &eot(), |_, prompt| {
+            Ok(if prompt {
+                "<u>q</e><a><t></t>"
+            } else {
+                "<u>q</e>"
+            }
+            .into())
+        })
+        .unwrap();
         assert_eq!(&full[spans[0].0..spans[0].1], "x</e>");
     }
 
@@ -157,10 +167,21 @@ mod tests {
     fn refuses_templates_that_rewrite_earlier_turns() {
         let roles = [Role::User, Role::Assistant];
         // The history itself renders differently (e.g. a system prompt moved to the last turn).
-        let e = turn_spans("<s><u>q</e><a>x</e>", &roles, &eot(), |_, prompt| Ok(if prompt { "<u>s q</e><a>" } else { "<u>s q</e>" }.into())).unwrap_err();
+        let e = turn_spans("<s><u>q</e><a>x</e>", &roles, &eot(), |_, prompt| {
+            Ok(if prompt {
+                "<u>s q</e><a>"
+            } else {
+                "<u>s q</e>"
+            }
+            .into())
+        })
+        .unwrap_err();
         assert_eq!(e, RecordError::NotPrefixStable { index: 1 });
         // Or the prompt shares nothing with the turn.
-        let e = turn_spans("<u>q</e>[x</e>", &roles, &eot(), |_, prompt| Ok(if prompt { "<u>q</e><a>" } else { "<u>q</e>" }.into())).unwrap_err();
+        let e = turn_spans("<u>q</e>[x</e>", &roles, &eot(), |_, prompt| {
+            Ok(if prompt { "<u>q</e><a>" } else { "<u>q</e>" }.into())
+        })
+        .unwrap_err();
         assert_eq!(e, RecordError::NotPrefixStable { index: 1 });
     }
 
@@ -175,7 +196,10 @@ mod tests {
     fn names_a_turn_without_end_of_turn_token() {
         let roles = [Role::User, Role::Assistant];
         let e = turn_spans("<u>q<a>x", &roles, &eot(), |_, _| Ok("<u>q<a>".into())).unwrap_err();
-        assert!(matches!(e, RecordError::NoEndOfTurn { index: 1, .. }), "{e}");
+        assert!(
+            matches!(e, RecordError::NoEndOfTurn { index: 1, .. }),
+            "{e}"
+        );
     }
 
     #[test]
@@ -187,7 +211,10 @@ mod tests {
     #[test]
     fn masks_tokens_overlapping_spans() {
         let offsets = [(0, 2), (2, 4), (4, 6), (5, 6), (6, 9), (9, 10)];
-        assert_eq!(token_mask(&offsets, &[(3, 6), (9, 10)]), vec![0, 1, 1, 1, 0, 1]);
+        assert_eq!(
+            token_mask(&offsets, &[(3, 6), (9, 10)]),
+            vec![0, 1, 1, 1, 0, 1]
+        );
         assert_eq!(token_mask(&offsets, &[]), vec![0; 6]);
     }
 }

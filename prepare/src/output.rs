@@ -30,7 +30,10 @@ const PARQUET_BATCH: usize = 2048;
 
 enum Sink {
     Jsonl(BufWriter<std::fs::File>),
-    Parquet { writer: ArrowWriter<std::fs::File>, pending: Vec<Sample> },
+    Parquet {
+        writer: ArrowWriter<std::fs::File>,
+        pending: Vec<Sample>,
+    },
 }
 
 /// Writes samples to a hidden temporary file next to the output; [`SampleWriter::finish`]
@@ -61,23 +64,41 @@ fn batch(samples: &[Sample]) -> std::result::Result<RecordBatch, arrow_schema::A
         masks.append(true);
     }
     let id = Int64Array::from_iter_values(samples.iter().map(|s| s.id as i64));
-    RecordBatch::try_new(schema(), vec![Arc::new(id) as ArrayRef, Arc::new(ids.finish()), Arc::new(masks.finish())])
+    RecordBatch::try_new(
+        schema(),
+        vec![
+            Arc::new(id) as ArrayRef,
+            Arc::new(ids.finish()),
+            Arc::new(masks.finish()),
+        ],
+    )
 }
 
 impl SampleWriter {
     /// Starts writing `path` in `format`.
     pub fn create(path: &Path, format: FileFormat) -> Result<Self> {
-        let out_err = |message: String| PrepareError::Output { path: path.to_path_buf(), message };
+        let out_err = |message: String| PrepareError::Output {
+            path: path.to_path_buf(),
+            message,
+        };
         let dir = match path.parent() {
             Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
             _ => PathBuf::from("."),
         };
-        let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        let name = path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
         let tmp = tempfile::Builder::new()
             .prefix(&format!(".{name}."))
             .suffix(".tmp")
             .tempfile_in(&dir)
-            .map_err(|e| out_err(format!("cannot create a temporary file in {}: {e}", dir.display())))?;
+            .map_err(|e| {
+                out_err(format!(
+                    "cannot create a temporary file in {}: {e}",
+                    dir.display()
+                ))
+            })?;
         let file = tmp.reopen().map_err(|e| out_err(e.to_string()))?;
         let sink = match format {
             FileFormat::Jsonl => Sink::Jsonl(BufWriter::with_capacity(1 << 20, file)),
@@ -85,27 +106,42 @@ impl SampleWriter {
                 let props = WriterProperties::builder()
                     .set_compression(Compression::ZSTD(ZstdLevel::default()))
                     .build();
-                let writer = ArrowWriter::try_new(file, schema(), Some(props)).map_err(|e| out_err(e.to_string()))?;
-                Sink::Parquet { writer, pending: Vec::with_capacity(PARQUET_BATCH) }
+                let writer = ArrowWriter::try_new(file, schema(), Some(props))
+                    .map_err(|e| out_err(e.to_string()))?;
+                Sink::Parquet {
+                    writer,
+                    pending: Vec::with_capacity(PARQUET_BATCH),
+                }
             }
         };
-        Ok(SampleWriter { path: path.to_path_buf(), tmp, sink })
+        Ok(SampleWriter {
+            path: path.to_path_buf(),
+            tmp,
+            sink,
+        })
     }
 
     /// Appends one sample.
     pub fn write(&mut self, sample: Sample) -> Result<()> {
         let path = &self.path;
-        let err = |message: String| PrepareError::Output { path: path.clone(), message };
+        let err = |message: String| PrepareError::Output {
+            path: path.clone(),
+            message,
+        };
         match &mut self.sink {
             Sink::Jsonl(w) => {
                 let line = serde_json::json!({"id": sample.id, "input_ids": sample.input_ids, "loss_mask": sample.loss_mask});
-                let r = serde_json::to_writer(&mut *w, &line).map_err(std::io::Error::from).and_then(|_| w.write_all(b"\n"));
+                let r = serde_json::to_writer(&mut *w, &line)
+                    .map_err(std::io::Error::from)
+                    .and_then(|_| w.write_all(b"\n"));
                 r.map_err(|e| err(e.to_string()))
             }
             Sink::Parquet { writer, pending } => {
                 pending.push(sample);
                 if pending.len() >= PARQUET_BATCH {
-                    let r = batch(pending).map_err(|e| e.to_string()).and_then(|b| writer.write(&b).map_err(|e| e.to_string()));
+                    let r = batch(pending)
+                        .map_err(|e| e.to_string())
+                        .and_then(|b| writer.write(&b).map_err(|e| e.to_string()));
                     pending.clear();
                     r.map_err(err)?;
                 }
@@ -117,10 +153,16 @@ impl SampleWriter {
     /// Flushes, syncs and renames the temporary file to the output path.
     pub fn finish(self) -> Result<()> {
         let SampleWriter { path, tmp, sink } = self;
-        let out_err = |message: String| PrepareError::Output { path: path.clone(), message };
+        let out_err = |message: String| PrepareError::Output {
+            path: path.clone(),
+            message,
+        };
         let file = match sink {
             Sink::Jsonl(w) => w.into_inner().map_err(|e| out_err(e.to_string()))?,
-            Sink::Parquet { mut writer, pending } => {
+            Sink::Parquet {
+                mut writer,
+                pending,
+            } => {
                 if !pending.is_empty() {
                     let b = batch(&pending).map_err(|e| out_err(e.to_string()))?;
                     writer.write(&b).map_err(|e| out_err(e.to_string()))?;
@@ -129,7 +171,8 @@ impl SampleWriter {
             }
         };
         file.sync_all().map_err(|e| out_err(e.to_string()))?;
-        tmp.persist(&path).map_err(|e| out_err(format!("cannot rename into place: {}", e.error)))?;
+        tmp.persist(&path)
+            .map_err(|e| out_err(format!("cannot rename into place: {}", e.error)))?;
         Ok(())
     }
 }
@@ -139,7 +182,11 @@ mod tests {
     use super::*;
 
     fn sample(id: u64) -> Sample {
-        Sample { id, input_ids: vec![1, 2, 3], loss_mask: vec![0, 1, 1] }
+        Sample {
+            id,
+            input_ids: vec![1, 2, 3],
+            loss_mask: vec![0, 1, 1],
+        }
     }
 
     #[test]
@@ -151,7 +198,10 @@ mod tests {
         assert!(!out.exists());
         w.finish().unwrap();
         let text = std::fs::read_to_string(&out).unwrap();
-        assert_eq!(text, "{\"id\":4,\"input_ids\":[1,2,3],\"loss_mask\":[0,1,1]}\n");
+        assert_eq!(
+            text,
+            "{\"id\":4,\"input_ids\":[1,2,3],\"loss_mask\":[0,1,1]}\n"
+        );
         assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
     }
 
@@ -174,10 +224,12 @@ mod tests {
             w.write(sample(i)).unwrap();
         }
         w.finish().unwrap();
-        let r = parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(std::fs::File::open(&out).unwrap())
-            .unwrap()
-            .build()
-            .unwrap();
+        let r = parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(
+            std::fs::File::open(&out).unwrap(),
+        )
+        .unwrap()
+        .build()
+        .unwrap();
         let rows: usize = r.map(|b| b.unwrap().num_rows()).sum();
         assert_eq!(rows, 3000);
     }

@@ -27,7 +27,9 @@ impl std::str::FromStr for Overlong {
         match s {
             "truncate" => Ok(Overlong::Truncate),
             "skip" => Ok(Overlong::Skip),
-            _ => Err(format!("unknown overlong policy {s:?}; expected truncate or skip")),
+            _ => Err(format!(
+                "unknown overlong policy {s:?}; expected truncate or skip"
+            )),
         }
     }
 }
@@ -47,7 +49,12 @@ pub struct PrepareOptions {
 
 impl Default for PrepareOptions {
     fn default() -> Self {
-        PrepareOptions { max_seq_len: None, overlong: Overlong::Truncate, strict: false, chunk_size: 1024 }
+        PrepareOptions {
+            max_seq_len: None,
+            overlong: Overlong::Truncate,
+            strict: false,
+            chunk_size: 1024,
+        }
     }
 }
 
@@ -121,21 +128,35 @@ where
     let mut records = records.peekable();
     let chunk_size = opts.chunk_size.max(1);
     while records.peek().is_some() {
-        let chunk: Vec<ConversationRecord> = records.by_ref().take(chunk_size).collect::<Result<_>>()?;
+        let chunk: Vec<ConversationRecord> =
+            records.by_ref().take(chunk_size).collect::<Result<_>>()?;
         let results: Vec<Result<_, RecordError>> = chunk
             .par_iter()
-            .map(|r| r.conversation.as_ref().map_err(Clone::clone).and_then(|c| tok.tokenize(c)))
+            .map(|r| {
+                r.conversation
+                    .as_ref()
+                    .map_err(Clone::clone)
+                    .and_then(|c| tok.tokenize(c))
+            })
             .collect();
         for (record, result) in chunk.iter().zip(results) {
             summary.conversations += 1;
             let id = record.sample_id();
             let outcome = result.and_then(|mut t| {
                 if let Some(first) = seen.get(&id) {
-                    return Err(RecordError::DuplicateId { id, first: first.clone() });
+                    return Err(RecordError::DuplicateId {
+                        id,
+                        first: first.clone(),
+                    });
                 }
                 if let Some(max) = opts.max_seq_len.filter(|&m| t.input_ids.len() > m) {
                     match opts.overlong {
-                        Overlong::Skip => return Err(RecordError::TooLong { len: t.input_ids.len(), max }),
+                        Overlong::Skip => {
+                            return Err(RecordError::TooLong {
+                                len: t.input_ids.len(),
+                                max,
+                            })
+                        }
                         Overlong::Truncate => {
                             t.input_ids.truncate(max);
                             t.loss_mask.truncate(max);
@@ -151,11 +172,19 @@ where
                     summary.samples += 1;
                     summary.tokens += t.input_ids.len() as u64;
                     summary.loss_tokens += t.loss_mask.iter().map(|&m| m as u64).sum::<u64>();
-                    emit(Sample { id, input_ids: t.input_ids, loss_mask: t.loss_mask })?;
+                    emit(Sample {
+                        id,
+                        input_ids: t.input_ids,
+                        loss_mask: t.loss_mask,
+                    })?;
                 }
                 Err(reason) => {
                     if opts.strict {
-                        return Err(PrepareError::Record { path: input.to_path_buf(), location: record.location.clone(), source: reason });
+                        return Err(PrepareError::Record {
+                            path: input.to_path_buf(),
+                            location: record.location.clone(),
+                            source: reason,
+                        });
                     }
                     *summary.dropped.entry(reason.kind()).or_default() += 1;
                     on_drop(&record.location, &reason);
@@ -169,7 +198,11 @@ where
 
 /// Reads a conversations file whole into samples: the call `hslake capture` makes to take
 /// conversations directly. Refused records are logged by location and counted in the summary.
-pub fn prepare_file(path: &Path, tok: &ChatTokenizer, opts: &PrepareOptions) -> Result<(Vec<Sample>, Summary)> {
+pub fn prepare_file(
+    path: &Path,
+    tok: &ChatTokenizer,
+    opts: &PrepareOptions,
+) -> Result<(Vec<Sample>, Summary)> {
     let mut samples = vec![];
     let summary = prepare(
         path,
@@ -193,14 +226,25 @@ mod tests {
     use crate::conversation::{Conversation, Message, Role};
 
     fn record(index: u64, id: Option<u64>, answer: &str) -> Result<ConversationRecord> {
-        let messages = vec![Message::new(Role::User, "q"), Message::new(Role::Assistant, answer)];
-        Ok(ConversationRecord { index, location: format!("line {}", index + 1), conversation: Ok(Conversation { id, messages }) })
+        let messages = vec![
+            Message::new(Role::User, "q"),
+            Message::new(Role::Assistant, answer),
+        ];
+        Ok(ConversationRecord {
+            index,
+            location: format!("line {}", index + 1),
+            conversation: Ok(Conversation { id, messages }),
+        })
     }
 
-    fn run(records: Vec<Result<ConversationRecord>>, opts: PrepareOptions) -> (Result<Summary>, Vec<Sample>, Vec<String>) {
+    fn run(
+        records: Vec<Result<ConversationRecord>>,
+        opts: PrepareOptions,
+    ) -> (Result<Summary>, Vec<Sample>, Vec<String>) {
         let dir = tempfile::tempdir().unwrap();
         let model = test_model::write(dir.path(), test_model::CHATML);
-        let tok = ChatTokenizer::from_model_dir(&model, LossOn::Assistant, &Default::default()).unwrap();
+        let tok =
+            ChatTokenizer::from_model_dir(&model, LossOn::Assistant, &Default::default()).unwrap();
         let (mut samples, mut dropped) = (vec![], vec![]);
         let summary = prepare(
             Path::new("in.jsonl"),
@@ -219,30 +263,61 @@ mod tests {
 
     #[test]
     fn keeps_input_order_across_parallel_chunks() {
-        let records = (0..50).map(|i| record(i, None, if i % 2 == 0 { "a" } else { "hello there" })).collect();
-        let (summary, samples, _) = run(records, PrepareOptions { chunk_size: 7, ..Default::default() });
+        let records = (0..50)
+            .map(|i| record(i, None, if i % 2 == 0 { "a" } else { "hello there" }))
+            .collect();
+        let (summary, samples, _) = run(
+            records,
+            PrepareOptions {
+                chunk_size: 7,
+                ..Default::default()
+            },
+        );
         let summary = summary.unwrap();
-        assert_eq!(samples.iter().map(|s| s.id).collect::<Vec<_>>(), (0..50).collect::<Vec<_>>());
+        assert_eq!(
+            samples.iter().map(|s| s.id).collect::<Vec<_>>(),
+            (0..50).collect::<Vec<_>>()
+        );
         assert_eq!((summary.conversations, summary.samples), (50, 50));
         // 8 tokens with 2 of loss, or 9 with 3.
-        assert_eq!((summary.tokens, summary.loss_tokens), (25 * 8 + 25 * 9, 25 * 2 + 25 * 3));
+        assert_eq!(
+            (summary.tokens, summary.loss_tokens),
+            (25 * 8 + 25 * 9, 25 * 2 + 25 * 3)
+        );
     }
 
     #[test]
     fn counts_duplicates_and_overlong_records_by_reason() {
-        let records = vec![record(0, Some(5), "a"), record(1, Some(5), "a"), record(2, Some(6), "hello there")];
-        let opts = PrepareOptions { max_seq_len: Some(8), overlong: Overlong::Skip, ..Default::default() };
+        let records = vec![
+            record(0, Some(5), "a"),
+            record(1, Some(5), "a"),
+            record(2, Some(6), "hello there"),
+        ];
+        let opts = PrepareOptions {
+            max_seq_len: Some(8),
+            overlong: Overlong::Skip,
+            ..Default::default()
+        };
         let (summary, samples, dropped) = run(records, opts);
         let summary = summary.unwrap();
         assert_eq!(samples.len(), 1);
-        assert_eq!(dropped, ["line 2: duplicate id 5 (first at line 1)", "line 3: 9 tokens, longer than --max-seq-len 8"]);
+        assert_eq!(
+            dropped,
+            [
+                "line 2: duplicate id 5 (first at line 1)",
+                "line 3: 9 tokens, longer than --max-seq-len 8"
+            ]
+        );
         assert_eq!(summary.dropped.get("duplicate id"), Some(&1));
         assert_eq!(summary.dropped.get("longer than --max-seq-len"), Some(&1));
     }
 
     #[test]
     fn truncates_overlong_samples_with_their_masks() {
-        let opts = PrepareOptions { max_seq_len: Some(7), ..Default::default() };
+        let opts = PrepareOptions {
+            max_seq_len: Some(7),
+            ..Default::default()
+        };
         let (summary, samples, _) = run(vec![record(0, None, "hello there")], opts);
         assert_eq!(summary.unwrap().truncated, 1);
         assert_eq!(samples[0].input_ids, [1, 4, 9, 2, 1, 5, 7]);
@@ -253,9 +328,15 @@ mod tests {
     fn strict_fails_on_the_first_bad_record_with_its_location() {
         let mut bad = record(1, None, "a").unwrap();
         bad.conversation = Err(RecordError::Empty);
-        let opts = PrepareOptions { strict: true, ..Default::default() };
+        let opts = PrepareOptions {
+            strict: true,
+            ..Default::default()
+        };
         let (summary, samples, _) = run(vec![record(0, None, "a"), Ok(bad)], opts);
-        assert_eq!(summary.unwrap_err().to_string(), "in.jsonl: line 2: empty conversation: no messages");
+        assert_eq!(
+            summary.unwrap_err().to_string(),
+            "in.jsonl: line 2: empty conversation: no messages"
+        );
         assert_eq!(samples.len(), 1);
     }
 }

@@ -98,10 +98,19 @@ impl ProgressFile {
                 }
             }
         }
-        let file = std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(path).map_err(io_err(path))?;
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(path)
+            .map_err(io_err(path))?;
         // Drop a torn last line so the next append starts on a line of its own.
         file.set_len(good_len as u64).map_err(io_err(path))?;
-        let mut pf = ProgressFile { path: path.to_path_buf(), file, done };
+        let mut pf = ProgressFile {
+            path: path.to_path_buf(),
+            file,
+            done,
+        };
         std::io::Seek::seek(&mut pf.file, std::io::SeekFrom::End(0)).map_err(io_err(path))?;
         Ok(pf)
     }
@@ -114,17 +123,26 @@ impl ProgressFile {
     /// Records one answered conversation (one line, flushed before returning).
     pub fn append(&mut self, index: u64, conv: Conversation) -> Result<()> {
         let mut v = conv.to_json();
-        v.as_object_mut().expect("to_json gives an object").insert("index".into(), index.into());
+        v.as_object_mut()
+            .expect("to_json gives an object")
+            .insert("index".into(), index.into());
         let mut line = serde_json::to_vec(&v).map_err(|e| io_err(&self.path)(e.into()))?;
         line.push(b'\n');
-        self.file.write_all(&line).and_then(|_| self.file.flush()).map_err(io_err(&self.path))?;
+        self.file
+            .write_all(&line)
+            .and_then(|_| self.file.flush())
+            .map_err(io_err(&self.path))?;
         self.done.insert(index, conv);
         Ok(())
     }
 }
 
 fn user_texts(c: &Conversation) -> Vec<&str> {
-    c.messages.iter().filter(|m| m.role == Role::User).map(|m| m.content.as_str()).collect()
+    c.messages
+        .iter()
+        .filter(|m| m.role == Role::User)
+        .map(|m| m.content.as_str())
+        .collect()
 }
 
 /// The API base with `/v1` added when the URL has no path.
@@ -166,23 +184,57 @@ impl Client {
             .await
             .map_err(|e| Failure::Retry(format!("request failed: {e}")))?;
         let status = resp.status();
-        let text = resp.text().await.map_err(|e| Failure::Retry(format!("reading the response failed: {e}")))?;
+        let text = resp
+            .text()
+            .await
+            .map_err(|e| Failure::Retry(format!("reading the response failed: {e}")))?;
         if !status.is_success() {
             let snippet: String = text.chars().take(300).collect();
             let msg = format!("HTTP {status}: {snippet}");
-            return Err(if status.as_u16() == 429 || status.is_server_error() { Failure::Retry(msg) } else { Failure::Fatal(msg) });
+            return Err(if status.as_u16() == 429 || status.is_server_error() {
+                Failure::Retry(msg)
+            } else {
+                Failure::Fatal(msg)
+            });
         }
-        let v: Value = serde_json::from_str(&text).map_err(|e| Failure::Retry(format!("response is not JSON: {e}")))?;
-        let choice = v.get("choices").and_then(|c| c.get(0)).ok_or_else(|| Failure::Fatal(format!("response has no choices: {}", text.chars().take(300).collect::<String>())))?;
-        let msg = choice.get("message").ok_or_else(|| Failure::Fatal("choice has no message".into()))?;
-        let content = msg.get("content").and_then(Value::as_str).unwrap_or_default().to_string();
-        let reasoning = msg.get("reasoning_content").or_else(|| msg.get("reasoning")).and_then(Value::as_str).map(str::to_string);
+        let v: Value = serde_json::from_str(&text)
+            .map_err(|e| Failure::Retry(format!("response is not JSON: {e}")))?;
+        let choice = v.get("choices").and_then(|c| c.get(0)).ok_or_else(|| {
+            Failure::Fatal(format!(
+                "response has no choices: {}",
+                text.chars().take(300).collect::<String>()
+            ))
+        })?;
+        let msg = choice
+            .get("message")
+            .ok_or_else(|| Failure::Fatal("choice has no message".into()))?;
+        let content = msg
+            .get("content")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_string();
+        let reasoning = msg
+            .get("reasoning_content")
+            .or_else(|| msg.get("reasoning"))
+            .and_then(Value::as_str)
+            .map(str::to_string);
         let cut = choice.get("finish_reason").and_then(Value::as_str) == Some("length");
-        Ok(Answer { content, reasoning, cut })
+        Ok(Answer {
+            content,
+            reasoning,
+            cut,
+        })
     }
 
-    async fn ask(&self, messages: &[Message], counters: &RegenCounters) -> Result<Answer, RecordError> {
-        let msgs: Vec<Value> = messages.iter().map(|m| json!({"role": m.role.as_str(), "content": m.content})).collect();
+    async fn ask(
+        &self,
+        messages: &[Message],
+        counters: &RegenCounters,
+    ) -> Result<Answer, RecordError> {
+        let msgs: Vec<Value> = messages
+            .iter()
+            .map(|m| json!({"role": m.role.as_str(), "content": m.content}))
+            .collect();
         let mut body = json!({"model": self.model, "messages": msgs, "stream": false});
         if let Some(n) = self.opts.max_tokens {
             body["max_tokens"] = n.into();
@@ -198,7 +250,10 @@ impl Client {
                 Ok(a) => return Ok(a),
                 Err(Failure::Fatal(m)) => return Err(RecordError::Regeneration(m)),
                 Err(Failure::Retry(m)) if attempt >= self.opts.retries => {
-                    return Err(RecordError::Regeneration(format!("{m} (gave up after {} attempts)", attempt + 1)))
+                    return Err(RecordError::Regeneration(format!(
+                        "{m} (gave up after {} attempts)",
+                        attempt + 1
+                    )))
                 }
                 Err(Failure::Retry(m)) => {
                     tracing::debug!(error = %m, attempt, "request failed; retrying");
@@ -212,7 +267,11 @@ impl Client {
 
     // System and user turns are kept; every assistant turn is the model's own answer to what
     // precedes it, asked after the last of consecutive user turns.
-    async fn answer(&self, conv: &Conversation, counters: &RegenCounters) -> Result<(Conversation, u64), RecordError> {
+    async fn answer(
+        &self,
+        conv: &Conversation,
+        counters: &RegenCounters,
+    ) -> Result<(Conversation, u64), RecordError> {
         if !conv.messages.iter().any(|m| m.role == Role::User) {
             return Err(RecordError::Regeneration("no user turn to answer".into()));
         }
@@ -223,26 +282,52 @@ impl Client {
                 continue;
             }
             out.push(m.clone());
-            let next_is_user = conv.messages.get(i + 1).is_some_and(|n| n.role == Role::User);
+            let next_is_user = conv
+                .messages
+                .get(i + 1)
+                .is_some_and(|n| n.role == Role::User);
             if m.role == Role::User && !next_is_user {
                 let a = self.ask(&out, counters).await?;
                 cut += a.cut as u64;
-                out.push(Message { role: Role::Assistant, content: a.content, reasoning: a.reasoning });
+                out.push(Message {
+                    role: Role::Assistant,
+                    content: a.content,
+                    reasoning: a.reasoning,
+                });
             }
         }
-        Ok((Conversation { id: conv.id, messages: out }, cut))
+        Ok((
+            Conversation {
+                id: conv.id,
+                messages: out,
+            },
+            cut,
+        ))
     }
 }
 
 async fn served_model(http: &reqwest::Client, base: &str) -> Result<String> {
-    let err = |message: String| PrepareError::Endpoint { endpoint: base.to_string(), message };
-    let resp = http.get(format!("{base}/models")).send().await.map_err(|e| err(format!("cannot list models: {e}")))?;
+    let err = |message: String| PrepareError::Endpoint {
+        endpoint: base.to_string(),
+        message,
+    };
+    let resp = http
+        .get(format!("{base}/models"))
+        .send()
+        .await
+        .map_err(|e| err(format!("cannot list models: {e}")))?;
     let status = resp.status();
-    let text = resp.text().await.map_err(|e| err(format!("cannot list models: {e}")))?;
+    let text = resp
+        .text()
+        .await
+        .map_err(|e| err(format!("cannot list models: {e}")))?;
     if !status.is_success() {
-        return Err(err(format!("GET /models answered HTTP {status}; pass --served-model")));
+        return Err(err(format!(
+            "GET /models answered HTTP {status}; pass --served-model"
+        )));
     }
-    let v: Value = serde_json::from_str(&text).map_err(|e| err(format!("GET /models: not JSON: {e}")))?;
+    let v: Value =
+        serde_json::from_str(&text).map_err(|e| err(format!("GET /models: not JSON: {e}")))?;
     v.get("data")
         .and_then(|d| d.get(0))
         .and_then(|m| m.get("id"))
@@ -264,7 +349,10 @@ pub async fn regenerate(
     let http = reqwest::Client::builder()
         .timeout(opts.timeout)
         .build()
-        .map_err(|e| PrepareError::Endpoint { endpoint: base.clone(), message: format!("cannot build an HTTP client: {e}") })?;
+        .map_err(|e| PrepareError::Endpoint {
+            endpoint: base.clone(),
+            message: format!("cannot build an HTTP client: {e}"),
+        })?;
     let mut report = RegenReport::default();
     for r in records {
         if let (Some(done), Ok(conv)) = (progress.answered().get(&r.index), &r.conversation) {
@@ -289,7 +377,12 @@ pub async fn regenerate(
         None => served_model(&http, &base).await?,
     };
     tracing::info!(endpoint = %base, %model, conversations = todo.len(), resumed = report.resumed, concurrency = opts.concurrency, "regenerating answers");
-    let client = Client { http, base, model, opts: opts.clone() };
+    let client = Client {
+        http,
+        base,
+        model,
+        opts: opts.clone(),
+    };
     let client = &client;
     let mut answers = futures::stream::iter(todo)
         .map(|r| async move {
@@ -307,7 +400,9 @@ pub async fn regenerate(
             }
             Err(reason) => {
                 tracing::warn!(location = %r.location, %reason, "conversation not regenerated");
-                report.failed.push((r.index, r.location.clone(), reason.to_string()));
+                report
+                    .failed
+                    .push((r.index, r.location.clone(), reason.to_string()));
                 counters.failed.fetch_add(1, Ordering::Relaxed);
             }
         }
@@ -317,15 +412,25 @@ pub async fn regenerate(
 
 /// The records to tokenize after regeneration: each answered conversation in place of its
 /// original; a conversation left unanswered becomes a refused record with the server's reason.
-pub fn regenerated_records(records: Vec<ConversationRecord>, progress: &ProgressFile, report: &RegenReport) -> Vec<ConversationRecord> {
-    let failed: HashMap<u64, &str> = report.failed.iter().map(|(i, _, m)| (*i, m.as_str())).collect();
+pub fn regenerated_records(
+    records: Vec<ConversationRecord>,
+    progress: &ProgressFile,
+    report: &RegenReport,
+) -> Vec<ConversationRecord> {
+    let failed: HashMap<u64, &str> = report
+        .failed
+        .iter()
+        .map(|(i, _, m)| (*i, m.as_str()))
+        .collect();
     records
         .into_iter()
         .map(|mut r| {
             if r.conversation.is_ok() {
                 r.conversation = match progress.answered().get(&r.index) {
                     Some(c) => Ok(c.clone()),
-                    None => Err(RecordError::Regeneration(failed.get(&r.index).unwrap_or(&"not answered").to_string())),
+                    None => Err(RecordError::Regeneration(
+                        failed.get(&r.index).unwrap_or(&"not answered").to_string(),
+                    )),
                 };
             }
             r
@@ -338,13 +443,25 @@ mod tests {
     use super::*;
 
     fn conv(id: u64, text: &str) -> Conversation {
-        Conversation { id: Some(id), messages: vec![Message::new(Role::User, text), Message::new(Role::Assistant, "a")] }
+        Conversation {
+            id: Some(id),
+            messages: vec![
+                Message::new(Role::User, text),
+                Message::new(Role::Assistant, "a"),
+            ],
+        }
     }
 
     #[test]
     fn adds_v1_only_to_bare_endpoints() {
-        assert_eq!(api_base("http://127.0.0.1:8000"), "http://127.0.0.1:8000/v1");
-        assert_eq!(api_base("http://127.0.0.1:8000/"), "http://127.0.0.1:8000/v1");
+        assert_eq!(
+            api_base("http://127.0.0.1:8000"),
+            "http://127.0.0.1:8000/v1"
+        );
+        assert_eq!(
+            api_base("http://127.0.0.1:8000/"),
+            "http://127.0.0.1:8000/v1"
+        );
         assert_eq!(api_base("http://h/openai/v1/"), "http://h/openai/v1");
     }
 
@@ -357,7 +474,12 @@ mod tests {
         p.append(1, conv(10, "q1")).unwrap();
         drop(p);
         // A run killed in the middle of a write.
-        std::fs::OpenOptions::new().append(true).open(&path).unwrap().write_all(b"{\"index\": 5, \"mess").unwrap();
+        std::fs::OpenOptions::new()
+            .append(true)
+            .open(&path)
+            .unwrap()
+            .write_all(b"{\"index\": 5, \"mess")
+            .unwrap();
         let mut p = ProgressFile::open(&path).unwrap();
         assert_eq!(p.answered().len(), 2);
         assert_eq!(p.answered()[&3], conv(30, "q3"));
@@ -372,8 +494,15 @@ mod tests {
     fn refuses_a_progress_file_with_a_broken_middle_line() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("p.jsonl");
-        std::fs::write(&path, "garbage\n{\"index\": 1, \"messages\": [{\"role\": \"user\", \"content\": \"x\"}]}\n").unwrap();
+        std::fs::write(
+            &path,
+            "garbage\n{\"index\": 1, \"messages\": [{\"role\": \"user\", \"content\": \"x\"}]}\n",
+        )
+        .unwrap();
         let e = ProgressFile::open(&path).err().unwrap();
-        assert!(e.to_string().contains("line 1: not a progress record"), "{e}");
+        assert!(
+            e.to_string().contains("line 1: not a progress record"),
+            "{e}"
+        );
     }
 }

@@ -46,21 +46,32 @@ fn generation_tag() -> &'static Regex {
 fn rewrite_generation_tags(src: &str) -> String {
     static OPEN: OnceLock<Regex> = OnceLock::new();
     static CLOSE: OnceLock<Regex> = OnceLock::new();
-    let open = OPEN.get_or_init(|| {
-        Regex::new(r"\{%([-+]?)\s*generation\s*([-+]?)%\}").expect("valid regex")
-    });
+    let open = OPEN
+        .get_or_init(|| Regex::new(r"\{%([-+]?)\s*generation\s*([-+]?)%\}").expect("valid regex"));
     let close = CLOSE.get_or_init(|| {
         Regex::new(r"\{%([-+]?)\s*endgeneration\s*([-+]?)%\}").expect("valid regex")
     });
-    let s = open.replace_all(src, format!("{{%${{1}} if true %}}{{{{ '{GEN_START}' }}}}{{% endif ${{2}}%}}"));
+    let s = open.replace_all(
+        src,
+        format!("{{%${{1}} if true %}}{{{{ '{GEN_START}' }}}}{{% endif ${{2}}%}}"),
+    );
     close
-        .replace_all(&s, format!("{{%${{1}} if true %}}{{{{ '{GEN_END}' }}}}{{% endif ${{2}}%}}"))
+        .replace_all(
+            &s,
+            format!("{{%${{1}} if true %}}{{{{ '{GEN_END}' }}}}{{% endif ${{2}}%}}"),
+        )
         .into_owned()
 }
 
 // Python's json.dumps(x, ensure_ascii=False, indent=indent, sort_keys=sort_keys), which
 // transformers installs as `tojson` in place of Jinja's HTML-escaping one.
-fn py_json(v: &Value, indent: Option<usize>, sort_keys: bool, level: usize, out: &mut String) -> Result<(), Error> {
+fn py_json(
+    v: &Value,
+    indent: Option<usize>,
+    sort_keys: bool,
+    level: usize,
+    out: &mut String,
+) -> Result<(), Error> {
     let newline = |out: &mut String, level: usize| {
         if let Some(n) = indent {
             out.push('\n');
@@ -73,9 +84,10 @@ fn py_json(v: &Value, indent: Option<usize>, sort_keys: bool, level: usize, out:
         ValueKind::Bool => out.push_str(if v.is_true() { "true" } else { "false" }),
         // minijinja prints numbers as Python does (2.0 stays 2.0).
         ValueKind::Number => out.push_str(&v.to_string()),
-        ValueKind::String => {
-            out.push_str(&serde_json::to_string(v.as_str().unwrap_or_default()).map_err(|e| Error::new(ErrorKind::InvalidOperation, e.to_string()))?)
-        }
+        ValueKind::String => out.push_str(
+            &serde_json::to_string(v.as_str().unwrap_or_default())
+                .map_err(|e| Error::new(ErrorKind::InvalidOperation, e.to_string()))?,
+        ),
         ValueKind::Seq | ValueKind::Iterable => {
             let items: Vec<Value> = v.try_iter()?.collect();
             if items.is_empty() {
@@ -108,8 +120,14 @@ fn py_json(v: &Value, indent: Option<usize>, sort_keys: bool, level: usize, out:
                     out.push_str(item_sep);
                 }
                 newline(out, level + 1);
-                let key = k.as_str().map(str::to_string).unwrap_or_else(|| k.to_string());
-                out.push_str(&serde_json::to_string(&key).map_err(|e| Error::new(ErrorKind::InvalidOperation, e.to_string()))?);
+                let key = k
+                    .as_str()
+                    .map(str::to_string)
+                    .unwrap_or_else(|| k.to_string());
+                out.push_str(
+                    &serde_json::to_string(&key)
+                        .map_err(|e| Error::new(ErrorKind::InvalidOperation, e.to_string()))?,
+                );
                 out.push_str(": ");
                 py_json(&v.get_item(k)?, indent, sort_keys, level + 1, out)?;
             }
@@ -131,7 +149,10 @@ fn tojson(v: Value, kwargs: Kwargs) -> Result<String, Error> {
     let sort_keys: Option<bool> = kwargs.get("sort_keys")?;
     let ensure_ascii: Option<bool> = kwargs.get("ensure_ascii")?;
     if ensure_ascii == Some(true) {
-        return Err(Error::new(ErrorKind::InvalidOperation, "tojson: ensure_ascii=True is not supported"));
+        return Err(Error::new(
+            ErrorKind::InvalidOperation,
+            "tojson: ensure_ascii=True is not supported",
+        ));
     }
     kwargs.assert_all_used()?;
     let mut out = String::new();
@@ -149,7 +170,10 @@ fn strftime_now(format: String) -> Result<String, Error> {
     // chrono reports an unknown specifier as a formatting error; write! surfaces it instead of
     // the panic `to_string` would raise.
     write!(out, "{}", chrono::Local::now().format(&format)).map_err(|_| {
-        Error::new(ErrorKind::InvalidOperation, format!("strftime_now: invalid format {format:?}"))
+        Error::new(
+            ErrorKind::InvalidOperation,
+            format!("strftime_now: invalid format {format:?}"),
+        )
     })?;
     Ok(out)
 }
@@ -187,7 +211,15 @@ pub fn read_template_source(model_dir: &Path) -> Result<TemplateSource> {
         Err(e) => return Err(io_err(&config_path)(e)),
     };
     let mut special_tokens = vec![];
-    for key in ["bos_token", "eos_token", "unk_token", "pad_token", "sep_token", "cls_token", "mask_token"] {
+    for key in [
+        "bos_token",
+        "eos_token",
+        "unk_token",
+        "pad_token",
+        "sep_token",
+        "cls_token",
+        "mask_token",
+    ] {
         if let Some(t) = config.get(key).and_then(token_text) {
             special_tokens.push((key.to_string(), t));
         }
@@ -195,7 +227,11 @@ pub fn read_template_source(model_dir: &Path) -> Result<TemplateSource> {
     let jinja_path = model_dir.join("chat_template.jinja");
     if jinja_path.exists() {
         let text = std::fs::read_to_string(&jinja_path).map_err(io_err(&jinja_path))?;
-        return Ok(TemplateSource { text, path: jinja_path, special_tokens });
+        return Ok(TemplateSource {
+            text,
+            path: jinja_path,
+            special_tokens,
+        });
     }
     let text = match config.get("chat_template") {
         Some(serde_json::Value::String(s)) => s.clone(),
@@ -214,29 +250,45 @@ pub fn read_template_source(model_dir: &Path) -> Result<TemplateSource> {
             })
         }
     };
-    Ok(TemplateSource { text, path: config_path, special_tokens })
+    Ok(TemplateSource {
+        text,
+        path: config_path,
+        special_tokens,
+    })
 }
 
 impl ChatTemplate {
     /// Compiles a template. `extra` are further variables (e.g. `enable_thinking`), as
     /// transformers' `apply_chat_template(**kwargs)`.
-    pub fn new(source: &TemplateSource, extra: &serde_json::Map<String, serde_json::Value>) -> Result<Self> {
+    pub fn new(
+        source: &TemplateSource,
+        extra: &serde_json::Map<String, serde_json::Value>,
+    ) -> Result<Self> {
         let has_generation = generation_tag().is_match(&source.text);
-        let text = if has_generation { rewrite_generation_tags(&source.text) } else { source.text.clone() };
+        let text = if has_generation {
+            rewrite_generation_tags(&source.text)
+        } else {
+            source.text.clone()
+        };
         let mut env = Environment::new();
         let syntax = minijinja::syntax::SyntaxConfig::builder()
             .trim_blocks(true)
             .lstrip_blocks(true)
             .build()
-            .map_err(|e| PrepareError::TemplateSyntax { path: source.path.clone(), message: e.to_string() })?;
+            .map_err(|e| PrepareError::TemplateSyntax {
+                path: source.path.clone(),
+                message: e.to_string(),
+            })?;
         env.set_syntax(syntax);
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
         env.add_filter("tojson", tojson);
         env.add_function("raise_exception", raise_exception);
         env.add_function("strftime_now", strftime_now);
-        env.add_template_owned("chat_template", text).map_err(|e| PrepareError::TemplateSyntax {
-            path: source.path.clone(),
-            message: format!("{e:#}"),
+        env.add_template_owned("chat_template", text).map_err(|e| {
+            PrepareError::TemplateSyntax {
+                path: source.path.clone(),
+                message: format!("{e:#}"),
+            }
         })?;
         let mut globals: Vec<(String, Value)> = source
             .special_tokens
@@ -247,7 +299,12 @@ impl ChatTemplate {
             globals.retain(|(g, _)| g != k);
             globals.push((k.clone(), json_value(v)));
         }
-        Ok(ChatTemplate { env, source_path: source.path.clone(), has_generation, globals })
+        Ok(ChatTemplate {
+            env,
+            source_path: source.path.clone(),
+            has_generation,
+            globals,
+        })
     }
 
     /// Whether the template marks the assistant's text with `{% generation %}`.
@@ -274,12 +331,20 @@ impl ChatTemplate {
     }
 
     /// Renders `messages` (from [`ChatTemplate::message_values`]).
-    pub fn render(&self, messages: &[Value], add_generation_prompt: bool) -> Result<Rendered, RecordError> {
+    pub fn render(
+        &self,
+        messages: &[Value],
+        add_generation_prompt: bool,
+    ) -> Result<Rendered, RecordError> {
         let tmpl = self
             .env
             .get_template("chat_template")
             .map_err(|e| RecordError::Template(e.to_string()))?;
-        let mut ctx: Vec<(&str, Value)> = self.globals.iter().map(|(k, v)| (k.as_str(), v.clone())).collect();
+        let mut ctx: Vec<(&str, Value)> = self
+            .globals
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.clone()))
+            .collect();
         ctx.push(("messages", Value::from(messages)));
         ctx.push(("add_generation_prompt", Value::from(add_generation_prompt)));
         let raw = tmpl
@@ -288,7 +353,10 @@ impl ChatTemplate {
         if self.has_generation {
             split_markers(&raw)
         } else {
-            Ok(Rendered { text: raw, generation_spans: vec![] })
+            Ok(Rendered {
+                text: raw,
+                generation_spans: vec![],
+            })
         }
     }
 }
@@ -305,7 +373,9 @@ fn json_value(v: &serde_json::Value) -> Value {
         },
         serde_json::Value::String(s) => Value::from(s.as_str()),
         serde_json::Value::Array(a) => a.iter().map(json_value).collect(),
-        serde_json::Value::Object(o) => Value::from_pairs(o.iter().map(|(k, v)| (k.as_str(), json_value(v)))),
+        serde_json::Value::Object(o) => {
+            Value::from_pairs(o.iter().map(|(k, v)| (k.as_str(), json_value(v))))
+        }
     }
 }
 
@@ -327,9 +397,17 @@ fn split_markers(raw: &str) -> Result<Rendered, RecordError> {
             GEN_START if open.is_none() => open = Some(chars),
             GEN_END => match open.take() {
                 Some(s) => spans.push((s, chars)),
-                None => return Err(RecordError::Template("{% endgeneration %} without {% generation %}".into())),
+                None => {
+                    return Err(RecordError::Template(
+                        "{% endgeneration %} without {% generation %}".into(),
+                    ))
+                }
             },
-            GEN_START => return Err(RecordError::Template("nested {% generation %} blocks".into())),
+            GEN_START => {
+                return Err(RecordError::Template(
+                    "nested {% generation %} blocks".into(),
+                ))
+            }
             _ => {
                 text.push(c);
                 chars += 1;
@@ -337,9 +415,14 @@ fn split_markers(raw: &str) -> Result<Rendered, RecordError> {
         }
     }
     if open.is_some() {
-        return Err(RecordError::Template("{% generation %} block never closed".into()));
+        return Err(RecordError::Template(
+            "{% generation %} block never closed".into(),
+        ));
     }
-    Ok(Rendered { text, generation_spans: spans })
+    Ok(Rendered {
+        text,
+        generation_spans: spans,
+    })
 }
 
 #[cfg(test)]
@@ -369,7 +452,9 @@ mod tests {
 
     #[test]
     fn offers_python_string_methods_and_special_tokens() {
-        let t = template("{{ messages[0].content.split('</think>')[-1].lstrip('\\n').upper() }}{{ eos_token }}");
+        let t = template(
+            "{{ messages[0].content.split('</think>')[-1].lstrip('\\n').upper() }}{{ eos_token }}",
+        );
         let r = render(&t, &[Message::new(Role::User, "a</think>\n\nb")], false).unwrap();
         assert_eq!(r.text, "B</s>");
     }
@@ -384,7 +469,15 @@ mod tests {
     #[test]
     fn returns_generation_spans_in_characters() {
         let t = template("{% for m in messages %}{% if m.role == 'assistant' %}A:\n{% generation %}\n{{ m.content }}!{% endgeneration %}\n\n{% else %}U:{{ m.content }}\n{% endif %}{% endfor %}");
-        let r = render(&t, &[Message::new(Role::User, "é"), Message::new(Role::Assistant, "ü")], false).unwrap();
+        let r = render(
+            &t,
+            &[
+                Message::new(Role::User, "é"),
+                Message::new(Role::Assistant, "ü"),
+            ],
+            false,
+        )
+        .unwrap();
         // trim_blocks drops the newline after each block tag, as around the original tags.
         assert_eq!(r.text, "U:é\nA:\nü!\n");
         assert_eq!(r.generation_spans, vec![(7, 9)]);
@@ -392,14 +485,16 @@ mod tests {
 
     #[test]
     fn formats_tojson_like_python_json_dumps() {
-        let t = template("{{ {'a': [1, 2.0, 'ü'], 'b': none} | tojson }}|{{ [1] | tojson(indent=2) }}");
+        let t =
+            template("{{ {'a': [1, 2.0, 'ü'], 'b': none} | tojson }}|{{ [1] | tojson(indent=2) }}");
         let r = render(&t, &[Message::new(Role::User, "x")], false).unwrap();
         assert_eq!(r.text, "{\"a\": [1, 2.0, \"ü\"], \"b\": null}|[\n  1\n]");
     }
 
     #[test]
     fn refuses_messages_holding_the_marker_characters() {
-        let e = ChatTemplate::message_values(&[Message::new(Role::User, "\u{10FFFD}")]).unwrap_err();
+        let e =
+            ChatTemplate::message_values(&[Message::new(Role::User, "\u{10FFFD}")]).unwrap_err();
         assert!(e.to_string().contains("reserves"), "{e}");
     }
 }

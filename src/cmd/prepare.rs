@@ -8,8 +8,9 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use clap::Parser;
 use hslake_prepare::{
-    fetch_input, prepare, read_conversations, regenerate, regenerated_records, ChatTokenizer, ConversationRecord, FileFormat, LossOn,
-    Overlong, PrepareOptions, ProgressFile, RegenCounters, RegenOptions, SampleWriter, Summary,
+    fetch_input, prepare, read_conversations, regenerate, regenerated_records, ChatTokenizer,
+    ConversationRecord, FileFormat, LossOn, Overlong, PrepareOptions, ProgressFile, RegenCounters,
+    RegenOptions, SampleWriter, Summary,
 };
 use indicatif::{ProgressBar, ProgressStyle};
 
@@ -80,8 +81,11 @@ pub struct Args {
 
 fn counter_bar(what: &str) -> ProgressBar {
     let pb = ProgressBar::new_spinner();
-    let tmpl = format!("{{spinner}} [{{elapsed_precise}}] {{human_pos}} {what} ({{per_sec}}) {{msg}}");
-    pb.set_style(ProgressStyle::with_template(&tmpl).unwrap_or_else(|_| ProgressStyle::default_spinner()));
+    let tmpl =
+        format!("{{spinner}} [{{elapsed_precise}}] {{human_pos}} {what} ({{per_sec}}) {{msg}}");
+    pb.set_style(
+        ProgressStyle::with_template(&tmpl).unwrap_or_else(|_| ProgressStyle::default_spinner()),
+    );
     pb.enable_steady_tick(Duration::from_millis(200));
     pb
 }
@@ -99,11 +103,16 @@ impl Rejects {
             tracing::warn!("record left out: {}: {location}: {reason}", self.input);
             self.shown += 1;
         } else if self.shown == 20 {
-            tracing::warn!("more records left out; the summary counts them (--rejects FILE lists each)");
+            tracing::warn!(
+                "more records left out; the summary counts them (--rejects FILE lists each)"
+            );
             self.shown += 1;
         }
         if let Some(f) = &mut self.file {
-            serde_json::to_writer(&mut *f, &serde_json::json!({"location": location, "reason": reason}))?;
+            serde_json::to_writer(
+                &mut *f,
+                &serde_json::json!({"location": location, "reason": reason}),
+            )?;
             f.write_all(b"\n")?;
         }
         Ok(())
@@ -113,7 +122,9 @@ impl Rejects {
 /// Runs `hslake prepare`.
 pub async fn run(a: Args) -> Result<std::process::ExitCode> {
     let kwargs: hslake_prepare::TemplateKwargs = match &a.chat_template_kwargs {
-        Some(s) => serde_json::from_str(s).context("--chat-template-kwargs: expected a JSON object")?,
+        Some(s) => {
+            serde_json::from_str(s).context("--chat-template-kwargs: expected a JSON object")?
+        }
         None => Default::default(),
     };
     let tok = Arc::new(ChatTokenizer::from_model_dir(&a.model, a.loss_on, &kwargs)?);
@@ -125,30 +136,60 @@ pub async fn run(a: Args) -> Result<std::process::ExitCode> {
         input: a.input.clone(),
         shown: 0,
         file: match &a.rejects {
-            Some(p) => Some(std::io::BufWriter::new(std::fs::File::create(p).with_context(|| format!("{}: cannot create", p.display()))?)),
+            Some(p) => Some(std::io::BufWriter::new(
+                std::fs::File::create(p)
+                    .with_context(|| format!("{}: cannot create", p.display()))?,
+            )),
             None => None,
         },
     };
-    let opts = PrepareOptions { max_seq_len: a.max_seq_len, overlong: a.overlong, strict: a.strict, ..Default::default() };
+    let opts = PrepareOptions {
+        max_seq_len: a.max_seq_len,
+        overlong: a.overlong,
+        strict: a.strict,
+        ..Default::default()
+    };
     let started = Instant::now();
     let summary = if a.regenerate {
         let records = regenerate_all(&a, &input).await?;
-        tokenize_all(&input, records.into_iter().map(Ok), tok, opts, &a.output, format, rejects).await?
+        tokenize_all(
+            &input,
+            records.into_iter().map(Ok),
+            tok,
+            opts,
+            &a.output,
+            format,
+            rejects,
+        )
+        .await?
     } else {
-        tokenize_all(&input, read_conversations(&input)?, tok, opts, &a.output, format, rejects).await?
+        tokenize_all(
+            &input,
+            read_conversations(&input)?,
+            tok,
+            opts,
+            &a.output,
+            format,
+            rejects,
+        )
+        .await?
     };
     print_summary(&summary, &a.output, started.elapsed());
     Ok(std::process::ExitCode::SUCCESS)
 }
 
 async fn regenerate_all(a: &Args, input: &Path) -> Result<Vec<ConversationRecord>> {
-    let endpoint = a.endpoint.clone().context("--regenerate needs --endpoint")?;
+    let endpoint = a
+        .endpoint
+        .clone()
+        .context("--regenerate needs --endpoint")?;
     let progress_path = a.progress_file.clone().unwrap_or_else(|| {
         let mut p = a.output.clone().into_os_string();
         p.push(".regen.jsonl");
         PathBuf::from(p)
     });
-    let records: Vec<ConversationRecord> = read_conversations(input)?.collect::<hslake_prepare::Result<_>>()?;
+    let records: Vec<ConversationRecord> =
+        read_conversations(input)?.collect::<hslake_prepare::Result<_>>()?;
     let mut progress = ProgressFile::open(&progress_path)?;
     let opts = RegenOptions {
         endpoint,
@@ -233,7 +274,13 @@ where
             f.flush().context("cannot write --rejects")?;
         }
         if summary.samples == 0 {
-            bail!("{}: no usable conversation (read {}, left out {}: {:?}); nothing written", input.display(), summary.conversations, summary.dropped_total(), summary.dropped);
+            bail!(
+                "{}: no usable conversation (read {}, left out {}: {:?}); nothing written",
+                input.display(),
+                summary.conversations,
+                summary.dropped_total(),
+                summary.dropped
+            );
         }
         writer.finish()?;
         Ok(summary)
@@ -255,11 +302,21 @@ fn print_summary(s: &Summary, output: &Path, elapsed: Duration) {
     );
     eprintln!("prepared {} → {}", s.conversations, output.display());
     eprintln!("  samples written   {}", s.samples);
-    eprintln!("  tokens            {} ({:.1} % with loss; loss on {:?} tokens, mask by {})", s.tokens, 100.0 * s.loss_fraction(), s.loss_on, s.mask_method);
+    eprintln!(
+        "  tokens            {} ({:.1} % with loss; loss on {:?} tokens, mask by {})",
+        s.tokens,
+        100.0 * s.loss_fraction(),
+        s.loss_on,
+        s.mask_method
+    );
     eprintln!("  truncated         {}", s.truncated);
     eprintln!("  dropped           {}", s.dropped_total());
     for (reason, n) in &s.dropped {
         eprintln!("    {reason:<28} {n}");
     }
-    eprintln!("  time              {:.2} s ({:.0} conversations/s)", secs, s.conversations as f64 / secs);
+    eprintln!(
+        "  time              {:.2} s ({:.0} conversations/s)",
+        secs,
+        s.conversations as f64 / secs
+    );
 }
