@@ -17,6 +17,8 @@ struct Cli {
 enum Command {
     /// Run a Hugging Face checkpoint over tokenized samples and write chosen layers' hidden states.
     Capture(cmd::capture::Args),
+    /// Turn chat conversations into tokenized samples with assistant-only loss masks.
+    Prepare(cmd::prepare::Args),
     /// Write a synthetic dataset whose values look like real activations.
     Synth(cmd::synth::Args),
     /// Describe a dataset: schema, capture points, versions, samples, tokens, bytes.
@@ -61,6 +63,7 @@ fn main() -> std::process::ExitCode {
     let result = runtime.block_on(async {
         match cli.command {
             Command::Capture(a) => cmd::capture::run(a).await,
+            Command::Prepare(a) => cmd::prepare::run(a).await,
             Command::Synth(a) => cmd::synth::run(a).await,
             Command::Info(a) => cmd::info::run(a).await,
             Command::Ls(a) => cmd::ls::run(a).await,

@@ -5,6 +5,7 @@ pub mod cp;
 pub mod export;
 pub mod info;
 pub mod ls;
+pub mod prepare;
 pub mod serve_sql;
 pub mod sql;
 pub mod synth;
