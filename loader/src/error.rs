@@ -34,6 +34,14 @@ pub enum LoaderError {
         /// What the preset expects and how to capture it.
         hint: String,
     },
+    /// A file of a trainer-layout export that cannot be written.
+    #[error("export {path}: {message}")]
+    Export {
+        /// The file or directory.
+        path: String,
+        /// What went wrong.
+        message: String,
+    },
     /// A resume state that does not belong to this loader's configuration.
     #[error("cannot resume: the saved state has {field} = {saved}, but this loader has {current}")]
     StateMismatch {

@@ -40,6 +40,7 @@
 mod batch;
 mod config;
 mod error;
+pub mod export;
 mod loader;
 mod plan;
 mod preset;

@@ -519,6 +519,40 @@ fn preset_points(preset: &str, num_layers: usize) -> PyResult<(Vec<String>, Stri
     ))
 }
 
+/// Write a dataset version in a trainer's own file layout (`preset`: `speculators` or
+/// `specforge`) into the empty or absent directory `dir`; returns (version, samples, tokens).
+#[pyfunction]
+#[pyo3(signature = (url, preset, dir, version=None, rows_per_dir=5000, decode_threads=2))]
+fn export_trainer_files(
+    py: Python<'_>,
+    url: String,
+    preset: &str,
+    dir: std::path::PathBuf,
+    version: Option<u64>,
+    rows_per_dir: usize,
+    decode_threads: usize,
+) -> PyResult<(u64, u64, u64)> {
+    let preset: Preset = preset.parse().map_err(to_py)?;
+    let opts = hslake_loader::export::ExportOptions {
+        version,
+        rows_per_dir,
+        decode_threads,
+    };
+    let rt = runtime(decode_threads)?;
+    let s = py
+        .detach(|| {
+            rt.block_on(hslake_loader::export::export_trainer_files(
+                &url,
+                preset,
+                &dir,
+                &opts,
+                |_, _| {},
+            ))
+        })
+        .map_err(to_py)?;
+    Ok((s.version, s.samples, s.tokens))
+}
+
 /// The native module.
 #[pymodule]
 fn _hslake(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -528,6 +562,7 @@ fn _hslake(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<NativeStream>()?;
     m.add_function(wrap_pyfunction!(write_synthetic, m)?)?;
     m.add_function(wrap_pyfunction!(preset_points, m)?)?;
+    m.add_function(wrap_pyfunction!(export_trainer_files, m)?)?;
     m.add("HslakeError", m.py().get_type::<HslakeError>())?;
     m.add("ConfigError", m.py().get_type::<ConfigError>())?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;

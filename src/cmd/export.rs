@@ -3,15 +3,11 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
-use hslake_loader::{Batch, Batching, HostTensor, Loader, LoaderConfig, Preset};
+use hslake_loader::export::{export_trainer_files, ExportOptions};
+use hslake_loader::Preset;
 use hslake_schemas::DType;
 use hslake_store::npy::write_npy;
 use hslake_store::{Dataset, DatasetReader};
-
-mod hf_dataset;
-mod specforge;
-mod speculators;
-mod torch_save;
 
 /// What `hslake export` writes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -52,30 +48,6 @@ pub struct Args {
     pub no_progress: bool,
 }
 
-/// One sample as a trainer file needs it: tokens, mask and the preset's tensors.
-pub struct TrainerSample<'a> {
-    /// Position in the export, from 0.
-    pub index: usize,
-    /// The hslake sample id.
-    pub sample_id: u64,
-    /// Token ids.
-    pub input_ids: Vec<i64>,
-    /// Loss mask (0/1).
-    pub loss_mask: Vec<i64>,
-    /// Auxiliary states concatenated per token, `[T, k·H]`.
-    pub aux: &'a HostTensor,
-    /// Target states `[T, H]`.
-    pub target: &'a HostTensor,
-}
-
-/// A trainer's file layout, fed one sample at a time.
-pub trait TrainerSink {
-    /// Write one sample's files.
-    fn write(&mut self, s: &TrainerSample<'_>) -> Result<()>;
-    /// Write what goes after the last sample (indexes); the export is complete after it.
-    fn finish(self: Box<Self>) -> Result<()>;
-}
-
 /// Run `hslake export`.
 pub async fn run(a: Args) -> Result<std::process::ExitCode> {
     match a.format {
@@ -89,36 +61,10 @@ pub async fn run(a: Args) -> Result<std::process::ExitCode> {
             if a.sample.is_some() {
                 bail!("--sample is for --format npy; the trainer formats export the whole version");
             }
-            if a.rows_per_dir == 0 {
-                bail!("--rows-per-dir must be at least 1");
-            }
             export_trainer(&a).await?;
         }
     }
     Ok(std::process::ExitCode::SUCCESS)
-}
-
-fn empty_dir(dir: &Path) -> Result<()> {
-    if dir.exists() {
-        let mut entries = std::fs::read_dir(dir).with_context(|| format!("read {}", dir.display()))?;
-        if entries.next().is_some() {
-            bail!(
-                "{} is not empty; the export writes a trainer's whole layout and needs an empty \
-                 or absent directory",
-                dir.display()
-            );
-        }
-    }
-    std::fs::create_dir_all(dir).with_context(|| format!("create {}", dir.display()))
-}
-
-fn i64_row(t: &HostTensor) -> Vec<i64> {
-    t.to_i64_vec()
-}
-
-fn field<'b>(b: &'b Batch, name: &str) -> Result<&'b HostTensor> {
-    b.field(name)
-        .with_context(|| format!("loader batch without {name} (a bug)"))
 }
 
 async fn export_trainer(a: &Args) -> Result<()> {
@@ -126,73 +72,33 @@ async fn export_trainer(a: &Args) -> Result<()> {
         Format::Speculators => Preset::Speculators,
         _ => Preset::Specforge,
     };
-    let config = LoaderConfig {
-        batching: Batching::Samples(1),
-        shuffle: false,
-        preset: Some(preset),
+    let opts = ExportOptions {
         version: a.version,
-        decode_threads: a.decode_threads.max(1),
-        prefetch_batches: 8,
-        ..Default::default()
+        rows_per_dir: a.rows_per_dir,
+        decode_threads: a.decode_threads,
     };
-    let loader = Loader::open(&a.url, config)
-        .await
-        .with_context(|| format!("export {} as {}", a.url, preset))?;
-    empty_dir(&a.dir)?;
-    let schema = loader.schema().clone();
-    let total = loader.samples_per_epoch();
-    let mut sink: Box<dyn TrainerSink> = match preset {
-        Preset::Speculators => Box::new(speculators::SpeculatorsSink::create(&a.dir)?),
-        Preset::Specforge => Box::new(specforge::SpecforgeSink::new(&a.dir, a.rows_per_dir)),
-    };
-    tracing::info!(
-        url = a.url,
-        version = loader.version(),
-        samples = total,
-        aux = ?loader.aux_points().iter().map(|p| p.column()).collect::<Vec<_>>(),
-        target = %loader.target_point(),
-        dtype = %schema.dtype,
-        "export to {} layout in {}",
-        preset,
-        a.dir.display()
-    );
-    if schema.dtype == DType::Fp8E4m3 {
-        tracing::info!("fp8 states are written as bf16 (value × token scale)");
-    }
-    let pb = super::progress(total, "samples");
+    let pb = super::progress(0, "samples");
     if a.no_progress {
         pb.set_draw_target(indicatif::ProgressDrawTarget::hidden());
     }
     pb.set_message(format!("export {preset}"));
-    let mut stream = loader.stream(&loader.initial_state())?;
     let started = std::time::Instant::now();
     let mut last_log = started;
-    let (mut index, mut tokens) = (0usize, 0usize);
-    while let Some(batch) = stream.next().await {
-        let batch = batch?;
-        let s = TrainerSample {
-            index,
-            sample_id: batch.sample_ids[0],
-            input_ids: i64_row(field(&batch, "input_ids")?),
-            loss_mask: i64_row(field(&batch, "loss_mask")?),
-            aux: field(&batch, "aux_hidden_states")?,
-            target: field(&batch, "target_hidden_states")?,
-        };
-        sink.write(&s)
-            .with_context(|| format!("sample {} (export index {index})", s.sample_id))?;
-        index += 1;
-        tokens += batch.num_tokens();
-        pb.inc(1);
+    let summary = export_trainer_files(&a.url, preset, &a.dir, &opts, |done, total| {
+        pb.set_length(total);
+        pb.set_position(done);
         if a.no_progress && last_log.elapsed().as_secs() >= 10 {
             last_log = std::time::Instant::now();
-            tracing::info!("exported {index}/{total} samples, {tokens} tokens");
+            tracing::info!("exported {done}/{total} samples");
         }
-    }
-    sink.finish()?;
+    })
+    .await
+    .with_context(|| format!("export {} as {preset}", a.url))?;
     pb.finish_and_clear();
     tracing::info!(
-        samples = index,
-        tokens,
+        version = summary.version,
+        samples = summary.samples,
+        tokens = summary.tokens,
         seconds = format!("{:.1}", started.elapsed().as_secs_f64()),
         "exported {} to {}",
         preset,

@@ -6,12 +6,9 @@
 //! complete are never seen half-written.
 use std::path::{Path, PathBuf};
 
-use anyhow::{bail, Context, Result};
-use hslake_loader::ElemType;
-
-use super::hf_dataset::write_atomic;
 use super::torch_save::{fits_without_zip64, torch_save_bytes, TensorRef};
-use super::{TrainerSample, TrainerSink};
+use super::{io_err, write_atomic, TrainerSample, TrainerSink};
+use crate::{ElemType, LoaderError};
 
 /// Writes the SpecForge layout under one directory.
 pub struct SpecforgeSink {
@@ -40,16 +37,27 @@ fn i64_bytes(v: &[i64]) -> Vec<u8> {
 }
 
 impl TrainerSink for SpecforgeSink {
-    fn write(&mut self, s: &TrainerSample<'_>) -> Result<()> {
+    fn write(&mut self, s: &TrainerSample<'_>) -> Result<(), LoaderError> {
         let n = s.input_ids.len();
         let h = *s.target.shape.last().unwrap_or(&0);
         let kh = *s.aux.shape.last().unwrap_or(&0);
+        let folder = self.folder(s.index);
+        let path = folder.join(format!("data_{}.ckpt", s.sample_id));
         if h == 0 || kh != 3 * h {
-            bail!("SpecForge needs 3 aux layers of width {h} per token, got aux width {kh}");
+            return Err(io_err(
+                &path,
+                format!("SpecForge needs 3 aux layers of width {h} per token, got aux width {kh}"),
+            ));
         }
         let size = s.aux.bytes().len() + s.target.bytes().len() + 16 * n;
         if !fits_without_zip64(size) {
-            bail!("a sample of {size} bytes is over the 4 GiB a torch.save file without zip64 holds");
+            return Err(io_err(
+                &path,
+                format!(
+                    "a sample of {size} bytes is over the 4 GiB a torch.save file without zip64 \
+                     holds"
+                ),
+            ));
         }
         let (ids, mask) = (i64_bytes(&s.input_ids), i64_bytes(&s.loss_mask));
         let entries = [
@@ -70,18 +78,13 @@ impl TrainerSink for SpecforgeSink {
                 TensorRef { dtype: s.aux.dtype, shape: vec![1, n, kh], bytes: s.aux.bytes() },
             ),
         ];
-        let folder = self.folder(s.index);
         if s.index % self.rows_per_dir == 0 {
-            std::fs::create_dir_all(&folder)
-                .with_context(|| format!("create {}", folder.display()))?;
+            std::fs::create_dir_all(&folder).map_err(|e| io_err(&folder, e))?;
         }
-        write_atomic(
-            &folder.join(format!("data_{}.ckpt", s.sample_id)),
-            &torch_save_bytes(&entries),
-        )
+        write_atomic(&path, &torch_save_bytes(&entries))
     }
 
-    fn finish(self: Box<Self>) -> Result<()> {
+    fn finish(self: Box<Self>) -> Result<(), LoaderError> {
         Ok(())
     }
 }

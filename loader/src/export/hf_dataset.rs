@@ -8,11 +8,13 @@ use std::io::BufWriter;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use anyhow::{Context, Result};
-use arrow::array::{ArrayRef, Int64Array, Int64Builder, ListBuilder};
-use arrow::datatypes::{DataType, Field, Schema};
-use arrow::record_batch::RecordBatch;
+use arrow_array::builder::{Int64Builder, ListBuilder};
+use arrow_array::{ArrayRef, RecordBatch};
 use arrow_ipc::writer::StreamWriter;
+use arrow_schema::{DataType, Field, Schema};
+
+use super::{io_err, tmp_name, write_atomic};
+use crate::LoaderError;
 
 const DATA_FILE: &str = "data-00000-of-00001.arrow";
 const FLUSH_ROWS: usize = 1024;
@@ -44,22 +46,9 @@ fn features_json() -> serde_json::Value {
     })
 }
 
-fn tmp(path: &Path) -> PathBuf {
-    let mut s = path.as_os_str().to_owned();
-    s.push(".tmp");
-    PathBuf::from(s)
-}
-
-/// Write `bytes` under a temporary name, then rename it into place.
-pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
-    let t = tmp(path);
-    std::fs::write(&t, bytes).with_context(|| format!("write {}", t.display()))?;
-    std::fs::rename(&t, path).with_context(|| format!("rename to {}", path.display()))
-}
-
 impl HfDatasetWriter {
     /// Start writing into `dir` (which must exist).
-    pub fn create(dir: &Path) -> Result<Self> {
+    pub fn create(dir: &Path) -> Result<Self, LoaderError> {
         let item = |n: &str| Field::new(n, DataType::Int64, true);
         let list = |n: &str| Field::new(n, DataType::List(Arc::new(item("item"))), true);
         let meta = serde_json::json!({"info": {"features": features_json()}}).to_string();
@@ -72,9 +61,10 @@ impl HfDatasetWriter {
             ])
             .with_metadata([("huggingface".to_string(), meta)].into()),
         );
-        let path = tmp(&dir.join(DATA_FILE));
-        let file = File::create(&path).with_context(|| format!("create {}", path.display()))?;
-        let writer = StreamWriter::try_new(BufWriter::new(file), &schema)?;
+        let path = tmp_name(&dir.join(DATA_FILE));
+        let file = File::create(&path).map_err(|e| io_err(&path, e))?;
+        let writer =
+            StreamWriter::try_new(BufWriter::new(file), &schema).map_err(|e| io_err(&path, e))?;
         Ok(HfDatasetWriter {
             dir: dir.to_path_buf(),
             schema,
@@ -89,7 +79,12 @@ impl HfDatasetWriter {
     }
 
     /// Append one row.
-    pub fn append(&mut self, sample_id: u64, input_ids: &[i64], loss_mask: &[i64]) -> Result<()> {
+    pub fn append(
+        &mut self,
+        sample_id: u64,
+        input_ids: &[i64],
+        loss_mask: &[i64],
+    ) -> Result<(), LoaderError> {
         self.input_ids.values().append_slice(input_ids);
         self.input_ids.append(true);
         self.loss_mask.values().append_slice(loss_mask);
@@ -104,36 +99,47 @@ impl HfDatasetWriter {
         Ok(())
     }
 
-    fn flush(&mut self) -> Result<()> {
+    fn data_path(&self) -> PathBuf {
+        tmp_name(&self.dir.join(DATA_FILE))
+    }
+
+    fn flush(&mut self) -> Result<(), LoaderError> {
         if self.pending == 0 {
             return Ok(());
         }
         let cols: Vec<ArrayRef> = vec![
             Arc::new(self.input_ids.finish()),
             Arc::new(self.loss_mask.finish()),
-            Arc::new(self.seq_len.finish()) as Arc<Int64Array>,
-            Arc::new(self.sample_id.finish()) as Arc<Int64Array>,
+            Arc::new(self.seq_len.finish()),
+            Arc::new(self.sample_id.finish()),
         ];
-        let batch = RecordBatch::try_new(self.schema.clone(), cols)?;
-        self.writer.write(&batch)?;
+        let batch = RecordBatch::try_new(self.schema.clone(), cols)
+            .map_err(|e| io_err(&self.data_path(), e))?;
+        self.writer
+            .write(&batch)
+            .map_err(|e| io_err(&self.data_path(), e))?;
         self.pending = 0;
         Ok(())
     }
 
     /// Flush, close the stream and put the three files in place (the Arrow file last but
     /// one, `state.json` last: `load_from_disk` starts from it).
-    pub fn finish(mut self) -> Result<usize> {
+    pub fn finish(mut self) -> Result<usize, LoaderError> {
         self.flush()?;
-        self.writer.finish()?;
+        self.writer
+            .finish()
+            .map_err(|e| io_err(&self.data_path(), e))?;
         let data = self.dir.join(DATA_FILE);
-        std::fs::rename(tmp(&data), &data).with_context(|| format!("rename {}", data.display()))?;
+        std::fs::rename(tmp_name(&data), &data).map_err(|e| io_err(&data, e))?;
         let info = serde_json::json!({
             "citation": "", "description": "", "homepage": "", "license": "",
             "features": features_json(),
         });
         write_atomic(
             &self.dir.join("dataset_info.json"),
-            serde_json::to_string_pretty(&info)?.as_bytes(),
+            serde_json::to_string_pretty(&info)
+                .unwrap_or_default()
+                .as_bytes(),
         )?;
         let state = serde_json::json!({
             "_data_files": [{"filename": DATA_FILE}],
@@ -146,7 +152,9 @@ impl HfDatasetWriter {
         });
         write_atomic(
             &self.dir.join("state.json"),
-            serde_json::to_string_pretty(&state)?.as_bytes(),
+            serde_json::to_string_pretty(&state)
+                .unwrap_or_default()
+                .as_bytes(),
         )?;
         Ok(self.rows)
     }

@@ -4,13 +4,12 @@
 //! and `token_ids` `[T]` (int64) — what its `ArrowDataset` reads through `FileTransfer`.
 use std::path::{Path, PathBuf};
 
-use anyhow::{bail, Context, Result};
-use hslake_loader::ElemType;
 use safetensors::tensor::TensorView;
 use safetensors::Dtype;
 
-use super::hf_dataset::{write_atomic, HfDatasetWriter};
-use super::{TrainerSample, TrainerSink};
+use super::hf_dataset::HfDatasetWriter;
+use super::{io_err, write_atomic, TrainerSample, TrainerSink};
+use crate::{ElemType, LoaderError};
 
 /// Writes the speculators layout into one directory.
 pub struct SpeculatorsSink {
@@ -20,9 +19,9 @@ pub struct SpeculatorsSink {
 
 impl SpeculatorsSink {
     /// Start an export into the (empty) directory `dir`.
-    pub fn create(dir: &Path) -> Result<Self> {
+    pub fn create(dir: &Path) -> Result<Self, LoaderError> {
         let states = dir.join("hidden_states");
-        std::fs::create_dir_all(&states).with_context(|| format!("create {}", states.display()))?;
+        std::fs::create_dir_all(&states).map_err(|e| io_err(&states, e))?;
         Ok(SpeculatorsSink {
             states,
             rows: HfDatasetWriter::create(dir)?,
@@ -52,30 +51,34 @@ pub fn stack_per_token(aux: &[u8], target: &[u8], tokens: usize) -> Vec<u8> {
 }
 
 impl TrainerSink for SpeculatorsSink {
-    fn write(&mut self, s: &TrainerSample<'_>) -> Result<()> {
+    fn write(&mut self, s: &TrainerSample<'_>) -> Result<(), LoaderError> {
         let n = s.input_ids.len();
         let h = *s.target.shape.last().unwrap_or(&0);
         let kh = *s.aux.shape.last().unwrap_or(&0);
+        let path = self.states.join(format!("hs_{}.safetensors", s.index));
         if h == 0 || kh != 3 * h {
-            bail!(
-                "speculators needs 3 aux layers of width {h} per token, got aux width {kh}"
-            );
+            return Err(io_err(
+                &path,
+                format!(
+                    "sample {}: speculators needs 3 aux layers of width {h} per token, got \
+                     aux width {kh}",
+                    s.sample_id
+                ),
+            ));
         }
         let hidden = stack_per_token(s.aux.bytes(), s.target.bytes(), n);
         let ids: Vec<u8> = s.input_ids.iter().flat_map(|v| v.to_le_bytes()).collect();
-        let views = [
-            (
-                "hidden_states",
-                TensorView::new(st_dtype(s.target.dtype), vec![n, 4, h], &hidden)?,
-            ),
-            ("token_ids", TensorView::new(Dtype::I64, vec![n], &ids)?),
-        ];
-        let bytes = safetensors::serialize(views, None)?;
-        write_atomic(&self.states.join(format!("hs_{}.safetensors", s.index)), &bytes)?;
+        let bytes = TensorView::new(st_dtype(s.target.dtype), vec![n, 4, h], &hidden)
+            .and_then(|hs| {
+                let tok = TensorView::new(Dtype::I64, vec![n], &ids)?;
+                safetensors::serialize([("hidden_states", hs), ("token_ids", tok)], None)
+            })
+            .map_err(|e| io_err(&path, e))?;
+        write_atomic(&path, &bytes)?;
         self.rows.append(s.sample_id, &s.input_ids, &s.loss_mask)
     }
 
-    fn finish(self: Box<Self>) -> Result<()> {
+    fn finish(self: Box<Self>) -> Result<(), LoaderError> {
         let rows = self.rows.finish()?;
         tracing::info!(rows, "wrote the datasets index (data-00000-of-00001.arrow, state.json)");
         Ok(())

@@ -5,7 +5,7 @@
 //! `torch._utils._rebuild_tensor_v2`, `collections.OrderedDict` and the `torch.*Storage` types.
 use std::io::Write;
 
-use hslake_loader::ElemType;
+use crate::ElemType;
 
 /// A contiguous tensor to store: element type, shape and little-endian bytes.
 pub struct TensorRef<'a> {
