@@ -54,7 +54,9 @@ def speculators_draft(verifier_dir: str, aux_vllm_ids, ttt_steps: int = 3, attn:
             verifier_name_or_path=verifier_dir, num_layers=1, draft_arch="llama", hidden_act=None,
             sliding_window=None, full_attention_indices=[0], mrope_full_head_hack=False)
         return Eagle3DraftModel.from_training_args(
+            # The CLI's eagle3 defaults: norm_before_residual and norm_before_fc on.
             verifier_config=tl, t2d=None, d2t=None, draft_vocab_size=vocab, norm_before_residual=True,
+            norm_before_fc=True,
             ttt_steps=ttt_steps, verifier_name_or_path=verifier_dir, target_layer_ids=list(aux_vllm_ids),
             draft_attn_impl=attn)
 
