@@ -130,16 +130,16 @@ def speculative(target, runner: DraftRunner, prompt_ids: list, max_new: int, eos
             a += 1
         # Keep nxt and the accepted drafts in the cache; the rest of the block goes.
         if k - a > 0:
-            cache.crop(k - a)
+            cache.crop(-(k - a))  # negative: remove that many (older and newer transformers)
         new_proj = runner.project(out.hidden_states)[0][: a + 1]
         projected = torch.cat([projected, new_proj], dim=0)
         verified += [nxt] + drafts[:a]
-        produced = drafts[:a] + [preds[a]]
-        accepted.append(len(produced))
-        for t in produced:
+        before = len(tokens)
+        for t in drafts[:a] + [preds[a]]:
             tokens.append(t)
             if t == eos or len(tokens) >= max_new:
                 break
+        accepted.append(len(tokens) - before)
         nxt = tokens[-1]
     _sync(device)
-    return Decoded(tokens[:max_new], time.perf_counter() - t0, forwards, accepted)
+    return Decoded(tokens, time.perf_counter() - t0, forwards, accepted)
