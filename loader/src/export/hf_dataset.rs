@@ -108,10 +108,10 @@ impl HfDatasetWriter {
             return Ok(());
         }
         let cols: Vec<ArrayRef> = vec![
-            Arc::new(self.input_ids.finish()),
-            Arc::new(self.loss_mask.finish()),
-            Arc::new(self.seq_len.finish()),
-            Arc::new(self.sample_id.finish()),
+            Arc::new(self.input_ids.finish()) as ArrayRef,
+            Arc::new(self.loss_mask.finish()) as ArrayRef,
+            Arc::new(self.seq_len.finish()) as ArrayRef,
+            Arc::new(self.sample_id.finish()) as ArrayRef,
         ];
         let batch = RecordBatch::try_new(self.schema.clone(), cols)
             .map_err(|e| io_err(&self.data_path(), e))?;
