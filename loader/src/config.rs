@@ -255,6 +255,17 @@ mod tests {
     }
 
     #[test]
+    fn rejects_preset_together_with_explicit_layers() {
+        let c = LoaderConfig {
+            preset: Some(Preset::Speculators),
+            target: Some(CapturePoint::FinalNorm),
+            ..Default::default()
+        };
+        let err = c.check().unwrap_err().to_string();
+        assert!(err.contains("preset speculators chooses"), "{err}");
+    }
+
+    #[test]
     fn token_budget_also_truncates() {
         let c = LoaderConfig {
             batching: Batching::Tokens(100),

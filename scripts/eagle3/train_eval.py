@@ -58,6 +58,15 @@ def tap_metrics() -> MetricTap:
     return tap
 
 
+def allow_cpu_trainer():
+    """speculators' Trainer assumes a GPU (model.to(local_rank), accelerator syncs); for checking
+    this script on CPU with tiny sizes (--device cpu), point both at the CPU."""
+    import speculators.train.trainer as trainer_module
+
+    trainer_module.get_local_rank = lambda: "cpu"
+    torch.accelerator.synchronize = lambda *a, **k: None
+
+
 def run_trainer(model, loader, steps, lr, save_path, call_kwargs, tap):
     """speculators' Trainer for `steps` steps; returns the metric records of this run."""
     from speculators.train.trainer import Trainer, TrainerConfig
@@ -164,6 +173,8 @@ def main():
     n = AutoConfig.from_pretrained(a.model).num_hidden_layers
     vllm_ids = [2, n // 2, n - 3]
     cuda = a.device.startswith("cuda")
+    if not cuda:
+        allow_cpu_trainer()
     attn = "simple_flex_attention" if cuda else "sdpa"
     draft = drafts.speculators_draft(a.model, vllm_ids, ttt_steps=a.ttt, attn=attn)
     call_kwargs = drafts.speculators_call_kwargs(a.device, a.ttt)

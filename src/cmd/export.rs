@@ -99,7 +99,7 @@ async fn export_trainer(a: &Args) -> Result<()> {
         version = summary.version,
         samples = summary.samples,
         tokens = summary.tokens,
-        seconds = format!("{:.1}", started.elapsed().as_secs_f64()),
+        seconds = started.elapsed().as_secs_f64(),
         "exported {} to {}",
         preset,
         a.dir.display()

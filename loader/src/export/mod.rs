@@ -11,7 +11,6 @@ mod specforge;
 mod speculators;
 mod torch_save;
 
-pub use torch_save::{torch_save_bytes, TensorRef};
 
 /// How to export.
 #[derive(Debug, Clone)]
@@ -175,4 +174,151 @@ pub async fn export_trainer_files(
         samples: index as u64,
         tokens,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use hslake_schemas::{CapturePoint, DType, DatasetSchema, Sample, TensorData};
+    use hslake_store::{Dataset, DatasetWriter, Provenance, WriterOptions};
+
+    use super::*;
+
+    const H: usize = 4;
+
+    /// An 8-layer model's dataset holding `points`; token t of point p has the value p·10 + t.
+    async fn dataset(url: &str, points: Vec<CapturePoint>, samples: u64) {
+        let np = points.len();
+        let schema =
+            DatasetSchema::new("m", "LlamaForCausalLM", H, 8, 100, DType::F32, points).unwrap();
+        let ds = Dataset::create(url, schema, Provenance::default())
+            .await
+            .unwrap();
+        let mut w = DatasetWriter::new(&ds, WriterOptions::default())
+            .await
+            .unwrap();
+        for id in 0..samples {
+            let n = 3 + id as usize;
+            let tensors = (0..np)
+                .map(|p| {
+                    let v: Vec<f32> = (0..n * H).map(|i| (p * 10 + i / H) as f32).collect();
+                    TensorData::from_f32(&v, vec![n, H])
+                })
+                .collect();
+            let s = Sample {
+                sample_id: 40 + id,
+                input_ids: (0..n as i32).collect(),
+                loss_mask: vec![1; n],
+                tensors,
+            };
+            w.append(&s).await.unwrap();
+        }
+        w.commit().await.unwrap();
+    }
+
+    fn both_presets() -> Vec<CapturePoint> {
+        let mut p: Vec<CapturePoint> = [1, 3, 4, 7].map(CapturePoint::LayerOutput).to_vec();
+        p.push(CapturePoint::FinalNorm);
+        p
+    }
+
+    #[tokio::test]
+    async fn speculators_layout_stacks_three_aux_layers_and_the_pre_norm_target() {
+        dataset("memory://export-spec", both_presets(), 3).await;
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("spec");
+        let s = export_trainer_files(
+            "memory://export-spec",
+            Preset::Speculators,
+            &out,
+            &ExportOptions::default(),
+            |_, _| {},
+        )
+        .await
+        .unwrap();
+        assert_eq!((s.samples, s.tokens), (3, 3 + 4 + 5));
+        for f in ["data-00000-of-00001.arrow", "dataset_info.json", "state.json"] {
+            assert!(out.join(f).exists(), "{f}");
+        }
+        let bytes = std::fs::read(out.join("hidden_states/hs_2.safetensors")).unwrap();
+        let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+        let hs = st.tensor("hidden_states").unwrap();
+        assert_eq!(hs.shape(), &[5, 4, H]);
+        // Token 1: layers 1, 3, 4 (points 0..2) then layer_7 (point 3), each row of value p·10 + 1.
+        let row: Vec<f32> = hs.data()[4 * H * 4..8 * H * 4]
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect();
+        let want: Vec<f32> = [1.0, 11.0, 21.0, 31.0]
+            .iter()
+            .flat_map(|&v| [v; H])
+            .collect();
+        assert_eq!(row, want);
+        assert_eq!(st.tensor("token_ids").unwrap().shape(), &[5]);
+        assert!(!out.read_dir().unwrap().any(|e| e
+            .unwrap()
+            .file_name()
+            .to_string_lossy()
+            .ends_with(".tmp")));
+    }
+
+    #[tokio::test]
+    async fn specforge_layout_names_files_by_sample_id_in_row_folders() {
+        dataset("memory://export-sf", both_presets(), 3).await;
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("sf");
+        let opts = ExportOptions {
+            rows_per_dir: 2,
+            ..Default::default()
+        };
+        export_trainer_files("memory://export-sf", Preset::Specforge, &out, &opts, |_, _| {})
+            .await
+            .unwrap();
+        for f in [
+            "rows_0-2/data_40.ckpt",
+            "rows_0-2/data_41.ckpt",
+            "rows_2-4/data_42.ckpt",
+        ] {
+            let b = std::fs::read(out.join(f)).unwrap();
+            assert_eq!(&b[..4], b"PK\x03\x04", "{f}");
+        }
+    }
+
+    #[tokio::test]
+    async fn refuses_a_dataset_without_the_pre_norm_last_layer_and_writes_nothing() {
+        let mut p: Vec<CapturePoint> = [1, 3, 4].map(CapturePoint::LayerOutput).to_vec();
+        p.push(CapturePoint::FinalNorm);
+        dataset("memory://export-missing", p, 1).await;
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("never");
+        let err = export_trainer_files(
+            "memory://export-missing",
+            Preset::Speculators,
+            &out,
+            &ExportOptions::default(),
+            |_, _| {},
+        )
+        .await
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("missing layer_7"), "{err}");
+        assert!(!out.exists());
+    }
+
+    #[tokio::test]
+    async fn refuses_a_directory_that_is_not_empty() {
+        dataset("memory://export-full", both_presets(), 1).await;
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("x"), b"x").unwrap();
+        let err = export_trainer_files(
+            "memory://export-full",
+            Preset::Specforge,
+            dir.path(),
+            &ExportOptions::default(),
+            |_, _| {},
+        )
+        .await
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("not empty"), "{err}");
+    }
 }
