@@ -11,7 +11,7 @@
    acceptance length (tokens per target forward) and wall-clock speed-up.
 3. Throughput: the same Trainer step fed by the hslake adapter and by speculators' own reader
    (ArrowDataset over ``hslake export --format speculators`` files, its multipack sampler and
-   DataLoader), the same number of steps each, on copies of the trained draft.
+   DataLoader), the same number of steps each, continuing on the trained draft.
 Writes ``report.json`` and ``report.md`` into --out.
 """
 from __future__ import annotations
@@ -208,15 +208,17 @@ def main():
     print(f"eval: {ev['equal_outputs']}/{ev['prompts']} equal outputs, acceptance length "
           f"{ev['mean_acceptance_length']:.3f}, speed-up {ev['speedup']:.3f}", flush=True)
 
-    # Throughput: the same step, fed by speculators' own file reader, then by the adapter.
+    # Throughput: the same Trainer step on the same (trained, already compiled) draft, fed by
+    # speculators' own file reader, then by the adapter; a copy would make torch.compile
+    # recompile the draft's forward.
     warm = min(10, a.throughput_steps // 3)
     ds = ArrowDataset(max_len=a.total_seq_len, datapath=a.export_dir, on_missing="raise")
     files = _setup_dataloader(ds, a.total_seq_len, hidden, num_workers=a.num_workers, preprocess=shift_batch,
-                              prefetch_factor=4)
-    rec_files = step_table(run_trainer(copy.deepcopy(draft), files, a.throughput_steps, a.lr, f"{work}/files",
-                                       call_kwargs, tap), a.ttt)
-    rec_adapter = step_table(run_trainer(copy.deepcopy(draft), adapter_loader(1), a.throughput_steps, a.lr,
-                                         f"{work}/adapter", call_kwargs, tap), a.ttt)
+                              prefetch_factor=4 if a.num_workers else None)
+    rec_files = step_table(run_trainer(draft, files, a.throughput_steps, a.lr, f"{work}/files", call_kwargs, tap),
+                           a.ttt)
+    rec_adapter = step_table(run_trainer(draft, adapter_loader(1), a.throughput_steps, a.lr, f"{work}/adapter",
+                                         call_kwargs, tap), a.ttt)
 
     def tps(rows):
         v = [r["tokens_per_s"] for r in rows[warm:] if r["tokens_per_s"]]

