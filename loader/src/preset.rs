@@ -251,7 +251,10 @@ mod tests {
             .resolve("file:///ds", &schema(8, layers(&[1, 7])))
             .unwrap_err()
             .to_string();
-        assert!(err.contains("missing layer_3, layer_4, final_norm"), "{err}");
+        assert!(
+            err.contains("missing layer_3, layer_4, final_norm"),
+            "{err}"
+        );
         assert!(err.contains("holds layer_1, layer_7"), "{err}");
         assert!(err.contains("before the final norm"), "{err}");
     }
@@ -259,8 +262,14 @@ mod tests {
     #[test]
     fn parses_names_and_rejects_unknown_ones() {
         assert_eq!("SpecForge".parse::<Preset>().unwrap(), Preset::Specforge);
-        assert_eq!("speculators".parse::<Preset>().unwrap(), Preset::Speculators);
+        assert_eq!(
+            "speculators".parse::<Preset>().unwrap(),
+            Preset::Speculators
+        );
         let err = "eagle".parse::<Preset>().unwrap_err().to_string();
-        assert!(err.contains("expected one of speculators, specforge"), "{err}");
+        assert!(
+            err.contains("expected one of speculators, specforge"),
+            "{err}"
+        );
     }
 }

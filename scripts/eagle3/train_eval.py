@@ -105,15 +105,16 @@ def window_mean(rows, key, last):
 
 
 def evaluate(model_dir, draft, heldout, device, max_new, k, aux_hf):
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
-    tok = AutoTokenizer.from_pretrained(model_dir)
     # float32 target: the draft-and-verify block forward and the one-token forward then agree
     # to the last bit far more often than in bf16, so equal outputs test the loop, not rounding.
     target = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(device).eval()
     draft = draft.to(device=device, dtype=torch.float32)
     runner = specdec.DraftRunner(draft, aux_hf)
-    eos = tok.eos_token_id
+    # The end-of-turn token the answers were generated up to (generate.py stops at it too).
+    eos = target.generation_config.eos_token_id
+    eos = eos[0] if isinstance(eos, list) else eos
     prompts = [json.loads(l)["input_ids"] for l in open(heldout) if l.strip()]
     # Warm-up (kernels, allocator) outside the timed runs.
     specdec.greedy(target, prompts[0], 8, eos)

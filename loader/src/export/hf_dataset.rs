@@ -34,9 +34,7 @@ pub struct HfDatasetWriter {
 }
 
 fn features_json() -> serde_json::Value {
-    let list = |dtype: &str| {
-        serde_json::json!({"feature": {"dtype": dtype, "_type": "Value"}, "_type": "List"})
-    };
+    let list = |dtype: &str| serde_json::json!({"feature": {"dtype": dtype, "_type": "Value"}, "_type": "List"});
     let value = |dtype: &str| serde_json::json!({"dtype": dtype, "_type": "Value"});
     serde_json::json!({
         "input_ids": list("int64"),

@@ -11,7 +11,6 @@ mod specforge;
 mod speculators;
 mod torch_save;
 
-
 /// How to export.
 #[derive(Debug, Clone)]
 pub struct ExportOptions {
@@ -121,7 +120,9 @@ pub async fn export_trainer_files(
     mut progress: impl FnMut(u64, u64),
 ) -> Result<ExportSummary, LoaderError> {
     if opts.rows_per_dir == 0 {
-        return Err(LoaderError::Config("rows_per_dir must be at least 1".into()));
+        return Err(LoaderError::Config(
+            "rows_per_dir must be at least 1".into(),
+        ));
     }
     let config = LoaderConfig {
         batching: Batching::Samples(1),
@@ -236,7 +237,11 @@ mod tests {
         .await
         .unwrap();
         assert_eq!((s.samples, s.tokens), (3, 3 + 4 + 5));
-        for f in ["data-00000-of-00001.arrow", "dataset_info.json", "state.json"] {
+        for f in [
+            "data-00000-of-00001.arrow",
+            "dataset_info.json",
+            "state.json",
+        ] {
             assert!(out.join(f).exists(), "{f}");
         }
         let bytes = std::fs::read(out.join("hidden_states/hs_2.safetensors")).unwrap();
@@ -270,9 +275,15 @@ mod tests {
             rows_per_dir: 2,
             ..Default::default()
         };
-        export_trainer_files("memory://export-sf", Preset::Specforge, &out, &opts, |_, _| {})
-            .await
-            .unwrap();
+        export_trainer_files(
+            "memory://export-sf",
+            Preset::Specforge,
+            &out,
+            &opts,
+            |_, _| {},
+        )
+        .await
+        .unwrap();
         for f in [
             "rows_0-2/data_40.ckpt",
             "rows_0-2/data_41.ckpt",

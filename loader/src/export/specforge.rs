@@ -63,19 +63,35 @@ impl TrainerSink for SpecforgeSink {
         let entries = [
             (
                 "input_ids",
-                TensorRef { dtype: ElemType::I64, shape: vec![n], bytes: &ids },
+                TensorRef {
+                    dtype: ElemType::I64,
+                    shape: vec![n],
+                    bytes: &ids,
+                },
             ),
             (
                 "loss_mask",
-                TensorRef { dtype: ElemType::I64, shape: vec![n], bytes: &mask },
+                TensorRef {
+                    dtype: ElemType::I64,
+                    shape: vec![n],
+                    bytes: &mask,
+                },
             ),
             (
                 "hidden_state",
-                TensorRef { dtype: s.target.dtype, shape: vec![1, n, h], bytes: s.target.bytes() },
+                TensorRef {
+                    dtype: s.target.dtype,
+                    shape: vec![1, n, h],
+                    bytes: s.target.bytes(),
+                },
             ),
             (
                 "aux_hidden_state",
-                TensorRef { dtype: s.aux.dtype, shape: vec![1, n, kh], bytes: s.aux.bytes() },
+                TensorRef {
+                    dtype: s.aux.dtype,
+                    shape: vec![1, n, kh],
+                    bytes: s.aux.bytes(),
+                },
             ),
         ];
         if s.index % self.rows_per_dir == 0 {

@@ -80,7 +80,10 @@ impl TrainerSink for SpeculatorsSink {
 
     fn finish(self: Box<Self>) -> Result<(), LoaderError> {
         let rows = self.rows.finish()?;
-        tracing::info!(rows, "wrote the datasets index (data-00000-of-00001.arrow, state.json)");
+        tracing::info!(
+            rows,
+            "wrote the datasets index (data-00000-of-00001.arrow, state.json)"
+        );
         Ok(())
     }
 }
