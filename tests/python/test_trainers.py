@@ -81,10 +81,10 @@ def ds_bf16(verifier, samples, tmp_path_factory):
     return capture(verifier, samples, tmp_path_factory, "bf16")
 
 
-def export(url, fmt, out):
-    r = subprocess.run([hslake_bin(), "export", url, "--format", fmt, "--dir", str(out), "--no-progress"],
-                       capture_output=True, text=True, timeout=300)
-    return r
+def export_cli(url, fmt, out):
+    """`hslake export --format` (the CLI over the same Rust export as hslake.export_trainer_files)."""
+    return subprocess.run([hslake_bin(), "export", url, "--format", fmt, "--dir", str(out), "--no-progress"],
+                          capture_output=True, text=True, timeout=300)
 
 
 @pytest.fixture(scope="module")
@@ -92,9 +92,9 @@ def exported(ds_bf16, ds_f32, tmp_path_factory):
     dirs = {}
     for name, url in (("bf16", ds_bf16), ("f32", ds_f32)):
         for fmt in ("speculators", "specforge"):
-            d = tmp_path_factory.mktemp(f"{fmt}_{name}")
-            r = export(url, fmt, d)
-            assert r.returncode == 0, r.stderr
+            d = tmp_path_factory.mktemp(f"{fmt}_{name}") / "out"
+            version, samples, tokens = hslake.export_trainer_files(url, fmt, str(d))
+            assert samples == 18
             dirs[(fmt, name)] = d
     return dirs
 
@@ -349,17 +349,26 @@ def test_speculators_export_loads_with_datasets_and_safetensors(ds_bf16, exporte
         assert torch.equal(hs["hidden_states"][:, 3], b["target_hidden_states"][0])
 
 
-def test_export_refuses_a_non_empty_directory(ds_bf16, tmp_path):
-    (tmp_path / "keep.txt").write_text("x")
-    r = export(ds_bf16, "specforge", tmp_path)
+def test_cli_export_writes_the_same_files_as_the_python_export(ds_bf16, exported, tmp_path):
+    out = tmp_path / "cli"
+    r = export_cli(ds_bf16, "specforge", out)
+    assert r.returncode == 0, r.stderr
+    assert "exported specforge" in r.stderr
+    ours = sorted(p.relative_to(out) for p in out.rglob("*.ckpt"))
+    theirs = sorted(p.relative_to(exported[("specforge", "bf16")]) for p in exported[("specforge", "bf16")].rglob("*.ckpt"))
+    assert ours == theirs and len(ours) == 18
+    for p in ours:
+        assert (out / p).read_bytes() == (exported[("specforge", "bf16")] / p).read_bytes()
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "keep.txt").write_text("x")
+    r = export_cli(ds_bf16, "speculators", tmp_path / "full")
     assert r.returncode != 0 and "is not empty" in r.stderr
 
 
 def test_export_and_loader_name_the_missing_layer(verifier, samples, tmp_path_factory, tmp_path):
     url = capture(verifier, samples, tmp_path_factory, "bf16", layers=[1, 3, 4], final_norm=True, name="no_last")
-    r = export(url, "speculators", tmp_path / "out")
-    assert r.returncode != 0
-    assert "missing layer_7" in r.stderr and "cannot stand in for layer_7" in r.stderr, r.stderr
+    with pytest.raises(hslake.ConfigError, match="missing layer_7.*cannot stand in for layer_7"):
+        hslake.export_trainer_files(url, "speculators", str(tmp_path / "out"))
     assert not (tmp_path / "out").exists()
     with pytest.raises(hslake.ConfigError, match="does not fit preset speculators: missing layer_7"):
         hslake.Loader(url, batch_size=2, preset="speculators")
