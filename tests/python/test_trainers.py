@@ -21,7 +21,7 @@ import pytest
 import torch
 
 import hslake
-from capture_util import hslake_bin, randomize, run_capture, save_model, write_jsonl
+from capture_util import hslake_bin, randomize, save_model, write_jsonl
 
 pytest.importorskip("speculators")
 pytest.importorskip("specforge")
@@ -67,7 +67,10 @@ def samples(tmp_path_factory):
 
 def capture(verifier, samples, tmp_path_factory, dtype, layers=CAPTURED, final_norm=True, name=None):
     out = tmp_path_factory.mktemp("ds") / (name or dtype)
-    run_capture(verifier[1], samples[1], out, layers, "--dtype", dtype, final_norm=final_norm)
+    cmd = [hslake_bin(), "capture", "--model", verifier[1], "--input", str(samples[1]), "--output", f"file://{out}",
+           "--dtype", dtype, "--device", "cpu", "--no-progress", "--layers", ",".join(map(str, layers))]
+    r = subprocess.run(cmd + (["--final-norm"] if final_norm else []), capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
     return f"file://{out}"
 
 
