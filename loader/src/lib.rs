@@ -40,8 +40,10 @@
 mod batch;
 mod config;
 mod error;
+pub mod export;
 mod loader;
 mod plan;
+mod preset;
 mod rng;
 mod rowgroup;
 mod state;
@@ -50,4 +52,5 @@ pub use batch::{Batch, ElemType, HostTensor};
 pub use config::{Batching, CorruptPolicy, Follow, Layout, LoaderConfig, Remainder};
 pub use error::LoaderError;
 pub use loader::{BatchStream, Loader, LoaderStats};
+pub use preset::{Preset, PresetPoints};
 pub use state::{LoaderState, STATE_FORMAT};

@@ -22,9 +22,10 @@ from typing import Any, Iterator, Optional, Sequence, Union
 import torch
 
 from ._hslake import ConfigError, HslakeError, NativeDataset, NativeLoader, __version__
-from ._hslake import write_synthetic
+from ._hslake import export_trainer_files, preset_points, write_synthetic
 
-__all__ = ["Dataset", "Loader", "HslakeError", "ConfigError", "write_synthetic", "__version__"]
+__all__ = ["Dataset", "Loader", "HslakeError", "ConfigError", "write_synthetic", "preset_points",
+           "export_trainer_files", "__version__"]
 
 _DTYPES = {
     "int64": torch.int64,
@@ -109,6 +110,10 @@ class Loader(torch.utils.data.IterableDataset):
     [B, T, k*H] (``aux_layers`` concatenated in the given order); ``target_hidden_states``
     [B, T, H]; ``sample_ids`` [B]. bf16 stays bf16.
 
+    ``preset="speculators"`` or ``"specforge"`` picks a trainer's aux layers and target from
+    the dataset's layer count (see ``hslake.preset_points``) in place of ``aux_layers`` and
+    ``target``; a dataset lacking one of them is refused with what is missing.
+
     Order: a shuffle fixed by (seed, epoch) on every machine; rank r of ``world_size`` reads
     a disjoint part; the remainder is padded by repeating samples (``drop_last=False``, as
     torch's DistributedSampler) or dropped. Iterating runs one epoch from the current state;
@@ -133,6 +138,7 @@ class Loader(torch.utils.data.IterableDataset):
         shuffle: bool = True,
         aux_layers: Optional[Sequence[Point]] = None,
         target: Optional[Point] = None,
+        preset: Optional[str] = None,
         version: Optional[int] = None,
         packed: bool = False,
         max_seq_len: Optional[int] = None,
@@ -176,6 +182,7 @@ class Loader(torch.utils.data.IterableDataset):
             drop_last_batch=drop_last_batch,
             aux_layers=None if aux_layers is None else [_point(p) for p in aux_layers],
             target=None if target is None else _point(target),
+            preset=preset,
             version=version,
             prefetch_row_groups=prefetch_row_groups,
             prefetch_batches=prefetch_batches,

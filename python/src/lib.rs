@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use hslake_loader::{
     BatchStream, Batching, CorruptPolicy, Follow, HostTensor, Layout, Loader, LoaderConfig,
-    LoaderError, LoaderState, Remainder,
+    LoaderError, LoaderState, Preset, Remainder,
 };
 use hslake_schemas::CapturePoint;
 use hslake_store::{Dataset, StoreError};
@@ -36,6 +36,7 @@ fn to_py(e: LoaderError) -> PyErr {
     match e {
         LoaderError::Config(_)
         | LoaderError::MissingPoint { .. }
+        | LoaderError::PresetMismatch { .. }
         | LoaderError::StateMismatch { .. }
         | LoaderError::BadState(_)
         | LoaderError::Store(StoreError::VersionNotFound { .. })
@@ -185,6 +186,8 @@ struct PyConfig {
     drop_last_batch: bool,
     aux_layers: Option<Vec<String>>,
     target: Option<String>,
+    #[serde(default)]
+    preset: Option<String>,
     version: Option<u64>,
     prefetch_row_groups: usize,
     prefetch_batches: usize,
@@ -268,6 +271,11 @@ impl PyConfig {
                 .map(|v| v.iter().map(|s| point(s)).collect::<PyResult<Vec<_>>>())
                 .transpose()?,
             target: self.target.as_deref().map(point).transpose()?,
+            preset: self
+                .preset
+                .as_deref()
+                .map(|p| p.parse::<Preset>().map_err(to_py))
+                .transpose()?,
             version: self.version,
             prefetch_row_groups: self.prefetch_row_groups,
             prefetch_batches: self.prefetch_batches,
@@ -498,6 +506,53 @@ fn write_synthetic(
     py.detach(|| rt.block_on(run)).map_err(|e| to_py(e.into()))
 }
 
+/// The capture points a trainer preset needs for a model of `num_layers` layers: (aux
+/// columns in concatenation order, target column, whether the target is after the final norm).
+#[pyfunction]
+fn preset_points(preset: &str, num_layers: usize) -> PyResult<(Vec<String>, String, bool)> {
+    let preset: Preset = preset.parse().map_err(to_py)?;
+    let p = preset.points(num_layers).map_err(to_py)?;
+    Ok((
+        p.aux.iter().map(|q| q.column()).collect(),
+        p.target.column(),
+        preset.post_norm_target(),
+    ))
+}
+
+/// Write a dataset version in a trainer's own file layout (`preset`: `speculators` or
+/// `specforge`) into the empty or absent directory `dir`; returns (version, samples, tokens).
+#[pyfunction]
+#[pyo3(signature = (url, preset, dir, version=None, rows_per_dir=5000, decode_threads=2))]
+fn export_trainer_files(
+    py: Python<'_>,
+    url: String,
+    preset: &str,
+    dir: std::path::PathBuf,
+    version: Option<u64>,
+    rows_per_dir: usize,
+    decode_threads: usize,
+) -> PyResult<(u64, u64, u64)> {
+    let preset: Preset = preset.parse().map_err(to_py)?;
+    let opts = hslake_loader::export::ExportOptions {
+        version,
+        rows_per_dir,
+        decode_threads,
+    };
+    let rt = runtime(decode_threads)?;
+    let s = py
+        .detach(|| {
+            rt.block_on(hslake_loader::export::export_trainer_files(
+                &url,
+                preset,
+                &dir,
+                &opts,
+                |_, _| {},
+            ))
+        })
+        .map_err(to_py)?;
+    Ok((s.version, s.samples, s.tokens))
+}
+
 /// The native module.
 #[pymodule]
 fn _hslake(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -506,6 +561,8 @@ fn _hslake(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<NativeLoader>()?;
     m.add_class::<NativeStream>()?;
     m.add_function(wrap_pyfunction!(write_synthetic, m)?)?;
+    m.add_function(wrap_pyfunction!(preset_points, m)?)?;
+    m.add_function(wrap_pyfunction!(export_trainer_files, m)?)?;
     m.add("HslakeError", m.py().get_type::<HslakeError>())?;
     m.add("ConfigError", m.py().get_type::<ConfigError>())?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
