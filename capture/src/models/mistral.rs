@@ -4,32 +4,48 @@
 use hslake_schemas::CapturePoint;
 use tch::{Device, Kind, Tensor};
 
-use super::{llama, DecoderModel};
-use crate::config::ModelConfig;
+use super::hf_config::ConfigFile;
+use super::llama::{self, LlamaConfig};
+use super::{DecoderModel, ModelConfig, ModelInfo};
 use crate::error::Result;
-use crate::tp::LoadCtx;
+use crate::load::LoadCtx;
 
-/// Same checkpoint layout as Llama (Mistral has no biases).
-pub fn tensor_shapes(cfg: &ModelConfig) -> Vec<(String, Vec<usize>)> {
-    llama::tensor_shapes(cfg)
+/// Llama's fields with Mistral's window (and no biases).
+#[derive(Debug, Clone, PartialEq)]
+struct MistralConfig(LlamaConfig);
+
+/// `MistralForCausalLM`: `sliding_window` from the config; no biases.
+pub(crate) fn parse(file: &ConfigFile) -> Result<Box<dyn ModelConfig>> {
+    let raw = file.decoder()?;
+    Ok(Box::new(MistralConfig(LlamaConfig {
+        sliding_window: raw.sliding_window,
+        ..LlamaConfig::from_raw("MistralForCausalLM", &raw)?
+    })))
+}
+
+impl ModelConfig for MistralConfig {
+    fn info(&self) -> ModelInfo {
+        self.0.info()
+    }
+
+    fn check_tp(&self, tp: usize) -> Result<()> {
+        self.0.check_tp(tp)
+    }
+
+    fn load(&self, ctx: &LoadCtx) -> Result<Box<dyn DecoderModel>> {
+        Ok(Box::new(Model {
+            inner: llama::Model::load(ctx, &self.0)?,
+            window: self.0.sliding_window,
+            device: ctx.device,
+        }))
+    }
 }
 
 /// The Llama stack plus the window.
-pub struct Model {
+struct Model {
     inner: llama::Model,
     window: Option<usize>,
     device: Device,
-}
-
-impl Model {
-    /// Loads this rank's slice of every weight.
-    pub fn load(ctx: &LoadCtx, cfg: &ModelConfig) -> Result<Self> {
-        Ok(Model {
-            inner: llama::Model::load(ctx, cfg)?,
-            window: cfg.sliding_window,
-            device: ctx.device,
-        })
-    }
 }
 
 /// `[t, t]` boolean: true where query i may attend key j.

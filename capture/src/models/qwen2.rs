@@ -1,15 +1,23 @@
-//! `Qwen2ForCausalLM`: the Llama computation (see `llama.rs`, whose layers it loads) with a
-//! bias on the q, k and v projections and none on o_proj — the config conversion sets
-//! `qkv_bias = true, o_bias = false` for this architecture, and the fused column-parallel
-//! q|k|v layer shards those biases with their rows. Sliding-window Qwen2 configs are
-//! rejected there.
-use super::llama;
-use crate::config::ModelConfig;
+//! `Qwen2ForCausalLM`: the Llama computation (see `llama.rs`, whose model it loads) with a
+//! bias on the q, k and v projections and none on o_proj; the fused column-parallel q|k|v
+//! layer shards those biases with their rows. Sliding-window Qwen2 configs are rejected.
+use super::hf_config::ConfigFile;
+use super::llama::{unsupported, LlamaConfig};
+use super::ModelConfig;
+use crate::error::Result;
 
-/// The Llama layout plus `self_attn.{q,k,v}_proj.bias`.
-pub fn tensor_shapes(cfg: &ModelConfig) -> Vec<(String, Vec<usize>)> {
-    llama::tensor_shapes(cfg)
+/// Qwen2 runs as the Llama stack; only its biases differ.
+pub(crate) fn parse(file: &ConfigFile) -> Result<Box<dyn ModelConfig>> {
+    const NAME: &str = "Qwen2ForCausalLM";
+    let raw = file.decoder()?;
+    if raw.qwen_sliding_layers() {
+        return Err(unsupported(
+            NAME,
+            "sliding-window layers (use_sliding_window / layer_types) are not implemented".into(),
+        ));
+    }
+    Ok(Box::new(LlamaConfig {
+        qkv_bias: true,
+        ..LlamaConfig::from_raw(NAME, &raw)?
+    }))
 }
-
-/// Qwen2 runs as the Llama stack; only its weights differ.
-pub type Model = llama::Model;

@@ -1,30 +1,53 @@
 //! `Qwen3ForCausalLM`: Llama-shaped, but every query and key head is RMS-normalised over
 //! `head_dim` before RoPE, and `head_dim` is explicit (often != hidden / heads).
 //!
-//! Checkpoint layout: as Llama plus `model.layers.<i>.self_attn.{q,k}_norm.weight` of `[head_dim]`.
-use hslake_schemas::CapturePoint;
-use tch::{Kind, Tensor};
+//! Checkpoint layout: as Llama plus `model.layers.<i>.self_attn.{q,k}_norm.weight` of `[head_dim]`;
+//! the decoder layers and the stack are Llama's, with this attention.
+use tch::Tensor;
 
-use super::{llama, Captures, DecoderModel};
-use crate::config::ModelConfig;
+use super::hf_config::ConfigFile;
+use super::llama::{self, unsupported, LlamaConfig, SelfAttention};
+use super::{DecoderModel, ModelConfig, ModelInfo};
 use crate::error::Result;
-use crate::layers::{Mlp, RmsNorm, RopeTables, Rotary};
-use crate::tp::{ColumnParallelLinear, LoadCtx, RowParallelLinear, VocabParallelEmbedding};
+use crate::layers::{RmsNorm, RopeTables};
+use crate::load::LoadCtx;
+use crate::tp::{ColumnParallelLinear, RowParallelLinear};
 
-/// Every tensor this architecture reads, with its full shape.
-pub fn tensor_shapes(cfg: &ModelConfig) -> Vec<(String, Vec<usize>)> {
-    let mut v = llama::tensor_shapes(cfg);
-    for i in 0..cfg.num_layers {
-        v.push((
-            format!("model.layers.{i}.self_attn.q_norm.weight"),
-            vec![cfg.head_dim],
-        ));
-        v.push((
-            format!("model.layers.{i}.self_attn.k_norm.weight"),
-            vec![cfg.head_dim],
+/// Llama's fields; `attention_bias` applies to q/k/v and o.
+#[derive(Debug, Clone, PartialEq)]
+struct Qwen3Config(LlamaConfig);
+
+/// `Qwen3ForCausalLM`: explicit `head_dim`, optional `attention_bias`; sliding-window configs
+/// are rejected.
+pub(crate) fn parse(file: &ConfigFile) -> Result<Box<dyn ModelConfig>> {
+    const NAME: &str = "Qwen3ForCausalLM";
+    let raw = file.decoder()?;
+    if raw.qwen_sliding_layers() {
+        return Err(unsupported(
+            NAME,
+            "sliding-window layers (use_sliding_window / layer_types) are not implemented".into(),
         ));
     }
-    v
+    let bias = raw.attention_bias.unwrap_or(false);
+    Ok(Box::new(Qwen3Config(LlamaConfig {
+        qkv_bias: bias,
+        o_bias: bias,
+        ..LlamaConfig::from_raw(NAME, &raw)?
+    })))
+}
+
+impl ModelConfig for Qwen3Config {
+    fn info(&self) -> ModelInfo {
+        self.0.info()
+    }
+
+    fn check_tp(&self, tp: usize) -> Result<()> {
+        self.0.check_tp(tp)
+    }
+
+    fn load(&self, ctx: &LoadCtx) -> Result<Box<dyn DecoderModel>> {
+        Ok(Box::new(llama::Model::<Attention>::load(ctx, &self.0)?))
+    }
 }
 
 /// Causal GQA attention with per-head q/k RMS norm; this rank holds `heads / tp` query heads.
@@ -39,8 +62,8 @@ struct Attention {
     head_dim: i64,
 }
 
-impl Attention {
-    fn load(ctx: &LoadCtx, prefix: &str, cfg: &ModelConfig) -> Result<Self> {
+impl SelfAttention for Attention {
+    fn load(ctx: &LoadCtx, prefix: &str, cfg: &LlamaConfig) -> Result<Self> {
         let (h, d, tp) = (cfg.hidden_size, cfg.head_dim, ctx.comm.world_size());
         let (q, kv) = (cfg.num_heads * d, cfg.num_kv_heads * d);
         let names = ["q_proj", "k_proj", "v_proj"].map(|n| format!("{prefix}.{n}"));
@@ -60,7 +83,7 @@ impl Attention {
         })
     }
 
-    fn forward(&self, x: &Tensor, rope: &RopeTables) -> Result<Tensor> {
+    fn forward(&self, x: &Tensor, rope: &RopeTables, mask: Option<&Tensor>) -> Result<Tensor> {
         let (b, t) = (x.size()[0], x.size()[1]);
         let (heads, kv_heads, d) = (self.heads, self.kv_heads, self.head_dim);
         // 1. Project: [b, t, hidden] -> [b, t, (heads + 2 kv_heads) * d], this rank's q | k | v,
@@ -78,96 +101,20 @@ impl Attention {
         let q = rope.apply(&self.q_norm.forward(&q)?)?.f_transpose(1, 2)?;
         let k = rope.apply(&self.k_norm.forward(&k)?)?.f_transpose(1, 2)?;
         let v = v.f_transpose(1, 2)?;
-        // 3. Causal attention; right padding is never attended by a real token.
-        let y = Tensor::f_scaled_dot_product_attention::<Tensor>(
-            &q, &k, &v, None, 0.0, true, None, true,
+        // 3. Causal attention (unless a mask replaces it); right padding is never attended
+        //    by a real token.
+        let y = Tensor::f_scaled_dot_product_attention(
+            &q,
+            &k,
+            &v,
+            mask,
+            0.0,
+            mask.is_none(),
+            None,
+            true,
         )?;
         // 4. [b, heads, t, d] -> [b, t, heads*d] -> row-parallel projection and all-reduce.
         let y = y.f_transpose(1, 2)?.f_reshape([b, t, heads * d])?;
         self.o_proj.forward(&y)
-    }
-}
-
-/// Pre-norm decoder layer: `x + attn(norm(x))`, then `x + mlp(norm(x))`.
-struct DecoderLayer {
-    input_layernorm: RmsNorm,
-    self_attn: Attention,
-    post_attention_layernorm: RmsNorm,
-    mlp: Mlp,
-}
-
-impl DecoderLayer {
-    fn load(ctx: &LoadCtx, prefix: &str, cfg: &ModelConfig) -> Result<Self> {
-        let (h, eps) = (cfg.hidden_size, cfg.rms_norm_eps);
-        Ok(DecoderLayer {
-            input_layernorm: RmsNorm::load(ctx, &format!("{prefix}.input_layernorm"), h, eps)?,
-            self_attn: Attention::load(ctx, &format!("{prefix}.self_attn"), cfg)?,
-            post_attention_layernorm: RmsNorm::load(
-                ctx,
-                &format!("{prefix}.post_attention_layernorm"),
-                h,
-                eps,
-            )?,
-            mlp: Mlp::load(ctx, &format!("{prefix}.mlp"), cfg)?,
-        })
-    }
-
-    /// A new tensor; `x` is never written (a capture may hold it).
-    fn forward(&self, x: &Tensor, rope: &RopeTables) -> Result<Tensor> {
-        // As in llama.rs: residual sums go into the sublayers' fresh outputs.
-        let h = self
-            .self_attn
-            .forward(&self.input_layernorm.forward(x)?, rope)?
-            .f_add_(x)?;
-        Ok(self
-            .mlp
-            .forward(&self.post_attention_layernorm.forward(&h)?)?
-            .f_add_(&h)?)
-    }
-}
-
-/// The decoder stack up to the final norm.
-pub struct Model {
-    embed_tokens: VocabParallelEmbedding,
-    layers: Vec<DecoderLayer>,
-    norm: RmsNorm,
-    rotary: Rotary,
-    kind: Kind,
-}
-
-impl Model {
-    /// Loads this rank's slice of every weight.
-    pub fn load(ctx: &LoadCtx, cfg: &ModelConfig) -> Result<Self> {
-        let layers = (0..cfg.num_layers)
-            .map(|i| DecoderLayer::load(ctx, &format!("model.layers.{i}"), cfg))
-            .collect::<Result<_>>()?;
-        Ok(Model {
-            embed_tokens: VocabParallelEmbedding::load(
-                ctx,
-                "model.embed_tokens.weight",
-                cfg.vocab_size,
-                cfg.hidden_size,
-            )?,
-            layers,
-            norm: RmsNorm::load(ctx, "model.norm", cfg.hidden_size, cfg.rms_norm_eps)?,
-            rotary: Rotary::new(cfg, ctx.device)?,
-            kind: ctx.kind,
-        })
-    }
-}
-
-impl DecoderModel for Model {
-    fn forward(&self, input_ids: &Tensor, points: &[CapturePoint]) -> Result<Vec<Tensor>> {
-        let mut captures = Captures::new(points, self.layers.len())?;
-        let last = captures.last_layer(self.layers.len());
-        let t = input_ids.size()[1];
-        let rope = self.rotary.tables(t, self.kind)?;
-        let mut x = self.embed_tokens.forward(input_ids)?; // [b, t, hidden]
-        for (i, layer) in self.layers.iter().enumerate().take(last + 1) {
-            x = layer.forward(&x, &rope)?;
-            captures.after_layer(i, &x);
-        }
-        captures.final_norm(|| self.norm.forward(&x))?;
-        captures.finish()
     }
 }
