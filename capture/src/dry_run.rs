@@ -79,7 +79,7 @@ impl DryRun<'_> {
 /// A tensor of `shape` that shares one element: shape-correct for views, free of memory.
 fn placeholder(shape: &[usize], kind: Kind) -> Result<Tensor> {
     let dims: Vec<i64> = shape.iter().map(|&d| d as i64).collect();
-    Ok(Tensor::f_zeros([], (kind, Device::Cpu))?.f_expand(&dims, false)?)
+    Ok(Tensor::f_zeros([0i64; 0], (kind, Device::Cpu))?.f_expand(dims.as_slice(), false)?)
 }
 
 impl TensorSource for DryRun<'_> {

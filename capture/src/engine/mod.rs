@@ -8,22 +8,23 @@
 //! queues), rank 0 hands captured states to a splitter through a queue of `queue_depth`
 //! batches, the splitter spreads samples over `writers` store writers, and each writer
 //! compresses, appends and commits under the job's commit policy.
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender, SyncSender, TrySendError};
+use std::sync::atomic::AtomicBool;
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender, SyncSender};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tch::{Device, Kind};
+use tch::Device;
 
 use crate::batch::PaddedBatch;
-use crate::checkpoint::Checkpoint;
 use crate::comm::{LocalComm, SingleRank};
 use crate::cuda::PinnedBuffer;
 use crate::error::{CaptureError, Result};
-use crate::models::{registry, ModelConfig, ModelInfo};
+use crate::models::ModelInfo;
 use crate::nccl::{self, NcclComm};
 
+mod check;
 mod commit;
+mod feed;
 mod host;
 mod job;
 mod options;
@@ -33,12 +34,14 @@ mod splitter;
 mod summary;
 mod writer;
 
+pub use check::CheckedModel;
 pub use commit::CommitPolicy;
 pub use job::PreparedJob;
 pub use options::{CaptureJob, DeviceKind, EngineOptions};
 pub use progress::{CancelToken, NoProgress, ProgressSink};
 pub use summary::CaptureSummary;
 
+use feed::{feed, Feed};
 use host::{BufferPool, HostBatch};
 use rank::{CommInit, RankEvent, RankJob, RankOutput, RankReport, RankSetup, RankTimes};
 use splitter::{split_batches, SampleRows};
@@ -46,55 +49,6 @@ use writer::{run_writer, WriterDone, WriterSetup};
 
 /// How long the engine waits for the other ranks once one has failed.
 pub const RANK_GRACE: Duration = Duration::from_secs(30);
-
-/// A checkpoint whose config, tensor-parallel split and every tensor (name, shape, dtype, as
-/// the model's own load reads them) have been checked, reading no tensor data.
-/// [`Engine::load`] loads it.
-pub struct CheckedModel {
-    options: EngineOptions,
-    config: Arc<dyn ModelConfig>,
-    info: ModelInfo,
-    checkpoint: Arc<Checkpoint>,
-    kind: Kind,
-}
-
-impl CheckedModel {
-    /// Reads the config, checks the TP size and the devices, and runs the model's load
-    /// against the checkpoint's headers; every tensor problem is reported at once.
-    pub fn check(options: EngineOptions) -> Result<Self> {
-        let kind = options.compute_kind()?;
-        let config: Arc<dyn ModelConfig> = registry::read_config(&options.model_dir)?.into();
-        config.check_tp(options.tp)?;
-        let checkpoint = Checkpoint::open(&options.model_dir)?;
-        crate::dry_run::check_checkpoint(&*config, &checkpoint, options.tp, kind)?;
-        if options.device == DeviceKind::Cuda {
-            let have = tch::Cuda::device_count() as usize;
-            if !tch::Cuda::is_available() || have < options.tp {
-                return Err(CaptureError::Option(format!(
-                    "--device cuda --tp {} needs {} GPUs; {have} visible",
-                    options.tp, options.tp
-                )));
-            }
-        }
-        Ok(CheckedModel {
-            info: config.info(),
-            options,
-            config,
-            checkpoint: Arc::new(checkpoint),
-            kind,
-        })
-    }
-
-    /// The model's architecture and sizes.
-    pub fn model(&self) -> &ModelInfo {
-        &self.info
-    }
-
-    /// The options it was checked under.
-    pub fn options(&self) -> &EngineOptions {
-        &self.options
-    }
-}
 
 /// A model loaded on its rank threads, ready to run capture jobs one at a time.
 pub struct Engine {
@@ -491,74 +445,6 @@ fn comm_inits(device: DeviceKind, tp: usize) -> Result<Vec<CommInit>> {
     })
 }
 
-/// Why feeding stopped.
-#[derive(Debug, PartialEq, Eq)]
-enum Feed {
-    /// Every batch went out.
-    Done,
-    /// The caller cancelled.
-    Cancelled,
-    /// A writer or a rank failed.
-    Stopped,
-}
-
-/// Hands every batch to every rank, in the same order, checking between batches whether to
-/// stop; a batch is never given to some ranks and not others unless a rank has failed.
-fn feed(
-    job: &PreparedJob,
-    feeds: &[SyncSender<Arc<PaddedBatch>>],
-    summary: &mut CaptureSummary,
-    cancel: &CancelToken,
-    writers_failed: &CancelToken,
-    rank_failed: &AtomicBool,
-) -> Feed {
-    if feeds.is_empty() {
-        return Feed::Stopped;
-    }
-    for idx in &job.batches {
-        if cancel.is_cancelled() {
-            tracing::info!("cancelled: finishing the batches in flight and committing");
-            return Feed::Cancelled;
-        }
-        if writers_failed.is_cancelled() {
-            return Feed::Stopped;
-        }
-        let batch = Arc::new(PaddedBatch::new(
-            idx.iter().map(|&i| job.todo[i].clone()).collect(),
-        ));
-        summary.padding_tokens += batch.padding_tokens();
-        summary.batches += 1;
-        for tx in feeds {
-            if !send_unless_failed(tx, batch.clone(), rank_failed) {
-                return Feed::Stopped;
-            }
-        }
-    }
-    Feed::Done
-}
-
-/// Queues `batch` for one rank, waiting while its queue is full unless some rank has failed
-/// (a failed rank's peers may never take another batch).
-fn send_unless_failed(
-    tx: &SyncSender<Arc<PaddedBatch>>,
-    mut batch: Arc<PaddedBatch>,
-    rank_failed: &AtomicBool,
-) -> bool {
-    loop {
-        match tx.try_send(batch) {
-            Ok(()) => return true,
-            Err(TrySendError::Disconnected(_)) => return false,
-            Err(TrySendError::Full(b)) => {
-                if rank_failed.load(Ordering::Acquire) {
-                    return false;
-                }
-                batch = b;
-                std::thread::sleep(Duration::from_millis(1));
-            }
-        }
-    }
-}
-
 /// Raises `flag` when `r` is an error, so the feeder stops; passes `r` on.
 fn flag_error<T>(flag: &CancelToken, r: Result<T>) -> Result<T> {
     if r.is_err() {
@@ -611,7 +497,7 @@ fn add_writer(summary: &mut CaptureSummary, w: WriterDone) {
 mod tests {
     use std::cell::Cell;
     use std::rc::Rc;
-    use std::sync::atomic::AtomicU64;
+    use std::sync::atomic::{AtomicU64, Ordering};
 
     use hslake_schemas::{CapturePoint, DType, FinitePolicy};
     use tch::Tensor;

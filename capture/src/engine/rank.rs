@@ -98,7 +98,7 @@ pub(super) fn spawn(
     std::thread::Builder::new()
         .name(format!("hslake-rank-{rank}"))
         .spawn(move || {
-            let report = |event| {
+            let report = |event: RankEvent| {
                 if matches!(event, RankEvent::Failed(_)) {
                     failed.store(true, Ordering::Release);
                 }

@@ -55,7 +55,7 @@ pub(super) fn run_writer(
     let mut last_version = None;
     let mut pending = 0u64;
     let mut last_commit = Instant::now();
-    let mut commit = |w: &mut DatasetWriter, last_version: &mut Option<u64>| -> Result<()> {
+    let commit = |w: &mut DatasetWriter, last_version: &mut Option<u64>| -> Result<()> {
         if let Some(v) = io.block_on(w.commit())? {
             progress.committed(v);
             *last_version = Some(v);

@@ -52,6 +52,24 @@ impl ConfigFile {
     }
 }
 
+#[cfg(test)]
+impl ConfigFile {
+    /// A small Llama-shaped config (hidden 64, 8 heads over 2 KV heads, MLP 128, 2 layers,
+    /// vocabulary 100, no architecture named) with `extra`'s fields added or replaced.
+    pub fn for_test(extra: serde_json::Value) -> Self {
+        let mut json = serde_json::json!({"hidden_size": 64, "intermediate_size": 128,
+            "num_hidden_layers": 2, "num_attention_heads": 8, "num_key_value_heads": 2,
+            "vocab_size": 100});
+        if let (Some(base), Some(extra)) = (json.as_object_mut(), extra.as_object()) {
+            base.extend(extra.clone());
+        }
+        ConfigFile {
+            path: "/m/config.json".into(),
+            json,
+        }
+    }
+}
+
 /// RoPE parameters as either `rope_parameters` (transformers 5) or `rope_scaling` (older) spell them.
 #[derive(Debug, Clone, Default, Deserialize)]
 pub(crate) struct RawRope {
@@ -157,14 +175,20 @@ impl RawConfig {
         Ok(Rope { theta, scaling })
     }
 
-    /// Whether any layer uses sliding-window attention (Qwen2/3's spellings).
-    pub fn qwen_sliding_layers(&self) -> bool {
+    /// Refuses sliding-window layers (Qwen2/3 spell them `use_sliding_window` and
+    /// `layer_types`), which `architecture` does not implement.
+    pub fn refuse_sliding_layers(&self, architecture: &str) -> Result<()> {
         let sliding_layers = self
             .layer_types
             .iter()
             .flatten()
             .any(|t| t != "full_attention");
-        self.use_sliding_window == Some(true) || sliding_layers
+        if self.use_sliding_window == Some(true) || sliding_layers {
+            return Err(CaptureError::Unsupported(format!(
+                "{architecture}: sliding-window layers (use_sliding_window / layer_types) are not implemented"
+            )));
+        }
+        Ok(())
     }
 }
 

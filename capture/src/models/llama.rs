@@ -13,9 +13,9 @@ use crate::layers::{Mlp, RmsNorm, Rope, RopeTables, Rotary};
 use crate::load::LoadCtx;
 use crate::tp::{check_split, ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding};
 
-/// Llama's validated runtime config. Mistral, Qwen2 and Qwen3 are Llama-shaped and read their
-/// configs into the same fields.
-#[derive(Debug, Clone, PartialEq)]
+/// Llama's validated runtime config. Mistral, Qwen2 and Qwen3 are Llama-shaped: they read
+/// their configs into the same fields and name their own model.
+#[derive(Debug, Clone)]
 pub(crate) struct LlamaConfig {
     /// The Hugging Face class name.
     pub architecture: &'static str,
@@ -45,7 +45,12 @@ pub(crate) struct LlamaConfig {
     pub mlp_bias: bool,
     /// Sliding attention window (Mistral), if any.
     pub sliding_window: Option<usize>,
+    /// Builds this family's model from these fields: Llama's stack, or a family's variant.
+    pub model: LoadModel,
 }
+
+/// How a Llama-shaped family builds its model.
+pub(crate) type LoadModel = fn(&LoadCtx, &LlamaConfig) -> Result<Box<dyn DecoderModel>>;
 
 /// `LlamaForCausalLM`: `attention_bias` on q/k/v/o, `mlp_bias` on gate/up/down.
 pub(crate) fn parse(file: &ConfigFile) -> Result<Box<dyn ModelConfig>> {
@@ -61,10 +66,11 @@ pub(crate) fn parse(file: &ConfigFile) -> Result<Box<dyn ModelConfig>> {
 
 impl LlamaConfig {
     /// Resolves defaults and alternative spellings of the fields every Llama-shaped family
-    /// shares, and rejects what the model cannot run; no biases and no window (each family's
-    /// parser sets those).
+    /// shares, and rejects what the model cannot run; no biases, no window and Llama's model
+    /// (each family's parser sets its own).
     pub fn from_raw(architecture: &'static str, raw: &RawConfig) -> Result<Self> {
-        let unsupported = |m: String| unsupported(architecture, m);
+        let unsupported =
+            |m: String| CaptureError::Unsupported(format!("{architecture}: {m}"));
         if raw.num_attention_heads == 0
             || raw.hidden_size == 0
             || raw.num_hidden_layers == 0
@@ -120,13 +126,9 @@ impl LlamaConfig {
             o_bias: false,
             mlp_bias: false,
             sliding_window: None,
+            model: |ctx, cfg| Ok(Box::new(Model::<Attention>::load(ctx, cfg)?)),
         })
     }
-}
-
-/// A config this architecture cannot run, named with the architecture.
-pub(crate) fn unsupported(architecture: &str, message: String) -> CaptureError {
-    CaptureError::Unsupported(format!("{architecture}: {message}"))
 }
 
 impl ModelConfig for LlamaConfig {
@@ -151,7 +153,7 @@ impl ModelConfig for LlamaConfig {
     }
 
     fn load(&self, ctx: &LoadCtx) -> Result<Box<dyn DecoderModel>> {
-        Ok(Box::new(Model::<Attention>::load(ctx, self)?))
+        (self.model)(ctx, self)
     }
 }
 
@@ -168,11 +170,14 @@ pub(crate) trait SelfAttention: Sized {
 /// Causal self-attention with grouped KV heads; this rank holds `heads / tp` query heads.
 pub(crate) struct Attention {
     /// This rank's q, k and v rows stacked: one GEMM for all three projections.
-    qkv_proj: ColumnParallelLinear,
+    pub qkv_proj: ColumnParallelLinear,
     o_proj: RowParallelLinear,
-    heads: i64,
-    kv_heads: i64,
-    head_dim: i64,
+    /// This rank's query heads.
+    pub heads: i64,
+    /// This rank's key/value heads.
+    pub kv_heads: i64,
+    /// Per-head width.
+    pub head_dim: i64,
 }
 
 impl SelfAttention for Attention {
@@ -211,13 +216,30 @@ impl SelfAttention for Attention {
             .f_narrow(2, (heads + kv_heads) * d, kv_heads * d)?
             .f_view([b, t, kv_heads, d])?
             .f_transpose(1, 2)?;
+        // 3-4. Attention and output projection.
+        self.attend(&q, &k, &v, mask)
+    }
+}
+
+impl Attention {
+    /// Steps 3 and 4 of the forward: attention of `[b, heads, t, d]` queries over
+    /// `[b, kv_heads, t, d]` keys and values (any strides with unit stride over `d`), then the
+    /// output projection; `[b, t, hidden]`, complete on every rank.
+    pub(crate) fn attend(
+        &self,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        mask: Option<&Tensor>,
+    ) -> Result<Tensor> {
+        let (b, t) = (q.size()[0], q.size()[2]);
         // 3. Causal attention; right padding sits after every real token, so no real token sees it.
         //    An explicit mask (sliding window) replaces the built-in causal one. The kernels read
         //    these strided views as they are (unit stride over d is all they need).
         let y = Tensor::f_scaled_dot_product_attention(
-            &q,
-            &k,
-            &v,
+            q,
+            k,
+            v,
             mask,
             0.0,
             mask.is_none(),
@@ -225,7 +247,9 @@ impl SelfAttention for Attention {
             true,
         )?;
         // 4. [b, heads, t, d] -> [b, t, heads*d] -> row-parallel projection and all-reduce.
-        let y = y.f_transpose(1, 2)?.f_reshape([b, t, heads * d])?;
+        let y = y
+            .f_transpose(1, 2)?
+            .f_reshape([b, t, self.heads * self.head_dim])?;
         self.o_proj.forward(&y)
     }
 }
@@ -329,5 +353,60 @@ impl<A: SelfAttention> Model<A> {
 impl<A: SelfAttention> DecoderModel for Model<A> {
     fn forward(&self, input_ids: &Tensor, points: &[CapturePoint]) -> Result<Vec<Tensor>> {
         self.forward_masked(input_ids, points, None)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn llama(extra: serde_json::Value) -> Result<LlamaConfig> {
+        LlamaConfig::from_raw("LlamaForCausalLM", &ConfigFile::for_test(extra).decoder()?)
+    }
+
+    #[test]
+    fn defaults_head_dim_kv_heads_and_eps_from_the_other_fields() {
+        let c = llama(serde_json::json!({"num_key_value_heads": null})).unwrap();
+        assert_eq!((c.head_dim, c.num_kv_heads, c.rms_norm_eps), (8, 8, 1e-6));
+        assert_eq!(c.rope.theta, 10000.0);
+    }
+
+    #[test]
+    fn rejects_what_the_model_cannot_run_naming_the_architecture() {
+        let e = |extra| llama(extra).unwrap_err().to_string();
+        assert_eq!(
+            e(serde_json::json!({"hidden_act": "gelu"})),
+            "unsupported model config: LlamaForCausalLM: hidden_act = \"gelu\"; only \"silu\" is implemented"
+        );
+        assert!(e(serde_json::json!({"num_key_value_heads": 3})).contains("not a multiple of num_key_value_heads = 3"));
+        assert!(e(serde_json::json!({"head_dim": 7})).contains("head_dim = 7 must be even"));
+        assert!(e(serde_json::json!({"rope_scaling": {"rope_type": "yarn"}})).contains("rope_type \"yarn\""));
+    }
+
+    #[test]
+    fn attention_bias_covers_q_k_v_and_o_and_mlp_bias_the_mlp() {
+        let c = parse(&ConfigFile::for_test(serde_json::json!({"attention_bias": true}))).unwrap();
+        let names: Vec<String> = crate::dry_run::tensors_read(&*c)
+            .unwrap()
+            .into_iter()
+            .map(|s| s.name)
+            .filter(|n| n.starts_with("model.layers.0.") && n.ends_with(".bias"))
+            .collect();
+        assert_eq!(
+            names,
+            [
+                "model.layers.0.self_attn.q_proj.bias",
+                "model.layers.0.self_attn.k_proj.bias",
+                "model.layers.0.self_attn.v_proj.bias",
+                "model.layers.0.self_attn.o_proj.bias"
+            ]
+        );
+        let c = parse(&ConfigFile::for_test(serde_json::json!({"mlp_bias": true}))).unwrap();
+        let biases = crate::dry_run::tensors_read(&*c)
+            .unwrap()
+            .into_iter()
+            .filter(|s| s.name.ends_with(".bias"))
+            .count();
+        assert_eq!(biases, 2 * 3);
     }
 }

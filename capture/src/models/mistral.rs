@@ -1,4 +1,4 @@
-//! `MistralForCausalLM`: the Llama computation (see `llama.rs`, whose layers it loads) with
+//! `MistralForCausalLM`: the Llama computation (see `llama.rs`, whose model it wraps) with
 //! sliding-window attention: token i attends to j only when `i - window < j <= i`.
 //! Sequences no longer than the window are plain causal and take the fused causal path.
 use hslake_schemas::CapturePoint;
@@ -6,39 +6,23 @@ use tch::{Device, Kind, Tensor};
 
 use super::hf_config::ConfigFile;
 use super::llama::{self, LlamaConfig};
-use super::{DecoderModel, ModelConfig, ModelInfo};
+use super::{DecoderModel, ModelConfig};
 use crate::error::Result;
-use crate::load::LoadCtx;
-
-/// Llama's fields with Mistral's window (and no biases).
-#[derive(Debug, Clone, PartialEq)]
-struct MistralConfig(LlamaConfig);
 
 /// `MistralForCausalLM`: `sliding_window` from the config; no biases.
 pub(crate) fn parse(file: &ConfigFile) -> Result<Box<dyn ModelConfig>> {
     let raw = file.decoder()?;
-    Ok(Box::new(MistralConfig(LlamaConfig {
+    Ok(Box::new(LlamaConfig {
         sliding_window: raw.sliding_window,
+        model: |ctx, cfg| {
+            Ok(Box::new(Model {
+                inner: llama::Model::load(ctx, cfg)?,
+                window: cfg.sliding_window,
+                device: ctx.device,
+            }))
+        },
         ..LlamaConfig::from_raw("MistralForCausalLM", &raw)?
-    })))
-}
-
-impl ModelConfig for MistralConfig {
-    fn info(&self) -> ModelInfo {
-        self.0.info()
-    }
-
-    fn check_tp(&self, tp: usize) -> Result<()> {
-        self.0.check_tp(tp)
-    }
-
-    fn load(&self, ctx: &LoadCtx) -> Result<Box<dyn DecoderModel>> {
-        Ok(Box::new(Model {
-            inner: llama::Model::load(ctx, &self.0)?,
-            window: self.0.sliding_window,
-            device: ctx.device,
-        }))
-    }
+    }))
 }
 
 /// The Llama stack plus the window.

@@ -6,89 +6,53 @@
 use tch::Tensor;
 
 use super::hf_config::ConfigFile;
-use super::llama::{self, unsupported, LlamaConfig, SelfAttention};
-use super::{DecoderModel, ModelConfig, ModelInfo};
+use super::llama::{self, LlamaConfig, SelfAttention};
+use super::ModelConfig;
 use crate::error::Result;
 use crate::layers::{RmsNorm, RopeTables};
 use crate::load::LoadCtx;
-use crate::tp::{ColumnParallelLinear, RowParallelLinear};
 
-/// Llama's fields; `attention_bias` applies to q/k/v and o.
-#[derive(Debug, Clone, PartialEq)]
-struct Qwen3Config(LlamaConfig);
-
-/// `Qwen3ForCausalLM`: explicit `head_dim`, optional `attention_bias`; sliding-window configs
-/// are rejected.
+/// `Qwen3ForCausalLM`: explicit `head_dim`, `attention_bias` on q/k/v and o; sliding-window
+/// configs are refused.
 pub(crate) fn parse(file: &ConfigFile) -> Result<Box<dyn ModelConfig>> {
     const NAME: &str = "Qwen3ForCausalLM";
     let raw = file.decoder()?;
-    if raw.qwen_sliding_layers() {
-        return Err(unsupported(
-            NAME,
-            "sliding-window layers (use_sliding_window / layer_types) are not implemented".into(),
-        ));
-    }
+    raw.refuse_sliding_layers(NAME)?;
     let bias = raw.attention_bias.unwrap_or(false);
-    Ok(Box::new(Qwen3Config(LlamaConfig {
+    Ok(Box::new(LlamaConfig {
         qkv_bias: bias,
         o_bias: bias,
+        model: |ctx, cfg| Ok(Box::new(llama::Model::<Attention>::load(ctx, cfg)?)),
         ..LlamaConfig::from_raw(NAME, &raw)?
-    })))
+    }))
 }
 
-impl ModelConfig for Qwen3Config {
-    fn info(&self) -> ModelInfo {
-        self.0.info()
-    }
-
-    fn check_tp(&self, tp: usize) -> Result<()> {
-        self.0.check_tp(tp)
-    }
-
-    fn load(&self, ctx: &LoadCtx) -> Result<Box<dyn DecoderModel>> {
-        Ok(Box::new(llama::Model::<Attention>::load(ctx, &self.0)?))
-    }
-}
-
-/// Causal GQA attention with per-head q/k RMS norm; this rank holds `heads / tp` query heads.
+/// Llama's attention with an RMS norm on each query and key head; this rank holds
+/// `heads / tp` query heads.
 struct Attention {
-    /// This rank's q, k and v rows stacked: one GEMM for all three projections.
-    qkv_proj: ColumnParallelLinear,
-    o_proj: RowParallelLinear,
+    /// The q|k|v and o projections and this rank's head counts.
+    base: llama::Attention,
     q_norm: RmsNorm,
     k_norm: RmsNorm,
-    heads: i64,
-    kv_heads: i64,
-    head_dim: i64,
 }
 
 impl SelfAttention for Attention {
     fn load(ctx: &LoadCtx, prefix: &str, cfg: &LlamaConfig) -> Result<Self> {
-        let (h, d, tp) = (cfg.hidden_size, cfg.head_dim, ctx.comm.world_size());
-        let (q, kv) = (cfg.num_heads * d, cfg.num_kv_heads * d);
-        let names = ["q_proj", "k_proj", "v_proj"].map(|n| format!("{prefix}.{n}"));
+        let (d, eps) = (cfg.head_dim, cfg.rms_norm_eps);
         Ok(Attention {
-            qkv_proj: ColumnParallelLinear::load_fused(
-                ctx,
-                &[(&names[0], q), (&names[1], kv), (&names[2], kv)],
-                h,
-                cfg.qkv_bias,
-            )?,
-            o_proj: RowParallelLinear::load(ctx, &format!("{prefix}.o_proj"), q, h, cfg.o_bias)?,
-            q_norm: RmsNorm::load(ctx, &format!("{prefix}.q_norm"), d, cfg.rms_norm_eps)?,
-            k_norm: RmsNorm::load(ctx, &format!("{prefix}.k_norm"), d, cfg.rms_norm_eps)?,
-            heads: (cfg.num_heads / tp) as i64,
-            kv_heads: (cfg.num_kv_heads / tp) as i64,
-            head_dim: d as i64,
+            base: llama::Attention::load(ctx, prefix, cfg)?,
+            q_norm: RmsNorm::load(ctx, &format!("{prefix}.q_norm"), d, eps)?,
+            k_norm: RmsNorm::load(ctx, &format!("{prefix}.k_norm"), d, eps)?,
         })
     }
 
     fn forward(&self, x: &Tensor, rope: &RopeTables, mask: Option<&Tensor>) -> Result<Tensor> {
         let (b, t) = (x.size()[0], x.size()[1]);
-        let (heads, kv_heads, d) = (self.heads, self.kv_heads, self.head_dim);
+        let base = &self.base;
+        let (heads, kv_heads, d) = (base.heads, base.kv_heads, base.head_dim);
         // 1. Project: [b, t, hidden] -> [b, t, (heads + 2 kv_heads) * d], this rank's q | k | v,
         //    and split heads as views: [b, t, heads, d].
-        let qkv = self.qkv_proj.forward(x)?;
+        let qkv = base.qkv_proj.forward(x)?;
         let q = qkv.f_narrow(2, 0, heads * d)?.f_view([b, t, heads, d])?;
         let k = qkv
             .f_narrow(2, heads * d, kv_heads * d)?
@@ -101,20 +65,29 @@ impl SelfAttention for Attention {
         let q = rope.apply(&self.q_norm.forward(&q)?)?.f_transpose(1, 2)?;
         let k = rope.apply(&self.k_norm.forward(&k)?)?.f_transpose(1, 2)?;
         let v = v.f_transpose(1, 2)?;
-        // 3. Causal attention (unless a mask replaces it); right padding is never attended
-        //    by a real token.
-        let y = Tensor::f_scaled_dot_product_attention(
-            &q,
-            &k,
-            &v,
-            mask,
-            0.0,
-            mask.is_none(),
-            None,
-            true,
-        )?;
-        // 4. [b, heads, t, d] -> [b, t, heads*d] -> row-parallel projection and all-reduce.
-        let y = y.f_transpose(1, 2)?.f_reshape([b, t, heads * d])?;
-        self.o_proj.forward(&y)
+        // 3-4. Attention and output projection, as in Llama.
+        base.attend(&q, &k, &v, mask)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keeps_an_explicit_head_dim_and_reads_q_k_norms_of_that_width() {
+        let c = parse(&ConfigFile::for_test(serde_json::json!({"num_attention_heads": 4, "head_dim": 32})))
+            .unwrap();
+        let specs = crate::dry_run::tensors_read(&*c).unwrap();
+        let shape = |name: &str| {
+            specs
+                .iter()
+                .find(|s| s.name == name)
+                .map(|s| s.shape.clone())
+        };
+        assert_eq!(shape("model.layers.0.self_attn.q_proj.weight"), Some(vec![128, 64]));
+        assert_eq!(shape("model.layers.0.self_attn.k_proj.weight"), Some(vec![64, 64]));
+        assert_eq!(shape("model.layers.0.self_attn.q_norm.weight"), Some(vec![32]));
+        assert_eq!(shape("model.layers.0.self_attn.k_norm.weight"), Some(vec![32]));
     }
 }

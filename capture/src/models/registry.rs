@@ -72,24 +72,8 @@ fn entry_for(file: &ConfigFile) -> Result<&'static Entry> {
 mod tests {
     use super::*;
 
-    fn file(json: serde_json::Value) -> ConfigFile {
-        ConfigFile {
-            path: "/m/config.json".into(),
-            json,
-        }
-    }
-
-    fn dims() -> serde_json::Value {
-        serde_json::json!({"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
-            "num_attention_heads": 8, "num_key_value_heads": 2, "vocab_size": 100})
-    }
-
-    fn parse(extra: serde_json::Value) -> Result<Box<dyn ModelConfig>> {
-        let mut json = dims();
-        json.as_object_mut()
-            .unwrap()
-            .extend(extra.as_object().unwrap().clone());
-        let f = file(json);
+    fn parse(names: serde_json::Value) -> Result<Box<dyn ModelConfig>> {
+        let f = ConfigFile::for_test(names);
         (entry_for(&f)?.parse)(&f)
     }
 
