@@ -8,6 +8,7 @@
 //! queues), rank 0 hands captured states to a splitter through a queue of `queue_depth`
 //! batches, the splitter spreads samples over `writers` store writers, and each writer
 //! compresses, appends and commits under the job's commit policy.
+use std::rc::Rc;
 use std::sync::atomic::AtomicBool;
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender, SyncSender};
 use std::sync::Arc;
@@ -16,7 +17,7 @@ use std::time::{Duration, Instant};
 use tch::Device;
 
 use crate::batch::PaddedBatch;
-use crate::comm::{LocalComm, SingleRank};
+use crate::comm::{Communicator, LocalComm, SingleRank};
 use crate::cuda::PinnedBuffer;
 use crate::error::{CaptureError, Result};
 use crate::models::ModelInfo;
@@ -43,7 +44,7 @@ pub use summary::CaptureSummary;
 
 use feed::{feed, Feed};
 use host::{BufferPool, HostBatch};
-use rank::{CommInit, RankEvent, RankJob, RankOutput, RankReport, RankSetup, RankTimes};
+use rank::{CommInit, RankEvent, RankJob, RankOutput, RankReport, RankSetup};
 use splitter::{split_batches, SampleRows};
 use writer::{run_writer, WriterDone, WriterSetup};
 
@@ -96,7 +97,6 @@ impl Engine {
         for (rank, comm) in comms.into_iter().enumerate() {
             let setup = RankSetup {
                 rank,
-                comm,
                 config: checked.config.clone(),
                 checkpoint: checked.checkpoint.clone(),
                 device: match checked.options.device {
@@ -107,7 +107,7 @@ impl Engine {
                 norm: checked.options.norm,
             };
             let (jobs_tx, jobs_rx) = mpsc::channel();
-            match rank::spawn(setup, jobs_rx, report_tx.clone(), rank_failed.clone()) {
+            match rank::spawn(setup, comm, jobs_rx, report_tx.clone(), rank_failed.clone()) {
                 Ok(thread) => {
                     engine.jobs.push(jobs_tx);
                     engine.threads.push(thread);
@@ -117,7 +117,7 @@ impl Engine {
         }
         drop((report_tx, checked));
         let (_, errors) = engine.await_ranks(engine.jobs.len(), |event| match event {
-            RankEvent::Loaded(_) => Ok(()),
+            RankEvent::Loaded => Ok(()),
             _ => Err(CaptureError::Pipeline("a rank answered before loading".into())),
         });
         if let Some(e) = root_cause(errors) {
@@ -427,19 +427,19 @@ impl Drop for Engine {
 
 /// How each rank joins its group: alone, threads of this process, or NCCL over GPUs `0..tp`.
 fn comm_inits(device: DeviceKind, tp: usize) -> Result<Vec<CommInit>> {
+    fn joined(c: impl Communicator + 'static) -> Result<Rc<dyn Communicator>> {
+        Ok(Rc::new(c))
+    }
     Ok(match (device, tp) {
-        (_, 1) => vec![Box::new(|| Ok(std::rc::Rc::new(SingleRank) as _)) as CommInit],
+        (_, 1) => vec![Box::new(|| joined(SingleRank)) as CommInit],
         (DeviceKind::Cpu, n) => LocalComm::group(n)
             .into_iter()
-            .map(|c| Box::new(move || Ok(std::rc::Rc::new(c) as _)) as CommInit)
+            .map(|c| Box::new(move || joined(c)) as CommInit)
             .collect(),
         (DeviceKind::Cuda, n) => {
             let id = nccl::unique_id()?;
             (0..n)
-                .map(|r| {
-                    Box::new(move || Ok(std::rc::Rc::new(NcclComm::init(id, r, n)?) as _))
-                        as CommInit
-                })
+                .map(|r| Box::new(move || joined(NcclComm::init(id, r, n)?)) as CommInit)
                 .collect()
         }
     })
@@ -496,14 +496,12 @@ fn add_writer(summary: &mut CaptureSummary, w: WriterDone) {
 #[cfg(test)]
 mod tests {
     use std::cell::Cell;
-    use std::rc::Rc;
     use std::sync::atomic::{AtomicU64, Ordering};
 
     use hslake_schemas::{CapturePoint, DType, FinitePolicy};
     use tch::Tensor;
 
     use super::*;
-    use crate::comm::Communicator;
     use crate::fixtures::{assert_close, values, write_inputs, write_model, TINY_LLAMA};
 
     fn engine_options(dir: &std::path::Path, tp: usize) -> EngineOptions {

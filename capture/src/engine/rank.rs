@@ -27,8 +27,6 @@ pub(crate) type CommInit = Box<dyn FnOnce() -> Result<Rc<dyn Communicator>> + Se
 pub(super) struct RankSetup {
     /// This rank.
     pub rank: usize,
-    /// How it joins the group.
-    pub comm: CommInit,
     /// The model's config (its loader).
     pub config: Arc<dyn ModelConfig>,
     /// The weights, shared by every rank until each has loaded.
@@ -70,8 +68,8 @@ pub(super) struct RankTimes {
 
 /// What a rank tells its engine.
 pub(super) enum RankEvent {
-    /// Its slice of the model is loaded, after this long.
-    Loaded(Duration),
+    /// Its slice of the model is loaded.
+    Loaded,
     /// It ran every batch of the current job.
     JobDone(RankTimes),
     /// It failed and has stopped; its communicator is aborted.
@@ -86,10 +84,12 @@ pub(super) struct RankReport {
     pub event: RankEvent,
 }
 
-/// Starts the rank's thread: it loads, reports, then runs jobs from `jobs` until that closes.
+/// Starts the rank's thread: it joins its group through `comm`, loads, reports, then runs
+/// jobs from `jobs` until that closes.
 /// `failed` is raised as soon as any rank fails, before its report.
 pub(super) fn spawn(
     setup: RankSetup,
+    comm: CommInit,
     jobs: Receiver<RankJob>,
     reports: Sender<RankReport>,
     failed: Arc<AtomicBool>,
@@ -105,7 +105,7 @@ pub(super) fn spawn(
                 // The engine may be gone; then nobody needs to hear it.
                 let _ = reports.send(RankReport { rank, event });
             };
-            let body = std::panic::AssertUnwindSafe(|| serve(setup, jobs, &report));
+            let body = std::panic::AssertUnwindSafe(|| serve(setup, comm, jobs, &report));
             if std::panic::catch_unwind(body).is_err() {
                 report(RankEvent::Failed(CaptureError::Pipeline(format!(
                     "rank {rank} thread panicked"
@@ -116,14 +116,13 @@ pub(super) fn spawn(
 }
 
 /// The rank thread's life: join, load, serve jobs.
-fn serve(setup: RankSetup, jobs: Receiver<RankJob>, report: &dyn Fn(RankEvent)) {
+fn serve(setup: RankSetup, comm: CommInit, jobs: Receiver<RankJob>, report: &dyn Fn(RankEvent)) {
     let _no_grad = tch::no_grad_guard();
-    let comm = match (setup.comm)() {
+    let comm = match comm() {
         Ok(c) => c,
         Err(e) => return report(RankEvent::Failed(e)),
     };
     let device = setup.device;
-    let t = Instant::now();
     let loaded = load(&setup, comm.clone());
     // The mapped checkpoint is released as soon as every rank holds its slice.
     drop(setup.checkpoint);
@@ -134,7 +133,7 @@ fn serve(setup: RankSetup, jobs: Receiver<RankJob>, report: &dyn Fn(RankEvent)) 
             return report(RankEvent::Failed(e));
         }
     };
-    report(RankEvent::Loaded(t.elapsed()));
+    report(RankEvent::Loaded);
     for job in jobs {
         match run_job(&*model, copier.as_ref(), device, job) {
             Ok(times) => report(RankEvent::JobDone(times)),

@@ -7,7 +7,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use arrow_array::cast::AsArray;
-use arrow_array::{Int64Array, RecordBatch};
+use arrow_array::{Array, Int64Array, RecordBatch};
 use arrow_json::ReaderBuilder;
 use arrow_schema::{ArrowError, DataType, Field, Schema, SchemaRef};
 
@@ -57,6 +57,7 @@ struct JsonChunk {
     lines: Vec<(usize, std::ops::Range<usize>)>,
 }
 
+/// Every record of a JSONL file whose lines are at most `max_line` bytes.
 pub(super) fn read_jsonl(path: &Path, max_line: usize) -> Result<Vec<Record>> {
     let io = |source| CaptureError::Io {
         path: path.to_path_buf(),
@@ -89,7 +90,10 @@ pub(super) fn read_jsonl(path: &Path, max_line: usize) -> Result<Vec<Record>> {
         if line.trim_ascii().is_empty() {
             continue;
         }
-        let ids = *ids.get_or_insert(first_record_ids(path, number, &line)?);
+        let ids = match ids {
+            Some(ids) => ids,
+            None => *ids.insert(first_record_ids(path, number, &line)?),
+        };
         let start = chunk.bytes.len();
         chunk.bytes.extend_from_slice(&line);
         chunk.lines.push((number, start..chunk.bytes.len()));
