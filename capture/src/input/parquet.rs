@@ -1,42 +1,21 @@
-//! From Arrow record batches (Parquet row groups, decoded JSONL lines) to input records: the
-//! one place that reads `input_ids`, `loss_mask` and `id` columns, whichever format they came
-//! from, and turns numbers into integers without rounding.
+//! Parquet inputs: each row group's record batch into input records (`input_ids` and
+//! `loss_mask` as lists of integers or booleans, `id` as integers or strings).
 use std::fs::File;
 use std::path::Path;
 
 use arrow_array::cast::AsArray;
 use arrow_array::types::{
-    Float32Type, Float64Type, Int16Type, Int32Type, Int64Type, Int8Type, UInt16Type, UInt32Type,
-    UInt64Type, UInt8Type,
+    Int16Type, Int32Type, Int64Type, Int8Type, UInt16Type, UInt32Type, UInt64Type, UInt8Type,
 };
 use arrow_array::{Array, ArrayRef, RecordBatch};
 use arrow_schema::DataType;
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 
-use super::input_err;
+use super::{input_err, RawId, Record};
 use crate::error::{CaptureError, Result};
 
-/// A record's `id`, before the checks decide what it means.
-pub(super) enum RawId {
-    None,
-    Int(i64),
-    Str,
-}
-
-/// One input record as read, before its checks.
-pub(super) struct Record {
-    /// "line N" or "row N".
-    pub location: String,
-    /// Its id.
-    pub id: RawId,
-    /// Token ids, if present.
-    pub input_ids: Option<Vec<i64>>,
-    /// Loss mask, if present.
-    pub loss_mask: Option<Vec<i64>>,
-}
-
-/// The records of one batch, whichever format it came from; `location(i)` names row `i`.
-pub(super) fn batch_records(
+/// The records of one batch; `location(i)` names row `i`.
+fn batch_records(
     path: &Path,
     batch: &RecordBatch,
     location: impl Fn(usize) -> String,
@@ -124,21 +103,11 @@ fn list_values(col: &ArrayRef) -> Option<Vec<Option<ArrayRef>>> {
     }
 }
 
-/// An integer-valued f64 as i64, or what it is instead.
-fn whole(v: f64) -> Result<i64, String> {
-    // i64::MAX as f64 rounds up to 2^63, which is out of range itself.
-    if v.fract() == 0.0 && v >= i64::MIN as f64 && v < i64::MAX as f64 {
-        Ok(v as i64)
-    } else {
-        Err(format!("{v} is not an integer"))
-    }
-}
-
 /// Reads element `i` of an array as an integer.
 type IntegerReader<'a> = Box<dyn Fn(usize) -> Result<i64, String> + 'a>;
 
-/// How to read the (non-null) elements of an integer, float or boolean array as integers,
-/// chosen once by its type; `Err` names a type that holds no numbers. A float must be whole.
+/// How to read the (non-null) elements of an integer or boolean array as integers, chosen
+/// once by its type; `Err` names a type that holds no integers.
 fn integer_reader(a: &dyn Array) -> Result<IntegerReader<'_>, String> {
     macro_rules! exact {
         ($t:ty) => {{
@@ -161,24 +130,15 @@ fn integer_reader(a: &dyn Array) -> Result<IntegerReader<'_>, String> {
                 i64::try_from(x).map_err(|_| format!("{x} is beyond {}", i64::MAX))
             })
         }
-        DataType::Float32 => {
-            let v = a.as_primitive::<Float32Type>();
-            Box::new(move |i| whole(v.value(i) as f64))
-        }
-        DataType::Float64 => {
-            let v = a.as_primitive::<Float64Type>();
-            Box::new(move |i| whole(v.value(i)))
-        }
         DataType::Boolean => {
             let v = a.as_boolean();
             Box::new(move |i| Ok(v.value(i) as i64))
         }
-        other => return Err(format!("holds {other}, not numbers")),
+        other => return Err(format!("holds {other}, not integers")),
     })
 }
 
-/// Every element of a list value as an integer; names the first that is null or not a whole
-/// number in range.
+/// Every element of a list value as an integer; names the first that is null or out of range.
 fn integers(values: &dyn Array) -> Result<Vec<i64>, String> {
     let read = integer_reader(values)?;
     (0..values.len())
