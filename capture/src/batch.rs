@@ -41,7 +41,10 @@ impl PaddedBatch {
 
 /// Indices into the sample list, one `Vec` per batch; `batch.len() * longest <= budget`
 /// unless a single sample alone exceeds it.
-pub(crate) fn plan_batches(samples: &[InputSample], max_tokens_per_batch: usize) -> Vec<Vec<usize>> {
+pub(crate) fn plan_batches(
+    samples: &[InputSample],
+    max_tokens_per_batch: usize,
+) -> Vec<Vec<usize>> {
     let mut order: Vec<usize> = (0..samples.len()).collect();
     // Longest first: similar lengths share a batch (little padding), and the largest
     // batch runs first, so an out-of-memory budget fails at once rather than hours in.

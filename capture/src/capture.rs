@@ -95,7 +95,10 @@ mod tests {
         o.job.resume = true;
         let rest = capture(o).await.unwrap();
         assert_eq!((rest.samples, rest.skipped_committed), (4, 6));
-        assert_close(&a, &values(&options(d.path(), "", "resumed").job.output).await);
+        assert_close(
+            &a,
+            &values(&options(d.path(), "", "resumed").job.output).await,
+        );
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -121,7 +121,11 @@ impl Checkpoint {
 
     /// Checks that `name` exists with the full shape `expected` and a loadable dtype, reading
     /// no data; returns that dtype.
-    pub fn check(&self, name: &str, expected: &[usize]) -> std::result::Result<Kind, TensorProblem> {
+    pub fn check(
+        &self,
+        name: &str,
+        expected: &[usize],
+    ) -> std::result::Result<Kind, TensorProblem> {
         let (_, info) = self.info(name).ok_or_else(|| TensorProblem::Missing {
             name: name.to_string(),
         })?;

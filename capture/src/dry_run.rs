@@ -115,7 +115,10 @@ impl TensorSource for DryRun<'_> {
         let first = sizes
             .first()
             .ok_or_else(|| CaptureError::Pipeline("model load stacks no tensors".into()))?;
-        if sizes.iter().any(|s| s.len() != first.len() || s[1..] != first[1..]) {
+        if sizes
+            .iter()
+            .any(|s| s.len() != first.len() || s[1..] != first[1..])
+        {
             return Err(CaptureError::Pipeline(format!(
                 "model load stacks tensors of shapes {sizes:?}, which differ beyond dimension 0"
             )));
@@ -169,8 +172,13 @@ mod tests {
         let a = dry
             .tensor("a", &[8, 6], split, Device::Cpu, Kind::BFloat16)
             .unwrap();
-        assert_eq!((a.size(), a.stride(), a.kind()), (vec![2, 6], vec![0, 0], Kind::BFloat16));
-        let b = dry.tensor("b", &[4, 6], split, Device::Cpu, Kind::BFloat16).unwrap();
+        assert_eq!(
+            (a.size(), a.stride(), a.kind()),
+            (vec![2, 6], vec![0, 0], Kind::BFloat16)
+        );
+        let b = dry
+            .tensor("b", &[4, 6], split, Device::Cpu, Kind::BFloat16)
+            .unwrap();
         let ab = dry.concat(vec![a, b]).unwrap();
         assert_eq!((ab.size(), ab.stride()), (vec![3, 6], vec![0, 0]));
         let names: Vec<String> = dry.read.into_inner().into_iter().map(|s| s.name).collect();
@@ -188,7 +196,10 @@ mod tests {
         let specs = tensors_read(&*registry::read_config(d.path()).unwrap()).unwrap();
         // Embedding and final norm, and per layer 2 norms, q/k/v/o and gate/up/down.
         assert_eq!(specs.len(), 2 + 126 * 9);
-        let total: usize = specs.iter().map(|s| s.shape.iter().product::<usize>()).sum();
+        let total: usize = specs
+            .iter()
+            .map(|s| s.shape.iter().product::<usize>())
+            .sum();
         assert!(total > 400_000_000_000, "{total} parameters");
     }
 
@@ -209,7 +220,12 @@ mod tests {
         let views: Vec<(String, TensorView)> = tensors
             .iter()
             .zip(&bytes)
-            .map(|((n, s), b)| (n.clone(), TensorView::new(safetensors::Dtype::F32, s.clone(), b).unwrap()))
+            .map(|((n, s), b)| {
+                (
+                    n.clone(),
+                    TensorView::new(safetensors::Dtype::F32, s.clone(), b).unwrap(),
+                )
+            })
             .collect();
         safetensors::serialize_to_file(views, None, &dir.join("model.safetensors")).unwrap();
         Checkpoint::open(dir).unwrap()
@@ -230,12 +246,18 @@ mod tests {
         let e = check_checkpoint(&*cfg, &checkpoint, 1, Kind::Float)
             .unwrap_err()
             .to_string();
-        assert!(e.contains("does not fit config.json: 2 tensor problems"), "{e}");
+        assert!(
+            e.contains("does not fit config.json: 2 tensor problems"),
+            "{e}"
+        );
         assert!(
             e.contains("\n  tensor \"model.layers.0.mlp.down_proj.weight\" has shape [16, 30], expected [16, 32] from config.json"),
             "{e}"
         );
-        assert!(e.contains("\n  missing tensor \"model.layers.1.self_attn.k_proj.weight\""), "{e}");
+        assert!(
+            e.contains("\n  missing tensor \"model.layers.1.self_attn.k_proj.weight\""),
+            "{e}"
+        );
     }
 
     #[test]

@@ -210,7 +210,13 @@ pub(crate) struct Mlp {
 impl Mlp {
     /// Loads `<prefix>.{gate,up,down}_proj` (`hidden -> intermediate -> hidden`, with biases
     /// if `bias`), gate and up stacked into one weight.
-    pub fn load(ctx: &LoadCtx, prefix: &str, hidden: usize, intermediate: usize, bias: bool) -> Result<Self> {
+    pub fn load(
+        ctx: &LoadCtx,
+        prefix: &str,
+        hidden: usize,
+        intermediate: usize,
+        bias: bool,
+    ) -> Result<Self> {
         let (h, i, b) = (hidden, intermediate, bias);
         let (gate, up) = (format!("{prefix}.gate_proj"), format!("{prefix}.up_proj"));
         Ok(Mlp {

@@ -136,8 +136,13 @@ impl LoadCtx<'_> {
 
     /// Rows `start..end` of `name` (full shape `shape`).
     pub fn rows(&self, name: &str, shape: &[usize], start: usize, end: usize) -> Result<Tensor> {
-        self.source
-            .tensor(name, shape, Shard::Rows { start, end }, self.device, self.kind)
+        self.source.tensor(
+            name,
+            shape,
+            Shard::Rows { start, end },
+            self.device,
+            self.kind,
+        )
     }
 
     /// Tensors loaded through this context, stacked along dimension 0.

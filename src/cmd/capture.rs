@@ -136,7 +136,8 @@ impl Args {
 /// Runs the capture and prints its summary; exit code 130 when stopped by Ctrl-C.
 pub async fn run(a: Args) -> anyhow::Result<ExitCode> {
     let opts = a.options()?;
-    let progress = Progress::new(!a.no_progress && std::io::IsTerminal::is_terminal(&std::io::stderr()));
+    let progress =
+        Progress::new(!a.no_progress && std::io::IsTerminal::is_terminal(&std::io::stderr()));
     let bar = progress.bar.clone();
     let cancel = CancelToken::new();
     let on_interrupt = cancel.clone();

@@ -56,6 +56,9 @@ mod tests {
     #[test]
     fn waits_until_the_interval_ends_and_never_zero() {
         assert_eq!(POLICY.wait(Duration::from_secs(4)), Duration::from_secs(6));
-        assert_eq!(POLICY.wait(Duration::from_secs(40)), Duration::from_millis(1));
+        assert_eq!(
+            POLICY.wait(Duration::from_secs(40)),
+            Duration::from_millis(1)
+        );
     }
 }

@@ -85,7 +85,11 @@ pub(super) struct BatchLease {
 
 impl BatchLease {
     /// A lease over `buffers`, released once per sample of the batch (`samples` times).
-    pub fn new(samples: usize, buffers: Vec<PinnedBuffer>, recycle: Sender<Vec<PinnedBuffer>>) -> Self {
+    pub fn new(
+        samples: usize,
+        buffers: Vec<PinnedBuffer>,
+        recycle: Sender<Vec<PinnedBuffer>>,
+    ) -> Self {
         BatchLease {
             remaining: AtomicU64::new(samples as u64),
             buffers: Mutex::new(Some(buffers)),

@@ -118,7 +118,9 @@ impl Engine {
         drop((report_tx, checked));
         let (_, errors) = engine.await_ranks(engine.jobs.len(), |event| match event {
             RankEvent::Loaded => Ok(()),
-            _ => Err(CaptureError::Pipeline("a rank answered before loading".into())),
+            _ => Err(CaptureError::Pipeline(
+                "a rank answered before loading".into(),
+            )),
         });
         if let Some(e) = root_cause(errors) {
             return Err(engine.fail(e));
@@ -231,7 +233,9 @@ impl Engine {
                 let failed = &writers_failed;
                 let thread = std::thread::Builder::new()
                     .name(format!("hslake-writer-{i}"))
-                    .spawn_scoped(s, move || flag_error(failed, run_writer(setup, rx, progress)))
+                    .spawn_scoped(s, move || {
+                        flag_error(failed, run_writer(setup, rx, progress))
+                    })
                     .map_err(|e| CaptureError::Pipeline(format!("cannot start a writer: {e}")))?;
                 writer_threads.push(thread);
             }
@@ -247,7 +251,14 @@ impl Engine {
 
             let pool = self.buffer_pool(job, recycle_rx);
             let (feeds, dispatched) = self.dispatch(job, host_tx, pool);
-            let outcome = feed(job, &feeds, &mut summary, cancel, &writers_failed, &self.rank_failed);
+            let outcome = feed(
+                job,
+                &feeds,
+                &mut summary,
+                cancel,
+                &writers_failed,
+                &self.rank_failed,
+            );
             summary.cancelled = outcome == Feed::Cancelled;
             drop(feeds);
 
@@ -297,7 +308,13 @@ impl Engine {
         let largest_batch = job
             .batches
             .iter()
-            .map(|b| b.len() * b.iter().map(|&i| job.todo[i].input_ids.len()).max().unwrap_or(0))
+            .map(|b| {
+                b.len()
+                    * b.iter()
+                        .map(|&i| job.todo[i].input_ids.len())
+                        .max()
+                        .unwrap_or(0)
+            })
             .max()
             .unwrap_or(0);
         Some(BufferPool::new(
@@ -547,9 +564,17 @@ mod tests {
         assert_eq!((a.samples, b.samples, c.samples), (10, 6, 10));
         assert_eq!(a.load_secs, c.load_secs, "the model was loaded once");
         let url = |out: &str| format!("file://{}", d.path().join(out).display());
-        let (va, vb, vc) = (values(&url("a")).await, values(&url("b")).await, values(&url("c")).await);
+        let (va, vb, vc) = (
+            values(&url("a")).await,
+            values(&url("b")).await,
+            values(&url("c")).await,
+        );
         assert_close(&va, &vc);
-        let first6 = va.iter().filter(|(id, _)| **id < 6).map(|(k, v)| (*k, v.clone())).collect();
+        let first6 = va
+            .iter()
+            .filter(|(id, _)| **id < 6)
+            .map(|(k, v)| (*k, v.clone()))
+            .collect();
         assert_close(&first6, &vb);
     }
 
@@ -559,7 +584,11 @@ mod tests {
         let dir = d.path().to_path_buf();
         write_model(&dir.join("m"), TINY_LLAMA, None);
         write_inputs(&dir.join("good.jsonl"), 4);
-        std::fs::write(dir.join("bad.jsonl"), "{\"input_ids\": [1]}\n{\"input_ids\": [99]}\n").unwrap();
+        std::fs::write(
+            dir.join("bad.jsonl"),
+            "{\"input_ids\": [1]}\n{\"input_ids\": [99]}\n",
+        )
+        .unwrap();
         let errors = blocking(move || {
             let mut engine = Engine::start(engine_options(&dir, 2)).unwrap();
             let mut errors = vec![];
@@ -589,13 +618,19 @@ mod tests {
         let (refused, kept) = blocking(move || {
             let mut engine = Engine::start(engine_options(&dir, 2)).unwrap();
             let refused = engine
-                .run(&job(&dir, "in.jsonl", "refused"), &NoProgress, &CancelToken::new())
+                .run(
+                    &job(&dir, "in.jsonl", "refused"),
+                    &NoProgress,
+                    &CancelToken::new(),
+                )
                 .unwrap_err()
                 .to_string();
             assert!(engine.broken().is_none());
             let mut record = job(&dir, "in.jsonl", "kept");
             record.writer_options.finite_policy = FinitePolicy::Record;
-            let kept = engine.run(&record, &NoProgress, &CancelToken::new()).unwrap();
+            let kept = engine
+                .run(&record, &NoProgress, &CancelToken::new())
+                .unwrap();
             (refused, kept)
         })
         .await;
@@ -657,9 +692,13 @@ mod tests {
             let mut engine = Engine::spawn(checked, comms).unwrap();
             let mut j = job(&dir, "in.jsonl", "ds");
             j.max_tokens_per_batch = 1;
-            let first = engine.run(&j, &NoProgress, &CancelToken::new()).unwrap_err();
+            let first = engine
+                .run(&j, &NoProgress, &CancelToken::new())
+                .unwrap_err();
             assert!(engine.broken().is_some());
-            let second = engine.run(&j, &NoProgress, &CancelToken::new()).unwrap_err();
+            let second = engine
+                .run(&j, &NoProgress, &CancelToken::new())
+                .unwrap_err();
             (first.to_string(), second.to_string())
         })
         .await;
@@ -708,12 +747,19 @@ mod tests {
         })
         .await;
         assert!(cancelled.cancelled);
-        assert!(0 < cancelled.samples && cancelled.samples < 200, "{}", cancelled.samples);
+        assert!(
+            0 < cancelled.samples && cancelled.samples < 200,
+            "{}",
+            cancelled.samples
+        );
         assert_eq!(sink.started.load(Ordering::Relaxed), 200);
         assert_eq!(sink.samples.load(Ordering::Relaxed), cancelled.samples);
         assert!(sink.commits.load(Ordering::Relaxed) >= 1);
         assert!(!rest.cancelled);
-        assert_eq!((rest.skipped_committed, rest.samples), (cancelled.samples, 200 - cancelled.samples));
+        assert_eq!(
+            (rest.skipped_committed, rest.samples),
+            (cancelled.samples, 200 - cancelled.samples)
+        );
         let url = format!("file://{}", d.path().join("ds").display());
         assert_eq!(values(&url).await.len(), 200);
     }

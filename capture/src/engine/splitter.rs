@@ -80,8 +80,8 @@ pub(super) fn split_batches(
             states,
             buffers,
         } = hb;
-        let lease = buffers
-            .map(|b| Arc::new(BatchLease::new(input.samples.len(), b, recycle.clone())));
+        let lease =
+            buffers.map(|b| Arc::new(BatchLease::new(input.samples.len(), b, recycle.clone())));
         for (i, s) in input.samples.iter().enumerate() {
             let len = s.input_ids.len();
             // [b, t, hidden] -> this sample's real tokens [len, hidden] (contiguous rows).
@@ -97,9 +97,9 @@ pub(super) fn split_batches(
                 rows,
                 lease: lease.clone(),
             };
-            writers[w].send(item).map_err(|_| {
-                CaptureError::Pipeline("a store writer stopped early".into())
-            })?;
+            writers[w]
+                .send(item)
+                .map_err(|_| CaptureError::Pipeline("a store writer stopped early".into()))?;
         }
     }
     Ok(())

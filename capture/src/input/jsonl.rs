@@ -55,8 +55,7 @@ pub(super) fn read_jsonl(path: &Path, max_line: usize) -> Result<Vec<Record>> {
 /// One line's record.
 fn record(path: &Path, location: String, line: &[u8]) -> Result<Record> {
     let err = |m: String| input_err(path, &location, m);
-    let v: Value =
-        serde_json::from_slice(line).map_err(|e| err(format!("not valid JSON: {e}")))?;
+    let v: Value = serde_json::from_slice(line).map_err(|e| err(format!("not valid JSON: {e}")))?;
     if !v.is_object() {
         return Err(err("expected a JSON object with \"input_ids\"".into()));
     }
@@ -73,9 +72,10 @@ fn record(path: &Path, location: String, line: &[u8]) -> Result<Record> {
     let id = match v.get("id") {
         None | Some(Value::Null) => RawId::None,
         Some(Value::String(_)) => RawId::Str,
-        Some(x) => RawId::Int(x.as_i64().ok_or_else(|| {
-            err(format!("\"id\" must be an integer or a string, got {x}"))
-        })?),
+        Some(x) => RawId::Int(
+            x.as_i64()
+                .ok_or_else(|| err(format!("\"id\" must be an integer or a string, got {x}")))?,
+        ),
     };
     Ok(Record {
         location,

@@ -336,7 +336,10 @@ mod tests {
                  expected one JSON object per line (is this a JSONL file?)"
             )
         );
-        let f = jsonl(&[r#"{"input_ids": [1]}"#, r#"{"input_ids": [1, 2, 3, 4, 5, 6]}"#]);
+        let f = jsonl(&[
+            r#"{"input_ids": [1]}"#,
+            r#"{"input_ids": [1, 2, 3, 4, 5, 6]}"#,
+        ]);
         let e = match read_jsonl(f.path(), 24) {
             Err(e) => e.to_string(),
             Ok(_) => panic!("a 34-byte line passed a 24-byte bound"),
@@ -354,24 +357,51 @@ mod tests {
         assert_eq!(s.samples[0].loss_mask, vec![0, 1]);
         for bad in [r#"{"input_ids": [1, 2.5]}"#, r#"{"input_ids": "1 2 3"}"#] {
             let e = err(&[GOOD, bad], LIMITS);
-            assert!(e.ends_with("line 2: \"input_ids\" must be a list of integers"), "{e}");
+            assert!(
+                e.ends_with("line 2: \"input_ids\" must be a list of integers"),
+                "{e}"
+            );
         }
         let e = err(&[GOOD, r#"{"input_ids": [1]} {"input_ids": [2]}"#], LIMITS);
-        assert!(e.contains("line 2: not valid JSON: trailing characters"), "{e}");
+        assert!(
+            e.contains("line 2: not valid JSON: trailing characters"),
+            "{e}"
+        );
         let e = err(&[GOOD, "[1, 2]"], LIMITS);
-        assert!(e.ends_with("line 2: expected a JSON object with \"input_ids\""), "{e}");
+        assert!(
+            e.ends_with("line 2: expected a JSON object with \"input_ids\""),
+            "{e}"
+        );
     }
 
     #[test]
     fn ids_are_integers_everywhere_or_nowhere() {
-        let e = err(&[r#"{"input_ids": [1], "id": 4}"#, r#"{"input_ids": [1], "id": "x"}"#], LIMITS);
+        let e = err(
+            &[
+                r#"{"input_ids": [1], "id": 4}"#,
+                r#"{"input_ids": [1], "id": "x"}"#,
+            ],
+            LIMITS,
+        );
         assert!(e.ends_with("line 2: has no integer \"id\" but earlier records do; use integer ids everywhere or nowhere"), "{e}");
-        let e = err(&[r#"{"input_ids": [1], "id": "a"}"#, r#"{"input_ids": [1], "id": 7}"#], LIMITS);
+        let e = err(
+            &[
+                r#"{"input_ids": [1], "id": "a"}"#,
+                r#"{"input_ids": [1], "id": 7}"#,
+            ],
+            LIMITS,
+        );
         assert!(e.ends_with("line 2: has an integer \"id\" but the first record does not; use integer ids everywhere or nowhere"), "{e}");
         let e = err(&[r#"{"input_ids": [1], "id": 4.5}"#], LIMITS);
-        assert!(e.ends_with("line 1: \"id\" must be an integer or a string, got 4.5"), "{e}");
+        assert!(
+            e.ends_with("line 1: \"id\" must be an integer or a string, got 4.5"),
+            "{e}"
+        );
         let e = err(&[r#"{"input_ids": [1], "id": -2}"#], LIMITS);
-        assert!(e.ends_with("line 1: id -2 is negative; ids must be >= 0"), "{e}");
+        assert!(
+            e.ends_with("line 1: id -2 is negative; ids must be >= 0"),
+            "{e}"
+        );
     }
 
     #[test]
@@ -380,12 +410,23 @@ mod tests {
         let mut ids = ListBuilder::new(Int32Builder::new());
         ids.append_value([Some(1), Some(2)]);
         ids.append_value([Some(3), Some(500)]);
-        let batch = RecordBatch::try_from_iter([("input_ids", Arc::new(ids.finish()) as ArrayRef)]).unwrap();
-        let f = tempfile::Builder::new().suffix(".parquet").tempfile().unwrap();
-        let mut w = ::parquet::arrow::ArrowWriter::try_new(f.reopen().unwrap(), batch.schema(), None).unwrap();
+        let batch = RecordBatch::try_from_iter([("input_ids", Arc::new(ids.finish()) as ArrayRef)])
+            .unwrap();
+        let f = tempfile::Builder::new()
+            .suffix(".parquet")
+            .tempfile()
+            .unwrap();
+        let mut w =
+            ::parquet::arrow::ArrowWriter::try_new(f.reopen().unwrap(), batch.schema(), None)
+                .unwrap();
         w.write(&batch).unwrap();
         w.close().unwrap();
         let e = read_inputs(f.path(), LIMITS).unwrap_err().to_string();
-        assert!(e.ends_with("row 1: token id 500 at position 1 is outside the model's vocabulary (0..100)"), "{e}");
+        assert!(
+            e.ends_with(
+                "row 1: token id 500 at position 1 is outside the model's vocabulary (0..100)"
+            ),
+            "{e}"
+        );
     }
 }

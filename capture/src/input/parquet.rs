@@ -86,9 +86,7 @@ fn batch_records(
 /// Each row's list (`None` for null), for a list or large-list column.
 fn list_values(col: &ArrayRef) -> Option<Vec<Option<ArrayRef>>> {
     let rows = |len: usize, is_null: &dyn Fn(usize) -> bool, value: &dyn Fn(usize) -> ArrayRef| {
-        (0..len)
-            .map(|i| (!is_null(i)).then(|| value(i)))
-            .collect()
+        (0..len).map(|i| (!is_null(i)).then(|| value(i))).collect()
     };
     match col.data_type() {
         DataType::List(_) => {
@@ -165,7 +163,9 @@ pub(super) fn read_parquet(path: &Path) -> Result<Vec<Record>> {
     for batch in reader {
         let batch = batch.map_err(|e| pq(e.into()))?;
         let first = out.len();
-        out.extend(batch_records(path, &batch, |i| format!("row {}", first + i))?);
+        out.extend(batch_records(path, &batch, |i| {
+            format!("row {}", first + i)
+        })?);
     }
     Ok(out)
 }

@@ -69,8 +69,7 @@ impl LlamaConfig {
     /// shares, and rejects what the model cannot run; no biases, no window and Llama's model
     /// (each family's parser sets its own).
     pub fn from_raw(architecture: &'static str, raw: &RawConfig) -> Result<Self> {
-        let unsupported =
-            |m: String| CaptureError::Unsupported(format!("{architecture}: {m}"));
+        let unsupported = |m: String| CaptureError::Unsupported(format!("{architecture}: {m}"));
         if raw.num_attention_heads == 0
             || raw.hidden_size == 0
             || raw.num_hidden_layers == 0
@@ -92,12 +91,10 @@ impl LlamaConfig {
             None if raw.hidden_size.is_multiple_of(raw.num_attention_heads) => {
                 raw.hidden_size / raw.num_attention_heads
             }
-            None => {
-                return Err(unsupported(format!(
-                    "no head_dim and hidden_size = {} is not a multiple of num_attention_heads = {}",
-                    raw.hidden_size, raw.num_attention_heads
-                )))
-            }
+            None => return Err(unsupported(format!(
+                "no head_dim and hidden_size = {} is not a multiple of num_attention_heads = {}",
+                raw.hidden_size, raw.num_attention_heads
+            ))),
         };
         if head_dim == 0 || !head_dim.is_multiple_of(2) {
             return Err(unsupported(format!(
@@ -236,16 +233,8 @@ impl Attention {
         // 3. Causal attention; right padding sits after every real token, so no real token sees it.
         //    An explicit mask (sliding window) replaces the built-in causal one. The kernels read
         //    these strided views as they are (unit stride over d is all they need).
-        let y = Tensor::f_scaled_dot_product_attention(
-            q,
-            k,
-            v,
-            mask,
-            0.0,
-            mask.is_none(),
-            None,
-            true,
-        )?;
+        let y =
+            Tensor::f_scaled_dot_product_attention(q, k, v, mask, 0.0, mask.is_none(), None, true)?;
         // 4. [b, heads, t, d] -> [b, t, heads*d] -> row-parallel projection and all-reduce.
         let y = y
             .f_transpose(1, 2)?
@@ -378,14 +367,21 @@ mod tests {
             e(serde_json::json!({"hidden_act": "gelu"})),
             "unsupported model config: LlamaForCausalLM: hidden_act = \"gelu\"; only \"silu\" is implemented"
         );
-        assert!(e(serde_json::json!({"num_key_value_heads": 3})).contains("not a multiple of num_key_value_heads = 3"));
+        assert!(e(serde_json::json!({"num_key_value_heads": 3}))
+            .contains("not a multiple of num_key_value_heads = 3"));
         assert!(e(serde_json::json!({"head_dim": 7})).contains("head_dim = 7 must be even"));
-        assert!(e(serde_json::json!({"rope_scaling": {"rope_type": "yarn"}})).contains("rope_type \"yarn\""));
+        assert!(
+            e(serde_json::json!({"rope_scaling": {"rope_type": "yarn"}}))
+                .contains("rope_type \"yarn\"")
+        );
     }
 
     #[test]
     fn attention_bias_covers_q_k_v_and_o_and_mlp_bias_the_mlp() {
-        let c = parse(&ConfigFile::for_test(serde_json::json!({"attention_bias": true}))).unwrap();
+        let c = parse(&ConfigFile::for_test(
+            serde_json::json!({"attention_bias": true}),
+        ))
+        .unwrap();
         let names: Vec<String> = crate::dry_run::tensors_read(&*c)
             .unwrap()
             .into_iter()

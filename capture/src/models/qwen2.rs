@@ -42,9 +42,11 @@ mod tests {
 
     #[test]
     fn refuses_sliding_window_layers() {
-        let e = parse(&ConfigFile::for_test(serde_json::json!({"use_sliding_window": true})))
-            .unwrap_err()
-            .to_string();
+        let e = parse(&ConfigFile::for_test(
+            serde_json::json!({"use_sliding_window": true}),
+        ))
+        .unwrap_err()
+        .to_string();
         assert!(e.contains("Qwen2ForCausalLM: sliding-window layers"), "{e}");
         let mixed = serde_json::json!({"layer_types": ["full_attention", "sliding_attention"]});
         assert!(parse(&ConfigFile::for_test(mixed)).is_err());

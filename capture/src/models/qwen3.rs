@@ -76,8 +76,10 @@ mod tests {
 
     #[test]
     fn keeps_an_explicit_head_dim_and_reads_q_k_norms_of_that_width() {
-        let c = parse(&ConfigFile::for_test(serde_json::json!({"num_attention_heads": 4, "head_dim": 32})))
-            .unwrap();
+        let c = parse(&ConfigFile::for_test(
+            serde_json::json!({"num_attention_heads": 4, "head_dim": 32}),
+        ))
+        .unwrap();
         let specs = crate::dry_run::tensors_read(&*c).unwrap();
         let shape = |name: &str| {
             specs
@@ -85,9 +87,21 @@ mod tests {
                 .find(|s| s.name == name)
                 .map(|s| s.shape.clone())
         };
-        assert_eq!(shape("model.layers.0.self_attn.q_proj.weight"), Some(vec![128, 64]));
-        assert_eq!(shape("model.layers.0.self_attn.k_proj.weight"), Some(vec![64, 64]));
-        assert_eq!(shape("model.layers.0.self_attn.q_norm.weight"), Some(vec![32]));
-        assert_eq!(shape("model.layers.0.self_attn.k_norm.weight"), Some(vec![32]));
+        assert_eq!(
+            shape("model.layers.0.self_attn.q_proj.weight"),
+            Some(vec![128, 64])
+        );
+        assert_eq!(
+            shape("model.layers.0.self_attn.k_proj.weight"),
+            Some(vec![64, 64])
+        );
+        assert_eq!(
+            shape("model.layers.0.self_attn.q_norm.weight"),
+            Some(vec![32])
+        );
+        assert_eq!(
+            shape("model.layers.0.self_attn.k_norm.weight"),
+            Some(vec![32])
+        );
     }
 }

@@ -89,9 +89,10 @@ mod tests {
 
     #[test]
     fn names_unknown_architecture_and_the_supported_ones() {
-        let e = parse(serde_json::json!({"architectures": ["GPT2LMHeadModel"], "model_type": "llama"}))
-            .unwrap_err()
-            .to_string();
+        let e =
+            parse(serde_json::json!({"architectures": ["GPT2LMHeadModel"], "model_type": "llama"}))
+                .unwrap_err()
+                .to_string();
         assert_eq!(
             e,
             "unknown architecture \"GPT2LMHeadModel\"; supported: LlamaForCausalLM, \
