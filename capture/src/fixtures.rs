@@ -8,7 +8,7 @@ use hslake_store::{Dataset, DatasetReader};
 use safetensors::tensor::TensorView;
 
 use crate::dry_run::tensors_read;
-use crate::models::registry;
+use crate::models::{registry, ModelConfig};
 
 /// A 2-layer Llama: hidden 16, 4 query heads over 2 KV heads, MLP 32, vocabulary 50.
 pub(crate) const TINY_LLAMA: &str = r#"{"architectures": ["LlamaForCausalLM"], "hidden_size": 16, "intermediate_size": 32,
@@ -49,6 +49,17 @@ pub(crate) fn write_model(dir: &Path, config: &str, nan_in: Option<&str>) {
         })
         .collect();
     safetensors::serialize_to_file(views, None, &dir.join("model.safetensors")).unwrap();
+}
+
+/// The bias tensors decoder layer `layer` of `cfg`'s model reads, in the order it reads them.
+pub(crate) fn layer_biases(cfg: &dyn ModelConfig, layer: usize) -> Vec<String> {
+    let prefix = format!("model.layers.{layer}.");
+    tensors_read(cfg)
+        .unwrap()
+        .into_iter()
+        .map(|s| s.name)
+        .filter(|n| n.starts_with(&prefix) && n.ends_with(".bias"))
+        .collect()
 }
 
 /// `n` JSONL samples of 3 to 13 tokens below 50, sample `i` on line `i + 1`.

@@ -382,12 +382,7 @@ mod tests {
             serde_json::json!({"attention_bias": true}),
         ))
         .unwrap();
-        let names: Vec<String> = crate::dry_run::tensors_read(&*c)
-            .unwrap()
-            .into_iter()
-            .map(|s| s.name)
-            .filter(|n| n.starts_with("model.layers.0.") && n.ends_with(".bias"))
-            .collect();
+        let names: Vec<String> = crate::fixtures::layer_biases(&*c, 0);
         assert_eq!(
             names,
             [

@@ -24,12 +24,7 @@ mod tests {
     #[test]
     fn reads_q_k_v_biases_and_none_on_o_proj() {
         let c = parse(&ConfigFile::for_test(serde_json::json!({}))).unwrap();
-        let biases: Vec<String> = crate::dry_run::tensors_read(&*c)
-            .unwrap()
-            .into_iter()
-            .map(|s| s.name)
-            .filter(|n| n.starts_with("model.layers.0.") && n.ends_with(".bias"))
-            .collect();
+        let biases: Vec<String> = crate::fixtures::layer_biases(&*c, 0);
         assert_eq!(
             biases,
             [
