@@ -1,12 +1,18 @@
 //! One module per subcommand, plus the small helpers they share.
 pub mod bench;
+#[cfg(feature = "capture")]
 pub mod capture;
 pub mod cp;
+#[cfg(feature = "capture")]
+pub mod debug;
 pub mod export;
+#[cfg(feature = "sql")]
 pub mod info;
 pub mod ls;
 pub mod prepare;
+#[cfg(feature = "sql")]
 pub mod serve_sql;
+#[cfg(feature = "sql")]
 pub mod sql;
 pub mod synth;
 pub mod vacuum;
