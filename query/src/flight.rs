@@ -94,6 +94,19 @@ impl HslakeFlightSql {
         Ok(df.schema().as_arrow().clone())
     }
 
+    /// The answer to `GetFlightInfo` for a command that `do_get` answers with `schema`, after
+    /// checking the caller's token.
+    fn command_info(
+        &self,
+        schema: &Schema,
+        ticket: Vec<u8>,
+        request: Request<FlightDescriptor>,
+    ) -> Result<Response<FlightInfo>, Status> {
+        self.check_token(&request)?;
+        let info = self.flight_info(schema, ticket, request.into_inner())?;
+        Ok(Response::new(info))
+    }
+
     fn flight_info(
         &self,
         schema: &Schema,
@@ -335,14 +348,8 @@ impl FlightSqlService for HslakeFlightSql {
         query: CommandGetCatalogs,
         request: Request<FlightDescriptor>,
     ) -> Result<Response<FlightInfo>, Status> {
-        self.check_token(&request)?;
         let schema = query.into_builder().schema();
-        let info = self.flight_info(
-            &schema,
-            query.as_any().encode_to_vec(),
-            request.into_inner(),
-        )?;
-        Ok(Response::new(info))
+        self.command_info(&schema, query.as_any().encode_to_vec(), request)
     }
 
     async fn do_get_catalogs(
@@ -363,14 +370,8 @@ impl FlightSqlService for HslakeFlightSql {
         query: CommandGetDbSchemas,
         request: Request<FlightDescriptor>,
     ) -> Result<Response<FlightInfo>, Status> {
-        self.check_token(&request)?;
         let schema = query.clone().into_builder().schema();
-        let info = self.flight_info(
-            &schema,
-            query.as_any().encode_to_vec(),
-            request.into_inner(),
-        )?;
-        Ok(Response::new(info))
+        self.command_info(&schema, query.as_any().encode_to_vec(), request)
     }
 
     async fn do_get_schemas(
@@ -396,14 +397,8 @@ impl FlightSqlService for HslakeFlightSql {
         query: CommandGetTables,
         request: Request<FlightDescriptor>,
     ) -> Result<Response<FlightInfo>, Status> {
-        self.check_token(&request)?;
         let schema = query.clone().into_builder().schema();
-        let info = self.flight_info(
-            &schema,
-            query.as_any().encode_to_vec(),
-            request.into_inner(),
-        )?;
-        Ok(Response::new(info))
+        self.command_info(&schema, query.as_any().encode_to_vec(), request)
     }
 
     async fn do_get_tables(
@@ -473,12 +468,13 @@ mod tests {
         limits: QueryLimits,
         executor: ExecutorLimits,
     ) -> (String, tokio::sync::oneshot::Sender<()>) {
-        crate::testdata::write("memory://flight-test", DType::Bf16, 6, 1).await;
+        // Tests run in parallel in one process: each server gets a dataset of its own.
+        static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let url = format!("memory://flight-test-{n}");
+        let ds = crate::testdata::write(&url, DType::Bf16, 6, 1).await;
         let mut session = QuerySession::new().unwrap();
         session.set_limits(limits);
-        let ds = hslake_store::Dataset::open("memory://flight-test")
-            .await
-            .unwrap();
         session.add_dataset(Some("tiny"), &ds, None).await.unwrap();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
@@ -598,25 +594,22 @@ mod tests {
                 .connect()
                 .await
                 .unwrap();
-            let mut c = FlightSqlServiceClient::new(channel);
             // The arrow-rs client pads; send what the ADBC Go driver sends instead.
             let unpadded = base64::engine::general_purpose::STANDARD_NO_PAD
                 .encode(format!("{user}:s3cret"));
-            let mut req = tonic::Request::new(futures::stream::iter([HandshakeRequest::default()]));
+            let mut req =
+                tonic::Request::new(futures::stream::iter([HandshakeRequest::default()]));
             req.metadata_mut().insert(
                 "authorization",
                 format!("Basic {unpadded}").parse().unwrap(),
             );
-            let mut raw = arrow_flight::flight_service_client::FlightServiceClient::new(
-                tonic::transport::Endpoint::from_shared(url.clone())
-                    .unwrap()
-                    .connect()
-                    .await
-                    .unwrap(),
-            );
+            let mut raw =
+                arrow_flight::flight_service_client::FlightServiceClient::new(channel.clone());
             let resp = raw.handshake(req).await.unwrap();
-            let bearer = resp.metadata().get("authorization").unwrap().to_str().unwrap();
-            c.set_token(bearer.trim_start_matches("Bearer ").to_string());
+            let bearer = resp.metadata().get("authorization").unwrap();
+            let bearer = bearer.to_str().unwrap().trim_start_matches("Bearer ");
+            let mut c = FlightSqlServiceClient::new(channel);
+            c.set_token(bearer.to_string());
             assert_eq!(run(&mut c, "SELECT 1").await.unwrap(), 1, "user {user}");
         }
         let _ = stop.send(());

@@ -27,6 +27,7 @@ pub mod table;
 pub mod tensor;
 pub mod udf;
 
+pub use datafusion::execution::{RecordBatchStream, SendableRecordBatchStream};
 pub use error::{QueryError, Result};
 pub use limits::QueryLimits;
 pub use output::{write_batches, OutputFormat};

