@@ -204,7 +204,11 @@ async fn drive(
         }
         let failed = item.is_err();
         if tx.send(item).await.is_err() {
-            tracing::info!(rows, elapsed_ms, "query cancelled: its client stopped reading");
+            tracing::info!(
+                rows,
+                elapsed_ms,
+                "query cancelled: its client stopped reading"
+            );
             return;
         }
         if failed {

@@ -595,10 +595,9 @@ mod tests {
                 .await
                 .unwrap();
             // The arrow-rs client pads; send what the ADBC Go driver sends instead.
-            let unpadded = base64::engine::general_purpose::STANDARD_NO_PAD
-                .encode(format!("{user}:s3cret"));
-            let mut req =
-                tonic::Request::new(futures::stream::iter([HandshakeRequest::default()]));
+            let unpadded =
+                base64::engine::general_purpose::STANDARD_NO_PAD.encode(format!("{user}:s3cret"));
+            let mut req = tonic::Request::new(futures::stream::iter([HandshakeRequest::default()]));
             req.metadata_mut().insert(
                 "authorization",
                 format!("Basic {unpadded}").parse().unwrap(),
@@ -630,10 +629,21 @@ mod tests {
         )
         .await
         .unwrap_err();
-        assert!(e.contains("ResourceExhausted") || e.contains("resource"), "{e}");
+        assert!(
+            e.contains("ResourceExhausted") || e.contains("resource"),
+            "{e}"
+        );
         assert!(e.contains("more memory than one query may use"), "{e}");
-        assert!(e.contains("1024.0 KB per query, set by --query-memory"), "{e}");
-        assert_eq!(run(&mut c, "SELECT sample_id FROM tiny.samples").await.unwrap(), 6);
+        assert!(
+            e.contains("1024.0 KB per query, set by --query-memory"),
+            "{e}"
+        );
+        assert_eq!(
+            run(&mut c, "SELECT sample_id FROM tiny.samples")
+                .await
+                .unwrap(),
+            6
+        );
         let _ = stop.send(());
     }
 
@@ -648,7 +658,12 @@ mod tests {
         let e = run(&mut c, ENDLESS).await.unwrap_err();
         assert!(e.contains("ran longer than one query may run"), "{e}");
         assert!(e.contains("0.3 s, set by --query-timeout"), "{e}");
-        assert_eq!(run(&mut c, "SELECT sample_id FROM tiny.samples").await.unwrap(), 6);
+        assert_eq!(
+            run(&mut c, "SELECT sample_id FROM tiny.samples")
+                .await
+                .unwrap(),
+            6
+        );
         let _ = stop.send(());
     }
 
@@ -686,13 +701,21 @@ mod tests {
         for _ in 0..3 {
             let mut gone = client(&url, "t").await;
             let info = gone.execute(ENDLESS.to_string(), None).await.unwrap();
-            let stream = gone.do_get(info.endpoint[0].ticket.clone().unwrap()).await.unwrap();
+            let stream = gone
+                .do_get(info.endpoint[0].ticket.clone().unwrap())
+                .await
+                .unwrap();
             drop(stream);
             drop(gone);
         }
         let mut c = client(&url, "t").await;
         let started = std::time::Instant::now();
-        assert_eq!(run(&mut c, "SELECT sample_id FROM tiny.samples").await.unwrap(), 6);
+        assert_eq!(
+            run(&mut c, "SELECT sample_id FROM tiny.samples")
+                .await
+                .unwrap(),
+            6
+        );
         assert!(started.elapsed() < std::time::Duration::from_secs(60));
         let _ = stop.send(());
     }

@@ -64,9 +64,7 @@ impl QueryLimits {
         Box::pin(LimitedStream {
             schema: stream.schema(),
             inner: stream,
-            deadline: self
-                .timeout
-                .map(|t| (Box::pin(tokio::time::sleep(t)), t)),
+            deadline: self.timeout.map(|t| (Box::pin(tokio::time::sleep(t)), t)),
             memory: self.memory_per_query,
             done: false,
         })
@@ -209,7 +207,9 @@ mod tests {
             memory_per_query: Some(3 << 30),
             timeout: None,
         };
-        let e = limits.memory_error("Failed to allocate additional 1 MB").to_string();
+        let e = limits
+            .memory_error("Failed to allocate additional 1 MB")
+            .to_string();
         assert!(e.contains("3.0 GB per query"), "{e}");
         assert!(e.contains("--query-memory"), "{e}");
         assert!(e.ends_with("Failed to allocate additional 1 MB"), "{e}");

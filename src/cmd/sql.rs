@@ -154,7 +154,11 @@ async fn interactive(
     prompt(false);
     loop {
         line.clear();
-        if stdin.read_until(b'\n', &mut line).context("reading stdin")? == 0 {
+        if stdin
+            .read_until(b'\n', &mut line)
+            .context("reading stdin")?
+            == 0
+        {
             break;
         }
         let step = statements.push_line(&line);
@@ -231,7 +235,10 @@ impl Statements {
             }
         };
         let t = text.trim();
-        if self.buf.trim().is_empty() && self.bad_line.is_none() && matches!(t, "\\q" | "quit" | "exit") {
+        if self.buf.trim().is_empty()
+            && self.bad_line.is_none()
+            && matches!(t, "\\q" | "quit" | "exit")
+        {
             return Step::Quit;
         }
         self.add(text)
@@ -301,7 +308,10 @@ mod tests {
     fn statements_end_at_semicolons_and_at_end_of_input() {
         assert_eq!(
             feed(&[b"SELECT 1\n", b"FROM t;\n", b"SELECT 2"]),
-            [Step::Run("SELECT 1\nFROM t".into()), Step::Run("SELECT 2".into())]
+            [
+                Step::Run("SELECT 1\nFROM t".into()),
+                Step::Run("SELECT 2".into())
+            ]
         );
     }
 
@@ -311,7 +321,10 @@ mod tests {
         assert_eq!(steps.len(), 2, "{steps:?}");
         match &steps[0] {
             Step::Skipped(why) => {
-                assert!(why.starts_with("line 1 is not valid UTF-8 (byte 12"), "{why}")
+                assert!(
+                    why.starts_with("line 1 is not valid UTF-8 (byte 12"),
+                    "{why}"
+                )
             }
             other => panic!("expected a skipped statement, got {other:?}"),
         }
