@@ -13,7 +13,7 @@ BUCKET = "hslake-fault-proxy-py"
 def s3(endpoint: str, attempts: int):
     return boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1",
                         aws_access_key_id="testing", aws_secret_access_key="testing",
-                        config=Config(retries={"mode": "standard", "max_attempts": attempts},
+                        config=Config(retries={"mode": "standard", "total_max_attempts": attempts},
                                       connect_timeout=5, read_timeout=10))
 
 

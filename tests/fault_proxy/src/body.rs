@@ -15,7 +15,9 @@ pub(crate) type ProxyBody = BoxBody<Bytes, hyper::Error>;
 
 /// A fixed body.
 pub(crate) fn full(data: impl Into<Bytes>) -> ProxyBody {
-    Full::new(data.into()).map_err(|never| match never {}).boxed()
+    Full::new(data.into())
+        .map_err(|never| match never {})
+        .boxed()
 }
 
 /// The upstream body as it comes.
@@ -59,7 +61,9 @@ impl Body for Truncated {
                     let Ok(data) = frame.into_data() else {
                         continue; // trailers: not part of the body
                     };
-                    let take = data.len().min(usize::try_from(self.left).unwrap_or(usize::MAX));
+                    let take = data
+                        .len()
+                        .min(usize::try_from(self.left).unwrap_or(usize::MAX));
                     self.left -= take as u64;
                     return Poll::Ready(Some(Ok(Frame::data(data.slice(..take)))));
                 }

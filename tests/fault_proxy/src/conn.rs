@@ -104,8 +104,7 @@ impl Drop for FaultIo {
         if self.ctl.reset.load(Ordering::SeqCst) {
             // Linger 0 turns the close that follows into a reset: unsent data is discarded and
             // the peer's next read fails, as when a load balancer drops a connection.
-            if let Err(e) = socket2::SockRef::from(&self.inner).set_linger(Some(Duration::ZERO))
-            {
+            if let Err(e) = socket2::SockRef::from(&self.inner).set_linger(Some(Duration::ZERO)) {
                 tracing::warn!("fault proxy: cannot set SO_LINGER for a reset: {e}");
             }
         }

@@ -1,13 +1,5 @@
-//! The control endpoint under [`CONTROL_PREFIX`]: rules set, read and cleared at run time, and
-//! the counters read and reset, all as JSON.
-//!
-//! | request | effect |
-//! | --- | --- |
-//! | `GET /__fault_proxy/rules` | the rules in force |
-//! | `PUT /__fault_proxy/rules` | replace them (body: a [`RuleSet`]); 400 names what is wrong |
-//! | `DELETE /__fault_proxy/rules` | no rules: every request is forwarded as is |
-//! | `GET /__fault_proxy/counters` | the [`crate::Counters`] |
-//! | `DELETE /__fault_proxy/counters` | every counter back to 0 |
+//! The control endpoint under [`CONTROL_PREFIX`] (the crate docs list its requests): rules
+//! set, read and cleared at run time, counters read and reset, all as JSON.
 
 use http::{header, HeaderValue, Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Limited};
@@ -27,12 +19,23 @@ pub(crate) async fn respond(req: Request<Incoming>, shared: &Shared) -> Response
     let (parts, body) = req.into_parts();
     let (status, json) = match Limited::new(body, MAX_BODY).collect().await {
         Ok(body) => {
-            let path = parts.uri.path().strip_prefix(CONTROL_PREFIX).unwrap_or_default();
-            answer(&parts.method, path, &body.to_bytes(), &mut shared.injector())
+            let path = parts
+                .uri
+                .path()
+                .strip_prefix(CONTROL_PREFIX)
+                .unwrap_or_default();
+            answer(
+                &parts.method,
+                path,
+                &body.to_bytes(),
+                &mut shared.injector(),
+            )
         }
         Err(e) => (
             StatusCode::BAD_REQUEST,
-            error_json(&format!("cannot read the body (at most {MAX_BODY} bytes): {e}")),
+            error_json(&format!(
+                "cannot read the body (at most {MAX_BODY} bytes): {e}"
+            )),
         ),
     };
     let mut resp = Response::new(full(json));
@@ -110,7 +113,10 @@ mod tests {
         let set: RuleSet = serde_json::from_str(&json).unwrap();
         assert_eq!((set.seed, set.rules.len()), (9, 1));
         let (_, json) = answer(&Method::DELETE, "rules", b"", &mut inj);
-        assert!(serde_json::from_str::<RuleSet>(&json).unwrap().rules.is_empty());
+        assert!(serde_json::from_str::<RuleSet>(&json)
+            .unwrap()
+            .rules
+            .is_empty());
     }
 
     #[test]
@@ -130,7 +136,10 @@ mod tests {
         let mut inj = inj();
         let (status, json) = answer(&Method::GET, "counters", b"", &mut inj);
         assert_eq!(status, StatusCode::OK);
-        assert_eq!(serde_json::from_str::<Counters>(&json).unwrap(), Counters::default());
+        assert_eq!(
+            serde_json::from_str::<Counters>(&json).unwrap(),
+            Counters::default()
+        );
         let (status, _) = answer(&Method::DELETE, "counters", b"", &mut inj);
         assert_eq!(status, StatusCode::OK);
     }

@@ -7,7 +7,7 @@ use crate::error::Error;
 use crate::rules::{CompiledRule, Fault, RequestInfo, RuleSet};
 
 /// The current rules with their counters; one per proxy, behind a lock.
-pub struct Injector {
+pub(crate) struct Injector {
     seed: u64,
     rules: Vec<CompiledRule>,
     rule_faults: Vec<BTreeMap<String, u64>>,
@@ -17,16 +17,16 @@ pub struct Injector {
 
 /// A fault chosen for one request.
 #[derive(Clone, Debug, PartialEq)]
-pub struct Injection {
+pub(crate) struct Injection {
     /// The rule that fired.
-    pub rule: String,
+    pub(crate) rule: String,
     /// The fault to apply (never `random`: that is resolved to what it drew).
-    pub fault: Fault,
+    pub(crate) fault: Fault,
 }
 
 impl Injector {
     /// An injector with these rules; nothing is changed when one is invalid.
-    pub fn new(set: &RuleSet) -> Result<Self, Error> {
+    pub(crate) fn new(set: &RuleSet) -> Result<Self, Error> {
         let mut inj = Injector {
             seed: 0,
             rules: Vec::new(),
@@ -40,7 +40,7 @@ impl Injector {
 
     /// Replaces the rules (their counters start at 0); the per-class totals carry on.
     /// On error the previous rules stay in force.
-    pub fn replace(&mut self, set: &RuleSet) -> Result<(), Error> {
+    pub(crate) fn replace(&mut self, set: &RuleSet) -> Result<(), Error> {
         let rules = set
             .rules
             .iter()
@@ -54,7 +54,7 @@ impl Injector {
     }
 
     /// The rules in force, as set.
-    pub fn rules(&self) -> RuleSet {
+    pub(crate) fn rules(&self) -> RuleSet {
         RuleSet {
             seed: self.seed,
             rules: self.rules.iter().map(|r| r.spec.clone()).collect(),
@@ -62,7 +62,7 @@ impl Injector {
     }
 
     /// Counts the request and returns the fault of the first rule that fires on it, if any.
-    pub fn decide(&mut self, req: &RequestInfo<'_>) -> Option<Injection> {
+    pub(crate) fn decide(&mut self, req: &RequestInfo<'_>) -> Option<Injection> {
         self.requests += 1;
         for (rule, counts) in self.rules.iter_mut().zip(&mut self.rule_faults) {
             if !rule.matches(req) {
@@ -82,7 +82,7 @@ impl Injector {
     }
 
     /// A snapshot of every counter.
-    pub fn counters(&self) -> Counters {
+    pub(crate) fn counters(&self) -> Counters {
         Counters {
             requests: self.requests,
             faults: self.faults.clone(),
@@ -100,7 +100,7 @@ impl Injector {
     }
 
     /// Sets every counter to 0, the rules' match counts included (so `from`/`to` start over).
-    pub fn reset_counters(&mut self) {
+    pub(crate) fn reset_counters(&mut self) {
         self.requests = 0;
         self.faults.clear();
         for (r, f) in self.rules.iter_mut().zip(&mut self.rule_faults) {
@@ -130,7 +130,10 @@ mod tests {
     #[test]
     fn first_rule_that_fires_decides_and_later_rules_do_not_count_it() {
         let mut inj = Injector::new(&RuleSet::new(vec![
-            Rule::new(Fault::slow_down()).key("a").nth(1, 1).name("first"),
+            Rule::new(Fault::slow_down())
+                .key("a")
+                .nth(1, 1)
+                .name("first"),
             Rule::new(Fault::ResetAfter).name("second"),
         ]))
         .unwrap();
@@ -153,7 +156,10 @@ mod tests {
         let bad = RuleSet::new(vec![Rule::new(Fault::ResetAfter).key("[")]);
         assert!(inj.replace(&bad).is_err());
         assert_eq!(inj.rules(), set);
-        assert_eq!(put(&mut inj, "/b/x").as_deref(), Some("rule-0:reset_before"));
+        assert_eq!(
+            put(&mut inj, "/b/x").as_deref(),
+            Some("rule-0:reset_before")
+        );
     }
 
     #[test]
@@ -162,12 +168,18 @@ mod tests {
         put(&mut inj, "/b/x");
         inj.replace(&RuleSet::new(vec![Rule::new(Fault::ResetBefore).nth(1, 1)]))
             .unwrap();
-        assert!(put(&mut inj, "/b/x").is_some(), "a fresh rule starts at match 1");
+        assert!(
+            put(&mut inj, "/b/x").is_some(),
+            "a fresh rule starts at match 1"
+        );
         let c = inj.counters();
         assert_eq!(c.class("reset_before"), 2);
         assert_eq!(c.rules[0].matched, 1);
         inj.reset_counters();
         assert_eq!(inj.counters().total_faults(), 0);
-        assert!(put(&mut inj, "/b/x").is_some(), "reset counters restart from/to");
+        assert!(
+            put(&mut inj, "/b/x").is_some(),
+            "reset counters restart from/to"
+        );
     }
 }

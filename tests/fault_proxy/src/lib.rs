@@ -23,8 +23,15 @@
 //!
 //! Other processes (pytest, shell) run the binary, `hslake-fault-proxy --upstream URL`, which
 //! prints its endpoint and takes the same rules as JSON on its control endpoint
-//! (`PUT /__fault_proxy/rules`, `GET /__fault_proxy/counters`; see [`control`](crate::control)
-//! and `tests/python/fault_proxy.py`):
+//! (`tests/python/fault_proxy.py` wraps it for pytest):
+//!
+//! | request | effect |
+//! | --- | --- |
+//! | `GET /__fault_proxy/rules` | the rules in force |
+//! | `PUT /__fault_proxy/rules` | replace them (body: a [`RuleSet`]); 400 names what is wrong |
+//! | `DELETE /__fault_proxy/rules` | no rules: every request is forwarded as is |
+//! | `GET /__fault_proxy/counters` | the [`Counters`] |
+//! | `DELETE /__fault_proxy/counters` | every counter back to 0 |
 //!
 //! ```json
 //! {"seed": 1, "rules": [
@@ -34,12 +41,13 @@
 //! ```
 //!
 //! The first rule that fires on a request decides its fault; `from`/`to` count a rule's
-//! matches from 1, `probability` and `random` draw from a generator seeded per rule.
+//! matches from 1, `probability` and `random` draw from a generator seeded per rule. A
+//! `truncate` of a response without a body lets the (empty) response through, then closes.
 #![deny(missing_docs)]
 
 mod body;
 mod conn;
-pub mod control;
+mod control;
 mod counters;
 mod error;
 mod handle;
@@ -50,6 +58,5 @@ mod rules;
 pub use counters::{Counters, RuleCounters};
 pub use error::Error;
 pub use handle::FaultProxy;
-pub use injector::{Injection, Injector};
 pub use proxy::{Proxy, CONTROL_PREFIX};
-pub use rules::{DelayPoint, Fault, RequestInfo, Rule, RuleSet};
+pub use rules::{DelayPoint, Fault, Rule, RuleSet};

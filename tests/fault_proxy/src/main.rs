@@ -1,6 +1,6 @@
 //! `hslake-fault-proxy`: the fault-injecting S3 proxy as a process, for tests outside Rust.
 
-use std::io::Write;
+use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
@@ -39,6 +39,7 @@ fn main() -> Result<()> {
             EnvFilter::try_from_env("HSLAKE_LOG").unwrap_or_else(|_| EnvFilter::new("info")),
         )
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
         .init();
     let args = Args::parse();
     let rules = match &args.rules {

@@ -55,12 +55,11 @@ impl Proxy {
     pub fn bind(port: u16, upstream: &str, rules: &RuleSet) -> Result<Self, Error> {
         let upstream = upstream_base(upstream)?;
         let injector = Injector::new(rules)?;
-        let listener = std::net::TcpListener::bind(("127.0.0.1", port)).map_err(|source| {
-            Error::Io {
+        let listener =
+            std::net::TcpListener::bind(("127.0.0.1", port)).map_err(|source| Error::Io {
                 what: format!("cannot listen on 127.0.0.1:{port}"),
                 source,
-            }
-        })?;
+            })?;
         listener.set_nonblocking(true).map_err(|source| Error::Io {
             what: "cannot make the listening socket non-blocking".into(),
             source,
@@ -87,12 +86,11 @@ impl Proxy {
 
     /// Serves until `shutdown` resolves; call inside a tokio runtime.
     pub async fn run(self, shutdown: impl Future<Output = ()>) -> Result<(), Error> {
-        let listener = tokio::net::TcpListener::from_std(self.listener).map_err(|source| {
-            Error::Io {
+        let listener =
+            tokio::net::TcpListener::from_std(self.listener).map_err(|source| Error::Io {
                 what: "cannot register the listening socket with tokio".into(),
                 source,
-            }
-        })?;
+            })?;
         let client = Client::builder(TokioExecutor::new())
             .pool_timer(TokioTimer::new())
             .pool_idle_timeout(Duration::from_secs(20))
@@ -259,7 +257,11 @@ impl Forwarder {
             .await
             .map_err(|e| {
                 let cause = std::error::Error::source(&e).map(|c| format!(": {c}"));
-                format!("upstream {}: {e}{}", self.shared.upstream, cause.unwrap_or_default())
+                format!(
+                    "upstream {}: {e}{}",
+                    self.shared.upstream,
+                    cause.unwrap_or_default()
+                )
             })?;
         strip_hop_by_hop(resp.headers_mut());
         Ok(resp)
@@ -328,7 +330,9 @@ fn s3_error(code: u16, s3_code: Option<&str>, target: &str) -> Response<ProxyBod
 }
 
 fn xml_escape(s: &str) -> String {
-    s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;")
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
 }
 
 /// 502 with a text body saying why the upstream gave no answer.
@@ -345,8 +349,14 @@ mod tests {
 
     #[test]
     fn upstream_must_be_a_plain_http_endpoint() {
-        assert_eq!(upstream_base("http://127.0.0.1:5000").unwrap(), "http://127.0.0.1:5000");
-        assert_eq!(upstream_base("http://127.0.0.1:5000/").unwrap(), "http://127.0.0.1:5000");
+        assert_eq!(
+            upstream_base("http://127.0.0.1:5000").unwrap(),
+            "http://127.0.0.1:5000"
+        );
+        assert_eq!(
+            upstream_base("http://127.0.0.1:5000/").unwrap(),
+            "http://127.0.0.1:5000"
+        );
         for (url, want) in [
             ("https://s3.amazonaws.com", "only plain http"),
             ("http://127.0.0.1:5000/bucket", "has a path"),
@@ -361,10 +371,16 @@ mod tests {
     #[test]
     fn strips_hop_by_hop_headers_and_those_connection_names() {
         let mut h = HeaderMap::new();
-        h.insert(header::CONNECTION, HeaderValue::from_static("keep-alive, x-private"));
+        h.insert(
+            header::CONNECTION,
+            HeaderValue::from_static("keep-alive, x-private"),
+        );
         h.insert("keep-alive", HeaderValue::from_static("timeout=5"));
         h.insert("x-private", HeaderValue::from_static("1"));
-        h.insert(header::TRANSFER_ENCODING, HeaderValue::from_static("chunked"));
+        h.insert(
+            header::TRANSFER_ENCODING,
+            HeaderValue::from_static("chunked"),
+        );
         h.insert(header::CONTENT_LENGTH, HeaderValue::from_static("12"));
         h.insert("if-none-match", HeaderValue::from_static("*"));
         strip_hop_by_hop(&mut h);
@@ -385,11 +401,10 @@ mod tests {
     }
 
     fn futures_body(resp: Response<ProxyBody>) -> String {
-        let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
-        let bytes = rt
-            .block_on(resp.into_body().collect())
-            .unwrap()
-            .to_bytes();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let bytes = rt.block_on(resp.into_body().collect()).unwrap().to_bytes();
         String::from_utf8(bytes.to_vec()).unwrap()
     }
 }

@@ -235,13 +235,13 @@ pub(crate) fn s3_error_code(code: u16, s3_code: Option<&str>) -> Option<String> 
 }
 
 /// What a request looks like to the rules.
-pub struct RequestInfo<'a> {
+pub(crate) struct RequestInfo<'a> {
     /// Its method.
-    pub method: &'a Method,
+    pub(crate) method: &'a Method,
     /// Path and query as sent.
-    pub target: &'a str,
+    pub(crate) target: &'a str,
     /// Its headers.
-    pub headers: &'a HeaderMap,
+    pub(crate) headers: &'a HeaderMap,
 }
 
 /// A checked rule with its match counter and random generator.
@@ -277,13 +277,13 @@ impl CompiledRule {
                 ))
             })?),
         };
-        let key = match &rule.key {
-            None => None,
-            Some(k) => Some(
-                Regex::new(k)
-                    .map_err(|e| bad(format!("key `{k}` is not a valid regular expression: {e}")))?,
-            ),
-        };
+        let key =
+            match &rule.key {
+                None => None,
+                Some(k) => Some(Regex::new(k).map_err(|e| {
+                    bad(format!("key `{k}` is not a valid regular expression: {e}"))
+                })?),
+            };
         let header = match &rule.header {
             None => None,
             Some(h) => Some(HeaderName::from_bytes(h.as_bytes()).map_err(|_| {
@@ -306,9 +306,7 @@ impl CompiledRule {
         }
         let probability = rule.probability.unwrap_or(1.0);
         if !(0.0..=1.0).contains(&probability) {
-            return Err(bad(format!(
-                "probability {probability} is outside 0..=1"
-            )));
+            return Err(bad(format!("probability {probability} is outside 0..=1")));
         }
         let (draws, draw_p) = match &rule.fault {
             Fault::Random { p, of } => {
@@ -449,8 +447,9 @@ mod tests {
 
     #[test]
     fn rejects_unknown_fields_and_kinds() {
-        let e = serde_json::from_str::<Rule>(r#"{"methd": "PUT", "fault": {"kind": "reset_after"}}"#)
-            .unwrap_err();
+        let e =
+            serde_json::from_str::<Rule>(r#"{"methd": "PUT", "fault": {"kind": "reset_after"}}"#)
+                .unwrap_err();
         assert!(e.to_string().contains("unknown field `methd`"), "{e}");
         let e = serde_json::from_str::<Rule>(r#"{"fault": {"kind": "explode"}}"#).unwrap_err();
         assert!(e.to_string().contains("unknown variant `explode`"), "{e}");
@@ -459,22 +458,58 @@ mod tests {
     #[test]
     fn rejects_invalid_rules_naming_rule_and_field() {
         let cases = [
-            (Rule::new(Fault::ResetAfter).key("(").name("r"), "rule r: key `(`"),
-            (Rule::new(Fault::ResetAfter).method("P UT"), "rule rule-0: method `P UT`"),
-            (Rule::new(Fault::ResetAfter).header("If None"), "header `If None`"),
-            (Rule::new(Fault::ResetAfter).nth(0, 1), "from is 0"),
-            (Rule::new(Fault::ResetAfter).nth(3, 2), "to (2) is before from (3)"),
-            (Rule::new(Fault::ResetAfter).probability(1.5), "probability 1.5"),
-            (Rule::new(Fault::Status { code: 200, s3_code: None }), "status 200 is not an error"),
-            (Rule::new(Fault::Status { code: 404, s3_code: None }), "status 404 needs s3_code"),
-            (Rule::new(Fault::Random { p: 0.2, of: vec![] }), "p * 6 <= 1"),
             (
-                Rule::new(Fault::Random { p: 0.1, of: vec![Fault::Random { p: 0.1, of: vec![] }] }),
+                Rule::new(Fault::ResetAfter).key("(").name("r"),
+                "rule r: key `(`",
+            ),
+            (
+                Rule::new(Fault::ResetAfter).method("P UT"),
+                "rule rule-0: method `P UT`",
+            ),
+            (
+                Rule::new(Fault::ResetAfter).header("If None"),
+                "header `If None`",
+            ),
+            (Rule::new(Fault::ResetAfter).nth(0, 1), "from is 0"),
+            (
+                Rule::new(Fault::ResetAfter).nth(3, 2),
+                "to (2) is before from (3)",
+            ),
+            (
+                Rule::new(Fault::ResetAfter).probability(1.5),
+                "probability 1.5",
+            ),
+            (
+                Rule::new(Fault::Status {
+                    code: 200,
+                    s3_code: None,
+                }),
+                "status 200 is not an error",
+            ),
+            (
+                Rule::new(Fault::Status {
+                    code: 404,
+                    s3_code: None,
+                }),
+                "status 404 needs s3_code",
+            ),
+            (
+                Rule::new(Fault::Random { p: 0.2, of: vec![] }),
+                "p * 6 <= 1",
+            ),
+            (
+                Rule::new(Fault::Random {
+                    p: 0.1,
+                    of: vec![Fault::Random { p: 0.1, of: vec![] }],
+                }),
                 "random inside random",
             ),
         ];
         for (rule, want) in cases {
-            let e = compile(rule).err().expect("rule must be refused").to_string();
+            let e = compile(rule)
+                .err()
+                .expect("rule must be refused")
+                .to_string();
             assert!(e.contains(want), "{e:?} should contain {want:?}");
         }
     }
@@ -512,13 +547,18 @@ mod tests {
             let mut r =
                 CompiledRule::compile(&Rule::new(Fault::Random { p: 0.1, of: vec![] }), 0, seed)
                     .unwrap();
-            (0..20_000).map(|_| r.fire().map(|f| f.class())).collect::<Vec<_>>()
+            (0..20_000)
+                .map(|_| r.fire().map(|f| f.class()))
+                .collect::<Vec<_>>()
         };
         let a = draw(1);
         assert_eq!(a, draw(1), "same seed, same faults");
         assert_ne!(a, draw(2), "another seed, other faults");
         for class in Fault::every_class().iter().map(Fault::class) {
-            let n = a.iter().filter(|c| c.as_deref() == Some(class.as_str())).count();
+            let n = a
+                .iter()
+                .filter(|c| c.as_deref() == Some(class.as_str()))
+                .count();
             // 2000 expected; 5 standard deviations is ±212.
             assert!((1788..=2212).contains(&n), "{class}: {n} of 20000");
         }

@@ -30,7 +30,12 @@ fn binary_prints_its_endpoint_serves_control_and_exits_with_stdin() {
     let port_file = dir.path().join("port");
     let dead_upstream = format!("http://127.0.0.1:{}", free_port());
     let mut child = Command::new(env!("CARGO_BIN_EXE_hslake-fault-proxy"))
-        .args(["--upstream", &dead_upstream, "--exit-on-stdin-eof", "--port-file"])
+        .args([
+            "--upstream",
+            &dead_upstream,
+            "--exit-on-stdin-eof",
+            "--port-file",
+        ])
         .arg(&port_file)
         .arg("--rules")
         .arg(&rules_file)
@@ -56,21 +61,27 @@ fn binary_prints_its_endpoint_serves_control_and_exits_with_stdin() {
     let resp = request(addr, "GET", "/__fault_proxy/rules", b"");
     assert_eq!(resp.status, 200);
     let rules: RuleSet = serde_json::from_slice(&resp.body).unwrap();
-    assert_eq!((rules.seed, rules.rules[0].name.as_deref()), (5, Some("slow")));
+    assert_eq!(
+        (rules.seed, rules.rules[0].name.as_deref()),
+        (5, Some("slow"))
+    );
 
     // Faults and forwarding on one keep-alive connection: the rule answers 503 itself, the
     // other request is forwarded and the dead upstream gives a 502 that names it.
     let mut conn = RawConn::connect(addr);
     let slow = conn.request("GET", "/b/slow/x", b"");
     assert_eq!(slow.status, 503);
-    assert!(slow.text().contains("<Code>SlowDown</Code>"), "{}", slow.text());
+    assert!(
+        slow.text().contains("<Code>SlowDown</Code>"),
+        "{}",
+        slow.text()
+    );
     let fwd = conn.request("GET", "/b/other", b"");
     assert_eq!(fwd.status, 502);
     assert!(fwd.text().contains(&dead_upstream), "{}", fwd.text());
 
     let counters: Counters =
-        serde_json::from_slice(&request(addr, "GET", "/__fault_proxy/counters", b"").body)
-            .unwrap();
+        serde_json::from_slice(&request(addr, "GET", "/__fault_proxy/counters", b"").body).unwrap();
     assert_eq!(counters.requests, 2);
     assert_eq!(counters.class("status_503"), 1);
     assert_eq!(counters.rule("slow").unwrap().matched, 1);
@@ -83,7 +94,11 @@ fn binary_prints_its_endpoint_serves_control_and_exits_with_stdin() {
         br#"{"rules": [{"to": 0, "fault": {"kind": "reset_before"}}]}"#,
     );
     assert_eq!(bad.status, 400);
-    assert!(bad.text().contains("to (0) is before from (1)"), "{}", bad.text());
+    assert!(
+        bad.text().contains("to (0) is before from (1)"),
+        "{}",
+        bad.text()
+    );
     let cleared = request(addr, "DELETE", "/__fault_proxy/rules", b"");
     assert_eq!(cleared.status, 200);
     assert_eq!(request(addr, "GET", "/b/slow/x", b"").status, 502);
@@ -118,5 +133,8 @@ fn binary_refuses_a_bad_upstream_and_bad_rules_file_with_the_reason() {
         .unwrap();
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("rules.json") && err.contains("unknown variant `teleport`"), "{err}");
+    assert!(
+        err.contains("rules.json") && err.contains("unknown variant `teleport`"),
+        "{err}"
+    );
 }

@@ -29,7 +29,9 @@ struct Setup {
 impl Setup {
     fn new() -> Option<Self> {
         let Ok(upstream) = std::env::var("HSLAKE_TEST_S3_ENDPOINT") else {
-            eprintln!("skipped: HSLAKE_TEST_S3_ENDPOINT is not set (scripts/test.sh starts an S3 server)");
+            eprintln!(
+                "skipped: HSLAKE_TEST_S3_ENDPOINT is not set (scripts/test.sh starts an S3 server)"
+            );
             return None;
         };
         create_bucket(&upstream);
@@ -128,7 +130,11 @@ async fn slow_down_503_is_retried_by_the_client_and_the_put_lands() {
         .unwrap();
     let c = t.proxy.counters();
     assert_eq!(c.class("status_503"), 2);
-    assert_eq!(c.rule("throttle").unwrap().matched, 3, "two refused, one forwarded");
+    assert_eq!(
+        c.rule("throttle").unwrap().matched,
+        3,
+        "two refused, one forwarded"
+    );
     let got = t.direct().get(&path).await.unwrap().bytes().await.unwrap();
     assert_eq!(got, data);
 }
@@ -140,8 +146,15 @@ async fn internal_error_500_reaches_the_client_once_retries_run_out() {
     t.direct().put(&path, payload(10, 2).into()).await.unwrap();
     t.rules(vec![Rule::new(Fault::internal_error()).method("GET")]);
     let err = t.client(2, LONG).get(&path).await.unwrap_err().to_string();
-    assert!(err.contains("500") && err.contains("InternalError"), "{err}");
-    assert_eq!(t.proxy.counters().class("status_500"), 3, "one try and two retries");
+    assert!(
+        err.contains("500") && err.contains("InternalError"),
+        "{err}"
+    );
+    assert_eq!(
+        t.proxy.counters().class("status_500"),
+        3,
+        "one try and two retries"
+    );
 }
 
 #[tokio::test]
@@ -166,7 +179,14 @@ async fn reset_after_on_a_conditional_put_applies_it_although_the_client_saw_an_
         .put_opts(&manifest, data.clone().into(), create.clone())
         .await;
     assert!(res.is_err(), "the client never heard back: {res:?}");
-    let landed = t.direct().get(&manifest).await.unwrap().bytes().await.unwrap();
+    let landed = t
+        .direct()
+        .get(&manifest)
+        .await
+        .unwrap()
+        .bytes()
+        .await
+        .unwrap();
     assert_eq!(landed, data, "the store applied the write");
 
     // object_store does not retry it either (a conditional put is not idempotent): the
@@ -178,7 +198,10 @@ async fn reset_after_on_a_conditional_put_applies_it_although_the_client_saw_an_
         .await
         .unwrap_err();
     let detail = format!("{err:?}");
-    assert!(detail.contains("ConnectionReset") && detail.contains("retries: 0"), "{detail}");
+    assert!(
+        detail.contains("ConnectionReset") && detail.contains("retries: 0"),
+        "{detail}"
+    );
     assert!(t.direct().head(&manifest).await.is_ok());
 
     // A caller that simply retries meets its own object: 412, the classic commit failure.
@@ -187,17 +210,20 @@ async fn reset_after_on_a_conditional_put_applies_it_although_the_client_saw_an_
         .put_opts(&manifest, data.clone().into(), create)
         .await
         .unwrap_err();
-    assert!(matches!(err, object_store::Error::AlreadyExists { .. }), "{err:?}");
+    assert!(
+        matches!(err, object_store::Error::AlreadyExists { .. }),
+        "{err:?}"
+    );
 
     // An unconditional put of the same key is not what the rule matches.
-    t.client(0, LONG)
-        .put(&manifest, data.into())
-        .await
-        .unwrap();
+    t.client(0, LONG).put(&manifest, data.into()).await.unwrap();
     let c = t.proxy.counters();
     assert_eq!(c.class("reset_after"), 2);
     assert_eq!(c.rule("lost-commit").unwrap().matched, 3);
-    assert_eq!(c.requests, 4, "three conditional puts and one plain put, none retried");
+    assert_eq!(
+        c.requests, 4,
+        "three conditional puts and one plain put, none retried"
+    );
 }
 
 #[tokio::test]
@@ -213,7 +239,10 @@ async fn reset_before_never_reaches_the_store() {
     ));
     assert_eq!(t.proxy.counters().class("reset_before"), 1);
     // The next attempt (match 2) goes through.
-    t.client(0, LONG).put(&path, payload(5000, 4).into()).await.unwrap();
+    t.client(0, LONG)
+        .put(&path, payload(5000, 4).into())
+        .await
+        .unwrap();
     assert!(t.direct().head(&path).await.is_ok());
 }
 
@@ -221,8 +250,13 @@ async fn reset_before_never_reaches_the_store() {
 async fn truncated_body_is_an_error_for_the_client_never_short_data() {
     let Some(t) = Setup::new() else { return };
     let path = t.path("d.bin");
-    t.direct().put(&path, payload(64 * 1024, 5).into()).await.unwrap();
-    t.rules(vec![Rule::new(Fault::Truncate { bytes: None }).method("GET")]);
+    t.direct()
+        .put(&path, payload(64 * 1024, 5).into())
+        .await
+        .unwrap();
+    t.rules(vec![
+        Rule::new(Fault::Truncate { bytes: None }).method("GET")
+    ]);
     let res = match t.client(0, LONG).get(&path).await {
         Ok(r) => r.bytes().await,
         Err(e) => Err(e),
@@ -291,7 +325,10 @@ async fn delay_after_beyond_the_client_timeout_loses_the_answer_of_an_applied_pu
         .put(&path, payload(100, 8).into())
         .await;
     assert!(res.is_err(), "{res:?}");
-    assert!(t.direct().head(&path).await.is_ok(), "applied before the delay");
+    assert!(
+        t.direct().head(&path).await.is_ok(),
+        "applied before the delay"
+    );
 }
 
 #[tokio::test]
@@ -304,11 +341,17 @@ async fn rules_by_key_regex_fire_only_on_matching_keys() {
     s3.put(&t.path("data/0.parquet"), payload(10, 9).into())
         .await
         .unwrap();
-    s3.put(&t.path("_hslake/versions/x.json.tmp"), payload(10, 9).into())
-        .await
-        .unwrap();
+    s3.put(
+        &t.path("_hslake/versions/x.json.tmp"),
+        payload(10, 9).into(),
+    )
+    .await
+    .unwrap();
     let err = s3
-        .put(&t.path("_hslake/versions/00000001.json"), payload(10, 9).into())
+        .put(
+            &t.path("_hslake/versions/00000001.json"),
+            payload(10, 9).into(),
+        )
         .await
         .unwrap_err();
     assert!(err.to_string().contains("SlowDown"), "{err}");
@@ -321,11 +364,17 @@ async fn rules_by_key_regex_fire_only_on_matching_keys() {
 #[tokio::test]
 async fn rules_by_count_fire_on_the_nth_to_mth_match_only() {
     let Some(t) = Setup::new() else { return };
-    t.rules(vec![Rule::new(Fault::internal_error()).method("PUT").nth(2, 3)]);
+    t.rules(vec![Rule::new(Fault::internal_error())
+        .method("PUT")
+        .nth(2, 3)]);
     let s3 = t.client(0, LONG);
     let mut outcomes = Vec::new();
     for i in 0..4 {
-        outcomes.push(s3.put(&t.path(&format!("{i}")), payload(10, 0).into()).await.is_ok());
+        outcomes.push(
+            s3.put(&t.path(&format!("{i}")), payload(10, 0).into())
+                .await
+                .is_ok(),
+        );
     }
     assert_eq!(outcomes, [true, false, false, true]);
     assert_eq!(t.proxy.counters().class("status_500"), 2);
@@ -336,8 +385,11 @@ async fn random_faults_of_every_class_never_pass_wrong_data() {
     let Some(t) = Setup::new() else { return };
     t.proxy
         .set_rules(
-            &RuleSet::new(vec![Rule::new(Fault::Random { p: 0.05, of: vec![] })
-                .name("chaos")])
+            &RuleSet::new(vec![Rule::new(Fault::Random {
+                p: 0.05,
+                of: vec![],
+            })
+            .name("chaos")])
             .seed(42),
         )
         .unwrap();
@@ -346,7 +398,11 @@ async fn random_faults_of_every_class_never_pass_wrong_data() {
     let (mut rounds, mut ok_reads) = (0, 0);
     // Until every class has been drawn (a few dozen rounds at 5 % each), within a bound.
     while rounds < 20 || classes.iter().any(|c| t.proxy.counters().class(c) == 0) {
-        assert!(rounds < 400, "some class never drawn: {:?}", t.proxy.counters());
+        assert!(
+            rounds < 400,
+            "some class never drawn: {:?}",
+            t.proxy.counters()
+        );
         let path = t.path(&format!("r{rounds}"));
         let data = payload(20_000 + rounds, rounds as u8);
         // A put may fail although it landed (reset_after); the read decides.
@@ -357,7 +413,10 @@ async fn random_faults_of_every_class_never_pass_wrong_data() {
         }
         rounds += 1;
     }
-    assert!(ok_reads * 4 > rounds * 3, "only {ok_reads} of {rounds} reads succeeded");
+    assert!(
+        ok_reads * 4 > rounds * 3,
+        "only {ok_reads} of {rounds} reads succeeded"
+    );
     let c = t.proxy.counters();
     let chaos = c.rule("chaos").unwrap();
     assert_eq!(chaos.matched, c.requests);
@@ -388,7 +447,10 @@ async fn multipart_uploads_and_large_bodies_stream_through() {
 async fn survives_clients_that_leave_mid_body() {
     let Some(t) = Setup::new() else { return };
     let big = t.path("big.bin");
-    t.direct().put(&big, payload(4 << 20, 11).into()).await.unwrap();
+    t.direct()
+        .put(&big, payload(4 << 20, 11).into())
+        .await
+        .unwrap();
 
     // An upload that stops after 1 MiB of 8 announced, and a download dropped after its head.
     let addr = t.addr();
@@ -401,7 +463,9 @@ async fn survives_clients_that_leave_mid_body() {
         drop(conn);
         let mut conn = RawConn::connect(&addr);
         conn.send_head("GET", &format!("/{BUCKET}/{big}"), 0, "");
-        let _ = conn.stream().set_read_timeout(Some(Duration::from_millis(200)));
+        let _ = conn
+            .stream()
+            .set_read_timeout(Some(Duration::from_millis(200)));
         let mut head = [0u8; 512];
         let _ = std::io::Read::read(conn.stream(), &mut head);
         drop(conn);
