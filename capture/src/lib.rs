@@ -52,6 +52,6 @@ pub use engine::{
     EngineOptions, NoProgress, PreparedJob, ProgressSink, RANK_GRACE,
 };
 pub use error::{CaptureError, Result, TensorProblem};
-pub use input::Overlong;
+pub use input::{read_inputs, InputLimits, InputSample, Inputs, Overlong};
 pub use load::NormKernel;
 pub use models::ModelInfo;

@@ -14,7 +14,6 @@ use std::time::{Duration, Instant};
 use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::arrow::record_batch::RecordBatch;
 use datafusion::error::DataFusionError;
-use datafusion::execution::RecordBatchStream;
 use futures::{Stream, StreamExt};
 use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore};
 

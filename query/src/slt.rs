@@ -25,7 +25,6 @@ use datafusion::arrow::array::{Array, AsArray};
 use datafusion::arrow::datatypes::{DataType, Float32Type, Float64Type, Schema};
 use datafusion::arrow::record_batch::RecordBatch;
 use datafusion::arrow::util::display::{ArrayFormatter, FormatOptions};
-use datafusion::execution::RecordBatchStream;
 use futures::TryStreamExt;
 use hslake_schemas::DType;
 use sqllogictest::{DBOutput, DefaultColumnType};

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use futures::TryStreamExt;
-use hslake_query::{write_batches, OutputFormat, QueryLimits, QuerySession, RecordBatchStream};
+use hslake_query::{write_batches, OutputFormat, QueryLimits, QuerySession};
 
 use super::{human_bytes, parse_duration, parse_size};
 

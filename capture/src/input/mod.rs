@@ -55,7 +55,7 @@ impl std::str::FromStr for Overlong {
 
 /// One tokenized sample ready for the model.
 #[derive(Debug, Clone, PartialEq)]
-pub(crate) struct InputSample {
+pub struct InputSample {
     /// The dataset's sample id: the input's integer `id`, else the 0-based record index.
     pub sample_id: u64,
     /// Token ids.
@@ -66,7 +66,7 @@ pub(crate) struct InputSample {
 
 /// All usable samples of an input file and what was done to the rest.
 #[derive(Debug, Default)]
-pub(crate) struct Inputs {
+pub struct Inputs {
     /// Samples to capture, in input order.
     pub samples: Vec<InputSample>,
     /// Samples cut to `max_seq_len`.
@@ -79,7 +79,7 @@ pub(crate) struct Inputs {
 
 /// Limits every record is checked against.
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct InputLimits {
+pub struct InputLimits {
     /// Token ids must be below this.
     pub vocab_size: usize,
     /// Longest sample kept as is.
@@ -89,7 +89,7 @@ pub(crate) struct InputLimits {
 }
 
 /// Reads `path` (`.parquet` by extension, JSON lines otherwise) and checks every record.
-pub(crate) fn read_inputs(path: &Path, limits: InputLimits) -> Result<Inputs> {
+pub fn read_inputs(path: &Path, limits: InputLimits) -> Result<Inputs> {
     let is_parquet = path
         .extension()
         .is_some_and(|e| e.eq_ignore_ascii_case("parquet"));
