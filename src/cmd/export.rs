@@ -5,7 +5,7 @@ use anyhow::{Context, Result};
 use hslake_schemas::DType;
 use hslake_store::{Dataset, DatasetReader};
 
-use hslake_store::npy::write_npy;
+use hslake_store::tools::npy::write_npy;
 
 /// Arguments of `hslake export`.
 #[derive(clap::Args)]
