@@ -195,7 +195,9 @@ impl<'de> Deserialize<'de> for PointArg {
         impl Visitor<'_> for V {
             type Value = PointArg;
             fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("a layer index or a capture point name such as \"layer_30\" or \"final_norm\"")
+                f.write_str(
+                    "a layer index or a capture point name such as \"layer_30\" or \"final_norm\"",
+                )
             }
             fn visit_u64<E: de::Error>(self, v: u64) -> Result<PointArg, E> {
                 u32::try_from(v)

@@ -6,9 +6,7 @@ use std::ffi::c_int;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use hslake_loader::{
-    BatchStream, HostTensor, Loader, LoaderError, LoaderOptions, LoaderState,
-};
+use hslake_loader::{BatchStream, HostTensor, Loader, LoaderError, LoaderOptions, LoaderState};
 use hslake_store::{Dataset, StoreError};
 use pyo3::create_exception;
 use pyo3::exceptions::PyException;

@@ -341,8 +341,19 @@ impl ScalarUDFImpl for TensorFn {
                 .iter()
                 .map(|a| datafusion::arrow::compute::cast(a, &DataType::UInt64))
                 .collect::<std::result::Result<Vec<_>, _>>()?;
-            let seq_lens = SeqLens(lens.iter().map(|a| a.as_primitive::<UInt64Type>()).collect());
-            evaluate(self.op, name, &kinds, arrays, &seq_lens, args.arg_fields[0].name())?
+            let seq_lens = SeqLens(
+                lens.iter()
+                    .map(|a| a.as_primitive::<UInt64Type>())
+                    .collect(),
+            );
+            evaluate(
+                self.op,
+                name,
+                &kinds,
+                arrays,
+                &seq_lens,
+                args.arg_fields[0].name(),
+            )?
         };
         if all_scalar {
             Ok(ColumnarValue::Scalar(ScalarValue::try_from_array(&out, 0)?))
@@ -521,9 +532,7 @@ fn evaluate(
                 if let Err(e) =
                     sk.decode_tokens_into(s.value(i), Some(tokens), &mut scale_raw, &mut scales)
                 {
-                    return exec_err!(
-                        "{name}: argument 2 row {i}: {e} (one f32 scale per token)"
-                    );
+                    return exec_err!("{name}: argument 2 row {i}: {e} (one f32 scale per token)");
                 }
                 for (row, sc) in buf.chunks_exact_mut(k.hidden).zip(&scales) {
                     row.iter_mut().for_each(|v| *v *= sc);

@@ -113,10 +113,7 @@ impl DatasetSchema {
             layer: p.layer(),
             encoding: TENSOR_ENCODING.into(),
             byte_order: "little".into(),
-            scale_column: self
-                .dtype
-                .has_scales()
-                .then(|| p.scale_column()),
+            scale_column: self.dtype.has_scales().then(|| p.scale_column()),
         }
     }
 

@@ -119,7 +119,10 @@ mod tests {
 
     #[test]
     fn scale_column_is_the_point_column_with_scale_suffix() {
-        assert_eq!(CapturePoint::LayerOutput(30).scale_column(), "layer_30_scale");
+        assert_eq!(
+            CapturePoint::LayerOutput(30).scale_column(),
+            "layer_30_scale"
+        );
         assert_eq!(CapturePoint::FinalNorm.scale_column(), "final_norm_scale");
     }
 

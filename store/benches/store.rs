@@ -28,7 +28,9 @@ async fn samples() -> (DatasetSchema, Vec<Sample>) {
         let mut out = vec![];
         let mut scan = r.scan(None);
         while let Some(b) = scan.try_next().await.expect("scan") {
-            out.extend(hslake_store::format::codec::decode_samples(r.schema(), &b).expect("decode"));
+            out.extend(
+                hslake_store::format::codec::decode_samples(r.schema(), &b).expect("decode"),
+            );
         }
         out.truncate(n);
         return (r.schema().clone(), out);

@@ -1,6 +1,7 @@
 //! Copying a dataset, with its whole history, to another store; checksums checked both ways.
 use std::collections::BTreeMap;
 
+use bytes::Bytes;
 use futures::{StreamExt, TryStreamExt};
 use object_store::{ObjectStoreExt, PutPayload};
 
@@ -57,30 +58,14 @@ pub async fn copy_dataset(
         .map(|s| async move {
             let from = format!("{}/{}", src.url(), s.path);
             let to = format!("{}/{}", dst_ref.url, s.path);
-            let bytes = src
-                .object_store()
-                .get(&src.object_path(&s.path))
-                .await
-                .map_err(|e| StoreError::os(&from, e))?
-                .bytes()
-                .await
-                .map_err(|e| StoreError::os(&from, e))?;
+            let bytes = read_whole(src.location(), &s.path).await?;
             check(&from, &s, &bytes)?;
-            let path = dst_ref.path(&s.path);
             dst_ref
                 .store
-                .put(&path, PutPayload::from(bytes))
+                .put(&dst_ref.path(&s.path), PutPayload::from(bytes))
                 .await
                 .map_err(|e| StoreError::os(&to, e))?;
-            let back = dst_ref
-                .store
-                .get(&path)
-                .await
-                .map_err(|e| StoreError::os(&to, e))?
-                .bytes()
-                .await
-                .map_err(|e| StoreError::os(&to, e))?;
-            check(&to, &s, &back)?;
+            check(&to, &s, &read_whole(dst_ref, &s.path).await?)?;
             on_shard(s.bytes);
             Ok::<u64, StoreError>(s.bytes)
         })
@@ -104,6 +89,18 @@ pub async fn copy_dataset(
         shards: copied.len(),
         bytes: copied.iter().sum(),
     })
+}
+
+/// The whole of the dataset-relative file `rel` at `loc`.
+async fn read_whole(loc: &location::Location, rel: &str) -> Result<Bytes> {
+    let shown = format!("{}/{rel}", loc.url);
+    loc.store
+        .get(&loc.path(rel))
+        .await
+        .map_err(|e| StoreError::os(&shown, e))?
+        .bytes()
+        .await
+        .map_err(|e| StoreError::os(&shown, e))
 }
 
 fn check(shown: &str, s: &ShardEntry, bytes: &[u8]) -> Result<()> {

@@ -105,7 +105,7 @@ pub enum StoreError {
         reason: String,
     },
     /// A stored tensor or scale value that does not decode to what its row and the schema say.
-    #[error("{}: {reason}", describe_site(file.as_deref(), *row_group, *row, *sample_id, column))]
+    #[error("{}: {reason}", describe_site(.file, .row_group, .row, .sample_id, .column))]
     BadValue {
         /// The shard file, where known.
         file: Option<String>,

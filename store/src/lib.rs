@@ -45,7 +45,9 @@ pub use dataset::Dataset;
 pub use error::{Result, StoreError};
 pub use io::location;
 pub use reader::DatasetReader;
-pub use table::manifest::{manifest_path, Manifest, Provenance, ShardEntry, DATA_DIR, VERSIONS_DIR};
+pub use table::manifest::{
+    manifest_path, Manifest, Provenance, ShardEntry, DATA_DIR, VERSIONS_DIR,
+};
 pub use vacuum::{vacuum, VacuumReport};
 pub use verify::{verify, Problem, VerifyReport};
 pub use writer::{encode_sample, Appended, DatasetWriter, WriterOptions, WriterStats};

@@ -4,7 +4,7 @@ use std::fmt;
 
 use arrow_array::cast::AsArray;
 use arrow_array::types::{UInt32Type, UInt64Type};
-use arrow_array::{Array, RecordBatch};
+use arrow_array::RecordBatch;
 use bytes::Bytes;
 use hslake_schemas::DatasetSchema;
 use object_store::ObjectStoreExt;

@@ -76,7 +76,11 @@ impl ValueKind {
     fn refuse(self, tokens: usize, e: PlaneError) -> ValueError {
         let reason = match e {
             PlaneError::WrongLength { found, .. } => {
-                format!("expected {}, got {}", self.expected(tokens), self.found(found))
+                format!(
+                    "expected {}, got {}",
+                    self.expected(tokens),
+                    self.found(found)
+                )
             }
             e => format!("cannot be decoded as {}: {e}", self.expected(tokens)),
         };
@@ -128,10 +132,10 @@ pub struct ValueAt<'a> {
 
 /// `file: row group 2: row 3 (sample 17) layer_30`, leaving out what is not known.
 pub(crate) fn describe_site(
-    file: Option<&str>,
-    row_group: Option<usize>,
-    row: Option<usize>,
-    sample_id: Option<u64>,
+    file: &Option<String>,
+    row_group: &Option<usize>,
+    row: &Option<usize>,
+    sample_id: &Option<u64>,
     column: &str,
 ) -> String {
     let mut s = String::new();
@@ -250,9 +254,9 @@ impl TensorColumn {
         row_group: Option<usize>,
     ) -> Result<Self> {
         let binary = |name: &str| -> Result<LargeBinaryArray> {
-            let col = batch.column_by_name(name).ok_or_else(|| {
-                StoreError::corrupt(file, format!("column {name:?} is missing"))
-            })?;
+            let col = batch
+                .column_by_name(name)
+                .ok_or_else(|| StoreError::corrupt(file, format!("column {name:?} is missing")))?;
             col.as_binary_opt::<i64>().cloned().ok_or_else(|| {
                 StoreError::corrupt(
                     file,
@@ -411,10 +415,7 @@ mod tests {
         assert!(value.len() < 64 << 10, "{} bytes", value.len());
         let mut out = Vec::new();
         let err = decode_value(&value, BF16, 8, &mut out).unwrap_err();
-        assert_eq!(
-            err.reason,
-            "expected shape [8, 4] of bf16, got [625000, 4]"
-        );
+        assert_eq!(err.reason, "expected shape [8, 4] of bf16, got [625000, 4]");
         assert_eq!(out.capacity(), 0);
     }
 

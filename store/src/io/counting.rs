@@ -189,7 +189,10 @@ mod tests {
         let mib = 1 << 20;
         assert_eq!(merged_requests(&[], mib), 0);
         assert_eq!(merged_requests(&[0..10, 20..30, 15..25], mib), 1);
-        assert_eq!(merged_requests(&[0..10, 10 + mib + 1..mib * 2 + 20], mib), 2);
+        assert_eq!(
+            merged_requests(&[0..10, 10 + mib + 1..mib * 2 + 20], mib),
+            2
+        );
     }
 
     #[tokio::test]

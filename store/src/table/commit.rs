@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use hslake_schemas::{DatasetSchema, FORMAT_VERSION};
-use object_store::{ObjectStoreExt, PutMode, PutOptions, PutPayload};
+use object_store::{PutMode, PutOptions, PutPayload};
 
 use crate::io::location::Location;
 use crate::table::manifest::{manifest_path, Manifest, Provenance, ShardEntry};

@@ -428,7 +428,8 @@ pub fn samples_from_npy(
     let mut tensors = vec![];
     let mut hidden = 0;
     for l in &layers {
-        let (descr, shape, data) = crate::tools::npy::read_npy(&dir.join(format!("layer_{l}.npy")))?;
+        let (descr, shape, data) =
+            crate::tools::npy::read_npy(&dir.join(format!("layer_{l}.npy")))?;
         if descr != "<u2" || shape.len() != 3 || shape[..2] != [n, t] {
             return Err(StoreError::Usage(format!(
                 "layer_{l}.npy: expected <u2 [{n}, {t}, H], got {descr} {shape:?}"
