@@ -3,7 +3,7 @@ use std::time::Duration;
 use hslake_schemas::CapturePoint;
 use serde::{Deserialize, Serialize};
 
-use crate::{LoaderError, Preset};
+use crate::{LoaderError, LoaderOptions, Preset};
 
 /// How samples are grouped into batches.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -60,7 +60,8 @@ pub struct Follow {
     pub idle_timeout: Option<Duration>,
 }
 
-/// Everything that shapes what a loader yields.
+/// Everything that shapes what a loader yields, resolved from [`LoaderOptions`] (or built
+/// directly in Rust).
 #[derive(Debug, Clone, PartialEq)]
 pub struct LoaderConfig {
     /// Batch by samples or by tokens.
@@ -115,33 +116,15 @@ pub struct LoaderConfig {
 }
 
 impl Default for LoaderConfig {
+    /// [`LoaderOptions`]' defaults, batching 8 samples (Python asks for `batch_size` or
+    /// `max_tokens` instead of defaulting).
     fn default() -> Self {
-        LoaderConfig {
-            batching: Batching::Samples(8),
-            layout: Layout::Padded,
-            max_seq_len: None,
-            pad_to_multiple_of: None,
-            pad_token_id: 0,
-            rank: 0,
-            world_size: 1,
-            worker: 0,
-            num_workers: 1,
-            seed: 0,
-            shuffle: true,
-            shuffle_window: 16,
-            remainder: Remainder::Pad,
-            drop_last_batch: false,
-            aux_layers: None,
-            target: None,
-            preset: None,
-            version: None,
-            prefetch_row_groups: 4,
-            prefetch_batches: 4,
-            decode_threads: 2,
-            on_corrupt: CorruptPolicy::Error,
-            follow: None,
-            io_timeout: Duration::from_secs(60),
+        LoaderOptions {
+            batch_size: Some(8),
+            ..Default::default()
         }
+        .resolve()
+        .expect("the default loader options resolve")
     }
 }
 

@@ -2,20 +2,12 @@
 //! decoded once so that batch assembly can slice it without further checks.
 use arrow_array::cast::AsArray;
 use arrow_array::types::{Int32Type, UInt64Type, UInt8Type};
-use arrow_array::{Array, Int32Array, LargeBinaryArray, RecordBatch, UInt64Array, UInt8Array};
-use arrow_buffer::{Buffer, OffsetBuffer, ScalarBuffer};
+use arrow_array::{Int32Array, RecordBatch, UInt64Array, UInt8Array};
 use hslake_schemas::{CapturePoint, DType};
-use hslake_store::planes::{self, PlaneError};
+use hslake_store::format::decode::{DecodedColumn, TensorColumn};
+use hslake_store::StoreError;
 
 use crate::LoaderError;
-
-/// A tensor column decoded to plain little-endian `[tokens, hidden]` values per row and, for
-/// fp8, its per-token f32 scales, decoded the same way.
-#[derive(Debug, Clone)]
-pub(crate) struct TensorColumn {
-    pub values: LargeBinaryArray,
-    pub scales: Option<LargeBinaryArray>,
-}
 
 /// The columns of one row group that batches are assembled from.
 #[derive(Debug)]
@@ -26,8 +18,8 @@ pub(crate) struct RowGroupData {
     pub input_ids: Int32Array,
     pub loss_mask: UInt8Array,
     /// Auxiliary tensors, in the configured order.
-    pub aux: Vec<TensorColumn>,
-    pub target: TensorColumn,
+    pub aux: Vec<DecodedColumn>,
+    pub target: DecodedColumn,
 }
 
 impl RowGroupData {
@@ -59,7 +51,7 @@ pub(crate) fn needed_columns(
     for p in points {
         cols.push(p.column());
         if dtype.has_scales() {
-            cols.push(format!("{}_scale", p.column()));
+            cols.push(p.scale_column());
         }
     }
     cols
@@ -127,49 +119,15 @@ pub(crate) fn from_batch(
             "sample_id and input_ids have different row counts".into()
         ));
     }
-    let tensor = |p: CapturePoint| -> Result<TensorColumn, LoaderError> {
-        let name = p.column();
-        let values = col(&name)?
-            .as_binary_opt::<i64>()
-            .ok_or_else(|| wrong(&name, "LargeBinary"))?
-            .clone();
-        let scales = if dtype.has_scales() {
-            let sname = format!("{name}_scale");
-            Some(
-                col(&sname)?
-                    .as_binary_opt::<i64>()
-                    .ok_or_else(|| wrong(&sname, "LargeBinary"))?
-                    .clone(),
-            )
-        } else {
-            None
-        };
-        if values.len() != sample_ids.len()
-            || scales.as_ref().is_some_and(|s| s.len() != values.len())
-        {
-            return Err(bad(format!(
-                "column {name:?} has a different row count than sample_id"
-            )));
-        }
-        let values = decode_rows(&values, &offsets, hidden, dtype.size(), |r, e| {
-            bad(format!(
-                "row {r} (sample {}) {}: {e} (shape [{}, {hidden}] of {dtype})",
-                sample_ids.value(r),
-                p.label(),
-                offsets[r + 1] - offsets[r],
-            ))
-        })?;
-        let scales = match scales {
-            Some(s) => Some(decode_rows(&s, &offsets, 1, 4, |r, e| {
-                bad(format!(
-                    "row {r} (sample {}) {} scales: {e} (one f32 per token)",
-                    sample_ids.value(r),
-                    p.label(),
-                ))
-            })?),
-            None => None,
-        };
-        Ok(TensorColumn { values, scales })
+    // Decoding checks every value against its row's token count, and errors name the shard,
+    // row group, sample and column.
+    let tensor = |p: CapturePoint| -> Result<DecodedColumn, LoaderError> {
+        let col = TensorColumn::from_batch(batch, dtype, hidden, p, path, Some(row_group))
+            .map_err(|e| match e {
+                StoreError::Corrupt { reason, .. } => bad(reason),
+                e => e.into(),
+            })?;
+        Ok(col.decode_chunk(&offsets)?)
     };
     let aux = aux
         .iter()
@@ -184,27 +142,4 @@ pub(crate) fn from_batch(
         aux,
         target,
     })
-}
-
-/// Decode every row of a stored tensor column (`width` elements of `size` bytes per token,
-/// tokens per row from `offsets`) into one plain little-endian array.
-fn decode_rows(
-    col: &LargeBinaryArray,
-    offsets: &[usize],
-    width: usize,
-    size: usize,
-    bad: impl Fn(usize, PlaneError) -> LoaderError,
-) -> Result<LargeBinaryArray, LoaderError> {
-    let row_bytes = width * size;
-    let mut decoded = vec![0u8; offsets.last().copied().unwrap_or(0) * row_bytes];
-    for r in 0..col.len() {
-        let dst = &mut decoded[offsets[r] * row_bytes..offsets[r + 1] * row_bytes];
-        planes::decode_into(col.value(r), size, dst).map_err(|e| bad(r, e))?;
-    }
-    let ends = offsets.iter().map(|&o| (o * row_bytes) as i64);
-    Ok(LargeBinaryArray::new(
-        OffsetBuffer::new(ScalarBuffer::from_iter(ends)),
-        Buffer::from_vec(decoded),
-        None,
-    ))
 }

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any, Iterator, Optional, Sequence, Union
+from typing import Any, Iterator, Optional, Sequence
 
 import torch
 
@@ -35,23 +35,10 @@ _DTYPES = {
     "float32": torch.float32,
 }
 
-Point = Union[int, str]
-
 # Native objects inherited through fork (e.g. by torch DataLoader workers): their runtime's
 # threads exist only in the parent, and dropping them would wait for those threads forever,
 # so a child keeps them referenced instead.
 _FORK_ORPHANS: list = []
-
-
-def _point(p: Point) -> str:
-    """`30` and `"layer_30"` name decoder layer 30's output; `"final_norm"` the normed state."""
-    if isinstance(p, bool):
-        raise ConfigError(f"capture point {p!r}: expected a layer index or 'final_norm'")
-    if isinstance(p, int):
-        if p < 0:
-            raise ConfigError(f"layer {p}: layer indices are 0-based and non-negative")
-        return f"layer_{p}"
-    return str(p)
 
 
 def _tensor(buf: Any, dtype: str, shape: Sequence[int]) -> torch.Tensor:
@@ -119,6 +106,14 @@ class Loader(torch.utils.data.IterableDataset):
     torch's DistributedSampler) or dropped. Iterating runs one epoch from the current state;
     the next ``iter()`` continues (the next epoch after a full pass).
 
+    Other keyword arguments (``rank``, ``world_size``, ``seed``, ``shuffle``, ``aux_layers``,
+    ``target``, ``preset``, ``version``, ``packed``, ``max_seq_len``, ``pad_to_multiple_of``,
+    ``pad_token_id``, ``drop_last``, ``drop_last_batch``, ``shuffle_window``,
+    ``prefetch_row_groups``, ``prefetch_batches``, ``decode_threads``, ``on_corrupt``,
+    ``follow``, ``poll_interval``, ``follow_idle_timeout``, ``timeout``) are the native
+    loader's options (``hslake_loader::LoaderOptions``), which also hold their defaults;
+    an unknown name is refused.
+
     ``state_dict()`` after any batch, given to ``load_state_dict()`` of a loader with the
     same settings (in any process), continues with exactly the next batch. Exact resume is
     tracked with ``num_workers=0`` in a torch DataLoader (decoding already runs on
@@ -132,76 +127,25 @@ class Loader(torch.utils.data.IterableDataset):
         batch_size: Optional[int] = None,
         max_tokens: Optional[int] = None,
         *,
-        rank: int = 0,
-        world_size: int = 1,
-        seed: int = 0,
-        shuffle: bool = True,
-        aux_layers: Optional[Sequence[Point]] = None,
-        target: Optional[Point] = None,
-        preset: Optional[str] = None,
-        version: Optional[int] = None,
-        packed: bool = False,
-        max_seq_len: Optional[int] = None,
-        pad_to_multiple_of: Optional[int] = None,
-        pad_token_id: int = 0,
-        drop_last: bool = False,
-        drop_last_batch: bool = False,
-        shuffle_window: int = 16,
-        prefetch_row_groups: int = 4,
-        prefetch_batches: int = 4,
-        decode_threads: int = 2,
-        on_corrupt: str = "error",
-        follow: bool = False,
-        poll_interval: float = 1.0,
-        follow_idle_timeout: Optional[float] = None,
-        timeout: float = 60.0,
         pin_memory: bool = False,
+        **options: Any,
     ):
         super().__init__()
-        if (batch_size is None) == (max_tokens is None):
-            raise ConfigError("give exactly one of batch_size or max_tokens")
-        for name, v in (("rank", rank), ("world_size", world_size), ("seed", seed)):
-            if not isinstance(v, int) or v < 0:
-                raise ConfigError(f"{name} must be a non-negative integer, got {v!r}")
         self.url = url
-        self._settings = dict(
-            batch_size=batch_size,
-            max_tokens=max_tokens,
-            packed=packed,
-            max_seq_len=max_seq_len,
-            pad_to_multiple_of=pad_to_multiple_of,
-            pad_token_id=pad_token_id,
-            rank=rank,
-            world_size=world_size,
-            worker=0,
-            num_workers=1,
-            seed=seed,
-            shuffle=shuffle,
-            shuffle_window=shuffle_window,
-            drop_last=drop_last,
-            drop_last_batch=drop_last_batch,
-            aux_layers=None if aux_layers is None else [_point(p) for p in aux_layers],
-            target=None if target is None else _point(target),
-            preset=preset,
-            version=version,
-            prefetch_row_groups=prefetch_row_groups,
-            prefetch_batches=prefetch_batches,
-            decode_threads=decode_threads,
-            on_corrupt=on_corrupt,
-            follow=follow,
-            poll_interval=poll_interval,
-            follow_idle_timeout=follow_idle_timeout,
-            timeout=timeout,
-        )
+        # Only what the caller gave: the native loader holds every default and refuses unknown
+        # names and values of the wrong type, naming them.
+        given = {"batch_size": batch_size, "max_tokens": max_tokens}
+        self._options = {k: v for k, v in given.items() if v is not None}
+        self._options.update(options)
         self.pin_memory = pin_memory
         # Opening here checks every argument against the dataset at once (bad rank, missing
         # layer, unknown version, unreachable store): errors surface at construction.
         self._native: Optional[NativeLoader] = None
         self._pid = (-1, 0, 1)
         native = self._get_native()
-        if version is None:
+        if self._options.get("version") is None:
             # Pin the version seen now, so every worker and every resume reads the same one.
-            self._settings["version"] = native.version
+            self._options["version"] = native.version
         self._state: str = native.initial_state()
 
     # The native loader owns threads, which do not survive fork: each process opens its own.
@@ -210,8 +154,12 @@ class Loader(torch.utils.data.IterableDataset):
         if self._native is None or self._pid != want:
             if self._native is not None and self._pid[0] != want[0]:
                 _FORK_ORPHANS.append(self._native)
-            settings = dict(self._settings, worker=worker, num_workers=num_workers)
-            self._native = NativeLoader(self.url, json.dumps(settings))
+            options = dict(self._options, worker=worker, num_workers=num_workers)
+            try:
+                text = json.dumps(options)
+            except TypeError as e:
+                raise ConfigError(f"loader options must be numbers, strings, booleans or lists: {e}") from None
+            self._native = NativeLoader(self.url, text)
             self._pid = want
         return self._native
 
@@ -236,7 +184,7 @@ class Loader(torch.utils.data.IterableDataset):
 
     @property
     def epoch(self) -> int:
-        return json.loads(self._state)["epoch"]
+        return self._get_native().state_epoch(self._state)
 
     def samples_per_epoch(self) -> int:
         """Samples this rank visits per epoch (after padding or dropping)."""
@@ -274,10 +222,7 @@ class Loader(torch.utils.data.IterableDataset):
         info = torch.utils.data.get_worker_info()
         if info is not None and info.num_workers > 1:
             native = self._get_native(info.id, info.num_workers)
-            state = native.initial_state()
-            state_obj = json.loads(state)
-            state_obj["epoch"] = json.loads(self._state)["epoch"]
-            state = json.dumps(state_obj)
+            state = native.epoch_state(native.state_epoch(self._state))
         else:
             native = self._get_native()
             state = self._state
@@ -294,9 +239,5 @@ class Loader(torch.utils.data.IterableDataset):
             yield self._batch(fields)
 
     def __repr__(self) -> str:
-        s = self._settings
-        how = f"batch_size={s['batch_size']}" if s["batch_size"] else f"max_tokens={s['max_tokens']}"
-        return (
-            f"hslake.Loader({self.url!r}, {how}, rank={s['rank']}, world_size={s['world_size']}, "
-            f"seed={s['seed']}, version={s['version']})"
-        )
+        given = ", ".join(f"{k}={v!r}" for k, v in self._options.items())
+        return f"hslake.Loader({self.url!r}, {given})"

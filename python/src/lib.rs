@@ -7,16 +7,20 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use hslake_loader::{
+    BatchStream, HostTensor, Loader, LoaderError, LoaderOptions, LoaderState, Preset,
+};
+=======
+use hslake_loader::{
     BatchStream, Batching, CorruptPolicy, Follow, HostTensor, Layout, Loader, LoaderConfig,
     LoaderError, LoaderState, Preset, Remainder,
 };
 use hslake_schemas::CapturePoint;
+>>>>>>> main
 use hslake_store::{Dataset, StoreError};
 use pyo3::create_exception;
 use pyo3::exceptions::PyException;
 use pyo3::ffi;
 use pyo3::prelude::*;
-use serde::Deserialize;
 use tokio::runtime::Runtime;
 
 create_exception!(
@@ -165,128 +169,6 @@ impl NativeDataset {
     }
 }
 
-/// Loader settings as the Python wrapper passes them (JSON), converted once.
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct PyConfig {
-    batch_size: Option<usize>,
-    max_tokens: Option<usize>,
-    packed: bool,
-    max_seq_len: Option<usize>,
-    pad_to_multiple_of: Option<usize>,
-    pad_token_id: i64,
-    rank: usize,
-    world_size: usize,
-    worker: usize,
-    num_workers: usize,
-    seed: u64,
-    shuffle: bool,
-    shuffle_window: usize,
-    drop_last: bool,
-    drop_last_batch: bool,
-    aux_layers: Option<Vec<String>>,
-    target: Option<String>,
-    #[serde(default)]
-    preset: Option<String>,
-    version: Option<u64>,
-    prefetch_row_groups: usize,
-    prefetch_batches: usize,
-    decode_threads: usize,
-    on_corrupt: String,
-    follow: bool,
-    poll_interval: f64,
-    follow_idle_timeout: Option<f64>,
-    timeout: f64,
-}
-
-fn point(s: &str) -> PyResult<CapturePoint> {
-    s.parse()
-        .map_err(|e: hslake_schemas::SchemaError| ConfigError::new_err(e.to_string()))
-}
-
-fn secs(name: &str, v: f64) -> PyResult<Duration> {
-    Duration::try_from_secs_f64(v).map_err(|_| {
-        ConfigError::new_err(format!(
-            "{name} must be a non-negative number of seconds, got {v}"
-        ))
-    })
-}
-
-impl PyConfig {
-    fn into_config(self) -> PyResult<LoaderConfig> {
-        let batching = match (self.batch_size, self.max_tokens) {
-            (Some(b), None) => Batching::Samples(b),
-            (None, Some(t)) => Batching::Tokens(t),
-            _ => {
-                return Err(ConfigError::new_err(
-                    "give exactly one of batch_size or max_tokens",
-                ))
-            }
-        };
-        let on_corrupt = match self.on_corrupt.as_str() {
-            "error" => CorruptPolicy::Error,
-            "skip" => CorruptPolicy::Skip,
-            other => {
-                return Err(ConfigError::new_err(format!(
-                    "on_corrupt must be \"error\" or \"skip\", got {other:?}"
-                )))
-            }
-        };
-        let follow = if self.follow {
-            Some(Follow {
-                poll_interval: secs("poll_interval", self.poll_interval)?,
-                idle_timeout: self
-                    .follow_idle_timeout
-                    .map(|t| secs("follow_idle_timeout", t))
-                    .transpose()?,
-            })
-        } else {
-            None
-        };
-        Ok(LoaderConfig {
-            batching,
-            layout: if self.packed {
-                Layout::Packed
-            } else {
-                Layout::Padded
-            },
-            max_seq_len: self.max_seq_len,
-            pad_to_multiple_of: self.pad_to_multiple_of,
-            pad_token_id: self.pad_token_id,
-            rank: self.rank,
-            world_size: self.world_size,
-            worker: self.worker,
-            num_workers: self.num_workers,
-            seed: self.seed,
-            shuffle: self.shuffle,
-            shuffle_window: self.shuffle_window,
-            remainder: if self.drop_last {
-                Remainder::Drop
-            } else {
-                Remainder::Pad
-            },
-            drop_last_batch: self.drop_last_batch,
-            aux_layers: self
-                .aux_layers
-                .map(|v| v.iter().map(|s| point(s)).collect::<PyResult<Vec<_>>>())
-                .transpose()?,
-            target: self.target.as_deref().map(point).transpose()?,
-            preset: self
-                .preset
-                .as_deref()
-                .map(|p| p.parse::<Preset>().map_err(to_py))
-                .transpose()?,
-            version: self.version,
-            prefetch_row_groups: self.prefetch_row_groups,
-            prefetch_batches: self.prefetch_batches,
-            decode_threads: self.decode_threads,
-            on_corrupt,
-            follow,
-            io_timeout: secs("timeout", self.timeout)?,
-        })
-    }
-}
-
 /// An open loader (one rank, one worker) over a pinned version.
 #[pyclass(module = "hslake._hslake")]
 struct NativeLoader {
@@ -296,11 +178,13 @@ struct NativeLoader {
 
 #[pymethods]
 impl NativeLoader {
+    /// `options_json`: the keyword arguments the user gave, as a JSON object; the loader's
+    /// own defaults fill in the rest (`hslake_loader::LoaderOptions`).
     #[new]
-    fn new(py: Python<'_>, url: String, config_json: &str) -> PyResult<Self> {
-        let pc: PyConfig = serde_json::from_str(config_json)
-            .map_err(|e| ConfigError::new_err(format!("loader settings: {e}")))?;
-        let config = pc.into_config()?;
+    fn new(py: Python<'_>, url: String, options_json: &str) -> PyResult<Self> {
+        let config = LoaderOptions::from_json(options_json)
+            .and_then(|o| o.resolve())
+            .map_err(to_py)?;
         let rt = runtime(config.decode_threads)?;
         let loader = py
             .detach(|| rt.block_on(Loader::open(&url, config)))
@@ -316,7 +200,12 @@ impl NativeLoader {
         self.loader.initial_state().to_json()
     }
 
-    /// The same state moved to the start of `epoch`.
+    /// The epoch a JSON state is in.
+    fn state_epoch(&self, state_json: &str) -> PyResult<u64> {
+        Ok(LoaderState::from_json(state_json).map_err(to_py)?.epoch)
+    }
+
+    /// The state at the start of `epoch`.
     fn epoch_state(&self, epoch: u64) -> String {
         let mut s = self.loader.initial_state();
         s.epoch = epoch;
@@ -432,7 +321,8 @@ impl NativeStream {
 }
 
 /// Write a synthetic dataset (values shaped like real activations, from the store's
-/// generator) and return its committed version: for tests and benchmarks without the CLI.
+/// generator; the same as `hslake synth`) and return its committed version: for tests and
+/// benchmarks without the CLI.
 #[pyfunction]
 #[pyo3(signature = (url, samples, seq_len, hidden, layers, final_norm=false, seed=0, first_id=0,
                     row_group_bytes=32 << 20, shard_bytes=256 << 20, dtype="bf16"))]
@@ -451,59 +341,37 @@ fn write_synthetic(
     shard_bytes: u64,
     dtype: &str,
 ) -> PyResult<Option<u64>> {
-    use hslake_schemas::{DType, DatasetSchema};
-    use hslake_store::{
-        encode_sample, synth::SynthModel, DatasetWriter, Provenance, WriterOptions,
-    };
-    let bad = |e: String| ConfigError::new_err(e);
-    let dtype: DType = dtype
+    use hslake_store::tools::synth::{write_dataset, SynthSpec};
+    use hslake_store::WriterOptions;
+    let dtype = dtype
         .parse()
-        .map_err(|e: hslake_schemas::SchemaError| bad(e.to_string()))?;
-    if seq_len.0 == 0 || seq_len.1 < seq_len.0 {
-        return Err(bad(format!(
-            "seq_len {seq_len:?}: expected (min, max) with 1 <= min <= max"
-        )));
-    }
-    let mut points: Vec<CapturePoint> = layers
-        .iter()
-        .map(|&l| CapturePoint::LayerOutput(l))
-        .collect();
-    if final_norm {
-        points.push(CapturePoint::FinalNorm);
-    }
-    let num_layers = layers.iter().max().map_or(1, |&m| m as usize + 1);
-    let schema = DatasetSchema::new(
-        "synthetic",
-        "Synthetic",
+        .map_err(|e: hslake_schemas::SchemaError| ConfigError::new_err(e.to_string()))?;
+    let spec = SynthSpec {
+        samples,
+        seq_len,
         hidden,
-        num_layers,
-        32000,
+        layers,
+        final_norm,
+        num_layers: None,
+        vocab_size: 32000,
         dtype,
-        points,
-    )
-    .map_err(|e| bad(e.to_string()))?;
-    let rt = runtime(2)?;
-    let run = async {
-        let prov = Provenance {
-            model: "synthetic".into(),
-            dtype: dtype.to_string(),
-            ..Default::default()
-        };
-        let ds = Dataset::open_or_create(&url, schema.clone(), prov).await?;
-        let opts = WriterOptions {
+        seed,
+        first_id,
+        writer: WriterOptions {
             shard_target_bytes: shard_bytes,
             row_group_target_bytes: row_group_bytes,
             ..Default::default()
-        };
-        let mut w = DatasetWriter::new(&ds, opts).await?;
-        let gen = SynthModel::new(schema.clone(), seq_len, seed);
-        for id in first_id..first_id + samples {
-            let enc = encode_sample(&schema, &opts, &gen.sample(id))?;
-            w.append_encoded(enc).await?;
-        }
-        w.commit().await
+        },
+        commit_every: 0,
     };
-    py.detach(|| rt.block_on(run)).map_err(|e| to_py(e.into()))
+    let rt = runtime(2)?;
+    let report = py
+        .detach(|| rt.block_on(write_dataset(&url, &spec, || {})))
+        .map_err(|e| match e {
+            StoreError::Usage(_) | StoreError::Schema(_) => ConfigError::new_err(e.to_string()),
+            e => to_py(e.into()),
+        })?;
+    Ok(report.version)
 }
 
 /// The capture points a trainer preset needs for a model of `num_layers` layers: (aux

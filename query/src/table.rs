@@ -1,12 +1,9 @@
-//! The `samples` table: a DataFusion table over exactly the shard files one manifest names,
-//! plus an object-store wrapper that counts the bytes every query reads.
-use std::fmt;
-use std::ops::Range;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+//! The `samples` table: a DataFusion table over exactly the shard files one manifest names.
+//! The bytes every query reads are counted by the store's [`CountingStore`], which the session
+//! registers in place of the dataset's object store.
+use std::sync::Arc;
 
 use async_trait::async_trait;
-use bytes::Bytes;
 use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::catalog::Session;
 use datafusion::common::stats::Precision;
@@ -21,12 +18,8 @@ use datafusion::datasource::{TableProvider, TableType};
 use datafusion::logical_expr::{Expr, TableProviderFilterPushDown};
 use datafusion::physical_plan::empty::EmptyExec;
 use datafusion::physical_plan::ExecutionPlan;
-use futures::stream::BoxStream;
+pub use hslake_store::io::{CountingStore, ReadLog};
 use object_store::path::Path;
-use object_store::{
-    CopyOptions, GetOptions, GetResult, ListResult, MultipartUpload, ObjectMeta, ObjectStore,
-    PutMultipartOptions, PutOptions, PutPayload, PutResult,
-};
 
 /// One shard file as the manifest describes it.
 #[derive(Debug, Clone)]
@@ -169,149 +162,10 @@ impl TableProvider for ShardTable {
     }
 }
 
-/// Object paths and byte ranges read, in order.
-pub type ReadLog = Vec<(Path, Range<u64>)>;
-
-/// An [`ObjectStore`] that forwards to another and counts bytes and requests of every read.
-#[derive(Debug)]
-pub struct CountingStore {
-    inner: Arc<dyn ObjectStore>,
-    bytes: AtomicU64,
-    requests: AtomicU64,
-    log: Mutex<Option<ReadLog>>,
-}
-
-impl CountingStore {
-    /// Wrap `inner`.
-    pub fn new(inner: Arc<dyn ObjectStore>) -> Self {
-        CountingStore {
-            inner,
-            bytes: AtomicU64::new(0),
-            requests: AtomicU64::new(0),
-            log: Mutex::new(None),
-        }
-    }
-
-    /// Start (or restart) recording the byte range of every read, for tests and diagnostics.
-    pub fn record_ranges(&self) {
-        if let Ok(mut l) = self.log.lock() {
-            *l = Some(Vec::new());
-        }
-    }
-
-    /// The ranges read since [`CountingStore::record_ranges`].
-    pub fn ranges(&self) -> Vec<(Path, Range<u64>)> {
-        self.log
-            .lock()
-            .ok()
-            .and_then(|l| l.clone())
-            .unwrap_or_default()
-    }
-
-    fn note(&self, path: &Path, r: Range<u64>) {
-        self.requests.fetch_add(1, Ordering::Relaxed);
-        self.bytes.fetch_add(r.end - r.start, Ordering::Relaxed);
-        if let Ok(mut l) = self.log.lock() {
-            if let Some(v) = l.as_mut() {
-                v.push((path.clone(), r));
-            }
-        }
-    }
-
-    /// Bytes returned by reads so far.
-    pub fn bytes_read(&self) -> u64 {
-        self.bytes.load(Ordering::Relaxed)
-    }
-
-    /// Read requests so far (a multi-range read counts once per range).
-    pub fn requests(&self) -> u64 {
-        self.requests.load(Ordering::Relaxed)
-    }
-
-    /// Set both counters back to zero.
-    pub fn reset(&self) {
-        self.bytes.store(0, Ordering::Relaxed);
-        self.requests.store(0, Ordering::Relaxed);
-    }
-}
-
-impl fmt::Display for CountingStore {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "Counting({})", self.inner)
-    }
-}
-
-#[async_trait]
-impl ObjectStore for CountingStore {
-    async fn put_opts(
-        &self,
-        location: &Path,
-        payload: PutPayload,
-        opts: PutOptions,
-    ) -> object_store::Result<PutResult> {
-        self.inner.put_opts(location, payload, opts).await
-    }
-
-    async fn put_multipart_opts(
-        &self,
-        location: &Path,
-        opts: PutMultipartOptions,
-    ) -> object_store::Result<Box<dyn MultipartUpload>> {
-        self.inner.put_multipart_opts(location, opts).await
-    }
-
-    async fn get_opts(
-        &self,
-        location: &Path,
-        options: GetOptions,
-    ) -> object_store::Result<GetResult> {
-        let head = options.head;
-        let r = self.inner.get_opts(location, options).await?;
-        if !head {
-            self.note(location, r.range.clone());
-        }
-        Ok(r)
-    }
-
-    async fn get_ranges(
-        &self,
-        location: &Path,
-        ranges: &[Range<u64>],
-    ) -> object_store::Result<Vec<Bytes>> {
-        let r = self.inner.get_ranges(location, ranges).await?;
-        for range in ranges {
-            self.note(location, range.clone());
-        }
-        Ok(r)
-    }
-
-    fn delete_stream(
-        &self,
-        locations: BoxStream<'static, object_store::Result<Path>>,
-    ) -> BoxStream<'static, object_store::Result<Path>> {
-        self.inner.delete_stream(locations)
-    }
-
-    fn list(&self, prefix: Option<&Path>) -> BoxStream<'static, object_store::Result<ObjectMeta>> {
-        self.inner.list(prefix)
-    }
-
-    async fn list_with_delimiter(&self, prefix: Option<&Path>) -> object_store::Result<ListResult> {
-        self.inner.list_with_delimiter(prefix).await
-    }
-
-    async fn copy_opts(
-        &self,
-        from: &Path,
-        to: &Path,
-        options: CopyOptions,
-    ) -> object_store::Result<()> {
-        self.inner.copy_opts(from, to, options).await
-    }
-}
-
 #[cfg(test)]
 mod tests {
+    use std::ops::Range;
+
     use hslake_schemas::DType;
 
     use super::*;

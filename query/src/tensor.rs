@@ -1,11 +1,13 @@
-//! Decoding of stored tensor values (`plane_zstd`, `[tokens, hidden]`) and the
-//! reductions behind the SQL tensor functions.
+//! Stored tensor values (`plane_zstd`, `[tokens, hidden]`) as f32, through the store's one
+//! decoder (`hslake_store::format::decode`), and the reductions behind the SQL tensor
+//! functions.
 //!
 //! Every reduction skips NaN and ±Inf elements, like the statistics columns written at capture
 //! time (`<point>_norm`, `<point>_max_abs`), so that `tensor_norm(layer_30)` equals
 //! `layer_30_norm` up to float rounding; `nan_count` / `inf_count` report what was skipped.
 use hslake_schemas::{bf16_bits_to_f32, fp8_e4m3_to_f32, DType, TensorFieldMeta, TENSOR_ENCODING};
-use hslake_store::planes;
+use hslake_store::format::decode::{self, ValueKind};
+use hslake_store::format::planes;
 
 /// What a tensor column holds, taken from its field's `hslake.tensor` metadata.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -45,28 +47,54 @@ impl TensorKind {
         })
     }
 
-    /// Number of token rows in a stored value, or an error naming the mismatch.
-    pub fn tokens(&self, value: &[u8]) -> Result<usize, String> {
-        let n = planes::element_count(value, self.dtype.size()).map_err(|e| e.to_string())?;
-        self.rows(n)
+    fn value_kind(&self) -> ValueKind {
+        ValueKind::Tensor {
+            dtype: self.dtype,
+            hidden: self.hidden,
+        }
     }
 
-    /// Token rows in `n` elements, or an error naming the partial row.
-    fn rows(&self, n: usize) -> Result<usize, String> {
-        if !n.is_multiple_of(self.hidden) {
-            return Err(format!(
-                "a value of {n} {} elements is not a whole number of rows of {}",
-                self.dtype, self.hidden
-            ));
+    /// Number of token rows in a stored value, from its own header, or an error naming the
+    /// mismatch.
+    pub fn tokens(&self, value: &[u8]) -> Result<usize, String> {
+        decode::header_tokens(value, self.value_kind()).map_err(|e| e.reason)
+    }
+
+    /// Token rows of a stored value: `seq_len`, its row's token count where the query sees it,
+    /// checked against the value's header (nothing is decoded); otherwise from the header.
+    pub fn expect_tokens(&self, value: &[u8], seq_len: Option<usize>) -> Result<usize, String> {
+        match seq_len {
+            Some(n) => decode::check_tokens(value, self.value_kind(), n)
+                .map(|()| n)
+                .map_err(|e| e.reason),
+            None => self.tokens(value),
         }
-        Ok(n / self.hidden)
     }
 
     /// Decode a stored value into f32, row-major `[tokens, hidden]`, into `out`; returns the
-    /// number of tokens.
+    /// number of tokens, taken from the value's own header.
     pub fn decode_into(&self, value: &[u8], out: &mut Vec<f32>) -> Result<usize, String> {
-        let raw = planes::decode(value, self.dtype.size()).map_err(|e| e.to_string())?;
-        let tokens = self.rows(raw.len() / self.dtype.size())?;
+        self.decode_tokens_into(value, None, &mut Vec::new(), out)
+    }
+
+    /// Decode a stored value into f32, row-major `[tokens, hidden]`, into `out`, using `raw`
+    /// as scratch; returns the number of tokens. With `seq_len` (the row's token count, where
+    /// the query sees it) a value whose frames claim any other length is refused before
+    /// anything is allocated for it; without it the value's header is trusted as far as its
+    /// frames can hold it.
+    pub fn decode_tokens_into(
+        &self,
+        value: &[u8],
+        seq_len: Option<usize>,
+        raw: &mut Vec<u8>,
+        out: &mut Vec<f32>,
+    ) -> Result<usize, String> {
+        let kind = self.value_kind();
+        let tokens = match seq_len {
+            Some(n) => n,
+            None => self.tokens(value)?,
+        };
+        decode::decode_value(value, kind, tokens, raw).map_err(|e| e.reason)?;
         out.clear();
         out.reserve(tokens * self.hidden);
         match self.dtype {

@@ -6,17 +6,18 @@
 //! checks its arguments while the query is planned and decodes with the dtype and width of the
 //! very column it is given; no per-dataset state is needed and one session can mix datasets.
 //!
-//! fp8 tensors hold one f32 scale per token in a sibling column. [`Fp8ScaleRewrite`] rewrites
+//! fp8 tensors hold one f32 scale per token in a sibling column. [`TensorArgRewrite`] rewrites
 //! `f(layer_30)` into `f(dequantize(layer_30, layer_30_scale))` while the plan still sees the
-//! table's columns, so users never name the scale column themselves.
+//! table's columns, so users never name the scale column themselves; it also hands each tensor
+//! argument its row's `seq_len`, so a value whose frames claim another length is refused.
 use std::any::Any;
 use std::sync::Arc;
 
 use datafusion::arrow::array::{
     Array, ArrayRef, AsArray, Float32Builder, Float64Builder, LargeBinaryBuilder, ListBuilder,
-    UInt64Builder,
+    UInt64Array, UInt64Builder,
 };
-use datafusion::arrow::datatypes::{DataType, Field, FieldRef, Int64Type};
+use datafusion::arrow::datatypes::{DataType, Field, FieldRef, Int64Type, UInt64Type};
 use datafusion::common::config::ConfigOptions;
 use datafusion::common::tree_node::Transformed;
 use datafusion::common::{
@@ -116,29 +117,38 @@ impl Op {
 struct TensorFn {
     op: Op,
     signature: Signature,
+    /// Whether each tensor argument's row length (`seq_len`, or NULL where the query does not
+    /// see it) follows the arguments; only [`TensorArgRewrite`] makes such calls.
+    seq_lens: bool,
+}
+
+impl TensorFn {
+    fn new(op: Op, seq_lens: bool) -> Self {
+        let extra = if seq_lens { op.tensor_args().len() } else { 0 };
+        TensorFn {
+            op,
+            signature: Signature::any(op.arity() + extra, Volatility::Immutable),
+            seq_lens,
+        }
+    }
 }
 
 /// Every tensor function as a DataFusion scalar UDF.
 pub fn tensor_udfs() -> Vec<ScalarUDF> {
     Op::ALL
         .iter()
-        .map(|&op| {
-            ScalarUDF::new_from_impl(TensorFn {
-                op,
-                signature: Signature::any(op.arity(), Volatility::Immutable),
-            })
-        })
+        .map(|&op| ScalarUDF::new_from_impl(TensorFn::new(op, false)))
         .collect()
 }
 
-/// Register every tensor function and the fp8 scale rewrite with a session.
+/// Register every tensor function and the rewrite that completes their arguments.
 pub fn register_tensor_functions(ctx: &SessionContext) -> Result<()> {
     for f in tensor_udfs() {
         ctx.register_udf(f);
     }
     ctx.state_ref()
         .write()
-        .register_function_rewrite(Arc::new(Fp8ScaleRewrite))?;
+        .register_function_rewrite(Arc::new(TensorArgRewrite))?;
     Ok(())
 }
 
@@ -204,7 +214,7 @@ fn scale_arg(
 
 impl TensorFn {
     /// Check the argument fields. An fp8 tensor whose scales live in another column is
-    /// accepted while planning, since [`Fp8ScaleRewrite`] wraps it in `dequantize` afterwards;
+    /// accepted while planning, since [`TensorArgRewrite`] wraps it in `dequantize` afterwards;
     /// at execution it means the rewrite could not apply, which is an error.
     fn check_args(
         &self,
@@ -320,13 +330,30 @@ impl ScalarUDFImpl for TensorFn {
             .iter()
             .map(|a| a.to_array(args.number_rows))
             .collect::<Result<_>>()?;
+        let (arrays, lens) = arrays.split_at(self.op.arity());
         let out = if kinds.iter().any(Option::is_none)
             || arrays[1..].iter().any(|a| a.data_type() == &DataType::Null)
         {
             datafusion::arrow::array::new_null_array(&self.op.return_type(), args.number_rows)
         } else {
             let kinds: Vec<TensorKind> = kinds.into_iter().flatten().collect();
-            evaluate(self.op, name, &kinds, &arrays, args.arg_fields[0].name())?
+            let lens = lens
+                .iter()
+                .map(|a| datafusion::arrow::compute::cast(a, &DataType::UInt64))
+                .collect::<std::result::Result<Vec<_>, _>>()?;
+            let seq_lens = SeqLens(
+                lens.iter()
+                    .map(|a| a.as_primitive::<UInt64Type>())
+                    .collect(),
+            );
+            evaluate(
+                self.op,
+                name,
+                &kinds,
+                arrays,
+                &seq_lens,
+                args.arg_fields[0].name(),
+            )?
         };
         if all_scalar {
             Ok(ColumnarValue::Scalar(ScalarValue::try_from_array(&out, 0)?))
@@ -336,21 +363,36 @@ impl ScalarUDFImpl for TensorFn {
     }
 }
 
+/// The row lengths (`seq_len`) of each tensor argument, where the query sees them.
+struct SeqLens<'a>(Vec<&'a UInt64Array>);
+
+impl SeqLens<'_> {
+    /// Tokens of row `row` of tensor argument `arg`; `None` where unknown.
+    fn get(&self, arg: usize, row: usize) -> Option<usize> {
+        self.0
+            .get(arg)
+            .filter(|a| a.is_valid(row))
+            .map(|a| a.value(row) as usize)
+    }
+}
+
 /// Run `op` over whole arrays (tensor arrays already checked to be LargeBinary).
 fn evaluate(
     op: Op,
     name: &str,
     kinds: &[TensorKind],
     arrays: &[ArrayRef],
+    seq_lens: &SeqLens<'_>,
     col: &str,
 ) -> Result<ArrayRef> {
     let t = arrays[0].as_binary::<i64>();
     let k = kinds[0];
     let rows = t.len();
     let mut buf = Vec::new();
+    let mut raw = Vec::new();
     // Decode row i of the first tensor argument into `buf`, checking its length.
-    let decode = |i: usize, buf: &mut Vec<f32>| -> Result<usize> {
-        match k.decode_into(t.value(i), buf) {
+    let mut decode = |i: usize, buf: &mut Vec<f32>| -> Result<usize> {
+        match k.decode_tokens_into(t.value(i), seq_lens.get(0, i), &mut raw, buf) {
             Ok(n) => Ok(n),
             Err(e) => exec_err!("{name}: {col} row {i}: {e}"),
         }
@@ -377,7 +419,7 @@ fn evaluate(
                     b.append_null();
                     continue;
                 }
-                let tokens = match k.tokens(t.value(i)) {
+                let tokens = match k.expect_tokens(t.value(i), seq_lens.get(0, i)) {
                     Ok(n) => n,
                     Err(e) => return exec_err!("{name}: {col} row {i}: {e}"),
                 };
@@ -426,7 +468,7 @@ fn evaluate(
         Op::Cosine => {
             let u = arrays[1].as_binary::<i64>();
             let ku = kinds[1];
-            let mut other = Vec::new();
+            let (mut other, mut other_raw) = (Vec::new(), Vec::new());
             let mut b = Float64Builder::with_capacity(rows);
             for i in 0..rows {
                 if t.is_null(i) || u.is_null(i) {
@@ -434,7 +476,12 @@ fn evaluate(
                     continue;
                 }
                 let ta = decode(i, &mut buf)?;
-                let tb = match ku.decode_into(u.value(i), &mut other) {
+                let tb = match ku.decode_tokens_into(
+                    u.value(i),
+                    seq_lens.get(1, i),
+                    &mut other_raw,
+                    &mut other,
+                ) {
                     Ok(n) => n,
                     Err(e) => return exec_err!("{name}: argument 2 row {i}: {e}"),
                 };
@@ -474,7 +521,7 @@ fn evaluate(
                 dtype: DType::F32,
                 hidden: 1,
             };
-            let mut scales = Vec::new();
+            let (mut scales, mut scale_raw) = (Vec::new(), Vec::new());
             let mut b = LargeBinaryBuilder::with_capacity(rows, 0);
             for i in 0..rows {
                 if t.is_null(i) || s.is_null(i) {
@@ -482,14 +529,10 @@ fn evaluate(
                     continue;
                 }
                 let tokens = decode(i, &mut buf)?;
-                if let Err(e) = sk.decode_into(s.value(i), &mut scales) {
-                    return exec_err!("{name}: argument 2 row {i}: {e}");
-                }
-                if scales.len() != tokens {
-                    return exec_err!(
-                        "{name}: row {i} has {tokens} tokens but {} scales; expected one f32 scale per token",
-                        scales.len()
-                    );
+                if let Err(e) =
+                    sk.decode_tokens_into(s.value(i), Some(tokens), &mut scale_raw, &mut scales)
+                {
+                    return exec_err!("{name}: argument 2 row {i}: {e} (one f32 scale per token)");
                 }
                 for (row, sc) in buf.chunks_exact_mut(k.hidden).zip(&scales) {
                     row.iter_mut().for_each(|v| *v *= sc);
@@ -504,14 +547,20 @@ fn evaluate(
     })
 }
 
-/// Rewrites every fp8 tensor-column argument `c` of a tensor function into
-/// `dequantize(c, <c's scale column>)`, so per-token scales are always applied.
+/// Completes the arguments of every tensor function while the plan still sees the table's
+/// columns:
+/// - an fp8 tensor column `c` becomes `dequantize(c, <c's scale column>)`, so per-token scales
+///   are always applied;
+/// - each tensor argument gets its row's `seq_len` (from the table of the first column it
+///   names), so the decoder refuses a value whose frames claim another length instead of
+///   allocating for the claim. Where the query does not see `seq_len` (a tensor aliased
+///   through a subquery), the argument gets NULL and the value's own header is used.
 #[derive(Debug)]
-pub struct Fp8ScaleRewrite;
+pub struct TensorArgRewrite;
 
-impl FunctionRewrite for Fp8ScaleRewrite {
+impl FunctionRewrite for TensorArgRewrite {
     fn name(&self) -> &str {
-        "hslake_fp8_scale_rewrite"
+        "hslake_tensor_arg_rewrite"
     }
 
     fn rewrite(
@@ -526,59 +575,78 @@ impl FunctionRewrite for Fp8ScaleRewrite {
         let Some(tf) = (sf.func.inner().as_ref() as &dyn Any).downcast_ref::<TensorFn>() else {
             return Ok(Transformed::no(expr));
         };
-        if tf.op == Op::Dequantize {
+        if tf.seq_lens {
             return Ok(Transformed::no(expr));
         }
         let mut args = sf.args.clone();
-        let mut changed = false;
-        for &pos in tf.op.tensor_args() {
-            let Some(Expr::Column(c)) = args.get(pos) else {
-                continue;
-            };
-            let Ok(field) = schema.field_from_column(c) else {
-                continue;
-            };
-            let Some(meta) = field
-                .metadata()
-                .get(TENSOR_META_KEY)
-                .and_then(|j| serde_json::from_str::<TensorFieldMeta>(j).ok())
-            else {
-                continue;
-            };
-            let Some(scale) = meta.scale_column.filter(|_| meta.dtype.has_scales()) else {
-                continue;
-            };
-            let scale_col = datafusion::common::Column::new(c.relation.clone(), scale);
-            if schema.field_from_column(&scale_col).is_err() {
-                return plan_err!(
-                    "{}: argument {} ({}) is an fp8_e4m3 tensor whose per-token scales are in {}, which this \
-                     query does not see; select that column too, or call {}(dequantize({}, {}))",
-                    tf.op.name(),
-                    pos + 1,
-                    c.name,
-                    scale_col.name,
-                    tf.op.name(),
-                    c.name,
-                    scale_col.name
-                );
+        if tf.op != Op::Dequantize {
+            for &pos in tf.op.tensor_args() {
+                if let Some(deq) = with_scales(tf.op, pos, &args[pos], schema)? {
+                    args[pos] = deq;
+                }
             }
-            let deq = Arc::new(ScalarUDF::new_from_impl(TensorFn {
-                op: Op::Dequantize,
-                signature: Signature::any(2, Volatility::Immutable),
-            }));
-            args[pos] = Expr::ScalarFunction(ScalarFunction::new_udf(
-                deq,
-                vec![Expr::Column(c.clone()), Expr::Column(scale_col)],
-            ));
-            changed = true;
         }
-        if !changed {
-            return Ok(Transformed::no(expr));
-        }
-        Ok(Transformed::yes(Expr::ScalarFunction(
-            ScalarFunction::new_udf(sf.func.clone(), args),
-        )))
+        Ok(Transformed::yes(with_seq_lens(tf.op, args, schema)))
     }
+}
+
+/// `dequantize(c, <c's scale column>, seq_len)` for an fp8 tensor column `c` (argument `pos`
+/// of `op`); `None` for any other argument.
+fn with_scales(op: Op, pos: usize, arg: &Expr, schema: &DFSchema) -> Result<Option<Expr>> {
+    let Expr::Column(c) = arg else {
+        return Ok(None);
+    };
+    let Ok(field) = schema.field_from_column(c) else {
+        return Ok(None);
+    };
+    let Some(meta) = field
+        .metadata()
+        .get(TENSOR_META_KEY)
+        .and_then(|j| serde_json::from_str::<TensorFieldMeta>(j).ok())
+    else {
+        return Ok(None);
+    };
+    let Some(scale) = meta.scale_column.filter(|_| meta.dtype.has_scales()) else {
+        return Ok(None);
+    };
+    let scale_col = datafusion::common::Column::new(c.relation.clone(), scale);
+    if schema.field_from_column(&scale_col).is_err() {
+        return plan_err!(
+            "{}: argument {} ({}) is an fp8_e4m3 tensor whose per-token scales are in {}, which this \
+             query does not see; select that column too, or call {}(dequantize({}, {}))",
+            op.name(),
+            pos + 1,
+            c.name,
+            scale_col.name,
+            op.name(),
+            c.name,
+            scale_col.name
+        );
+    }
+    let args = vec![Expr::Column(c.clone()), Expr::Column(scale_col)];
+    Ok(Some(with_seq_lens(Op::Dequantize, args, schema)))
+}
+
+/// `op(args..., <seq_len of each tensor argument>)`.
+fn with_seq_lens(op: Op, mut args: Vec<Expr>, schema: &DFSchema) -> Expr {
+    for &pos in op.tensor_args() {
+        let seq_len = args[pos]
+            .column_refs()
+            .into_iter()
+            .next()
+            .map(|c| datafusion::common::Column::new(c.relation.clone(), "seq_len"))
+            .filter(|s| {
+                schema
+                    .field_from_column(s)
+                    .is_ok_and(|f| f.data_type().is_unsigned_integer())
+            });
+        args.push(match seq_len {
+            Some(s) => Expr::Column(s),
+            None => Expr::Literal(ScalarValue::UInt64(None), None),
+        });
+    }
+    let f = Arc::new(ScalarUDF::new_from_impl(TensorFn::new(op, true)));
+    Expr::ScalarFunction(ScalarFunction::new_udf(f, args))
 }
 
 #[cfg(test)]
@@ -589,6 +657,61 @@ mod tests {
     fn every_function_has_its_name() {
         let names: Vec<String> = tensor_udfs().iter().map(|f| f.name().to_string()).collect();
         assert_eq!(names, FUNCTION_NAMES);
+    }
+
+    /// Samples 0 and 1 of 8 tokens; sample 1's layer_1 value is valid zstd whose frames claim
+    /// 1000 tokens, as in a poisoned shard.
+    async fn poisoned_dataset(url: &str) {
+        use hslake_schemas::{CapturePoint, DatasetSchema, Sample, TensorData};
+        use hslake_store::{encode_sample, Dataset, DatasetWriter, Provenance, WriterOptions};
+        let points = vec![CapturePoint::LayerOutput(1)];
+        let schema =
+            DatasetSchema::new("m", "LlamaForCausalLM", 64, 2, 100, DType::Bf16, points).unwrap();
+        let ds = Dataset::create(url, schema.clone(), Provenance::default())
+            .await
+            .unwrap();
+        let opts = WriterOptions::default();
+        let mut w = DatasetWriter::new(&ds, opts).await.unwrap();
+        for id in 0..2u64 {
+            let s = Sample {
+                sample_id: id,
+                input_ids: vec![1; 8],
+                loss_mask: vec![1; 8],
+                tensors: vec![TensorData::from_bf16_bits(&[0x3f80; 8 * 64], vec![8, 64])],
+            };
+            let mut enc = encode_sample(&schema, &opts, &s).unwrap().unwrap();
+            if id == 1 {
+                let claim = vec![0u8; 1000 * 64 * 2];
+                enc.tensors[0] = hslake_store::format::planes::encode(&claim, 2, 1).unwrap();
+            }
+            w.append_encoded(Some(enc)).await.unwrap();
+        }
+        w.commit().await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn tensor_functions_refuse_a_value_that_claims_more_tokens_than_its_row() {
+        poisoned_dataset("memory://udf-poisoned").await;
+        let session = crate::QuerySession::open("memory://udf-poisoned", None)
+            .await
+            .unwrap();
+        for f in ["tensor_shape", "tensor_max_abs", "token_norms"] {
+            let sql = format!("SELECT {f}(layer_1) FROM samples WHERE sample_id = 1");
+            let err = session.query(&sql).await.unwrap_err().to_string();
+            assert!(
+                err.contains(&format!("{f}: layer_1 row "))
+                    && err.contains("expected shape [8, 64] of bf16, got [1000, 64]"),
+                "{sql}: {err}"
+            );
+        }
+        let b = session
+            .query("SELECT tensor_shape(layer_1) AS s FROM samples WHERE sample_id = 0")
+            .await
+            .unwrap();
+        let text = datafusion::arrow::util::pretty::pretty_format_batches(&b)
+            .unwrap()
+            .to_string();
+        assert!(text.contains("[8, 64]"), "{text}");
     }
 
     #[test]

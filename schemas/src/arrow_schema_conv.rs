@@ -1,7 +1,7 @@
 //! The dataset schema as an Arrow schema and back.
 //!
 //! Columns, in order: `sample_id`, `seq_len`, `num_loss_tokens`, `input_ids`, `loss_mask`,
-//! then for each capture point `<point>` (LargeBinary, byte-split tensor), `<point>_scale`
+//! then for each capture point `<point>` (LargeBinary, `plane_zstd` tensor), `<point>_scale`
 //! (fp8 only), and the statistics `<point>_norm`, `<point>_max_abs`, `<point>_nan_count`,
 //! `<point>_inf_count`.
 use std::collections::HashMap;
@@ -19,7 +19,7 @@ pub const SCHEMA_META_KEY: &str = "hslake.schema";
 /// Schema-metadata key holding the format version.
 pub const FORMAT_META_KEY: &str = "hslake.format_version";
 
-/// The encoding of every tensor value (see docs/FORMAT.md and `hslake_store::planes`).
+/// The encoding of every tensor value (see docs/FORMAT.md and `hslake_store::format::planes`).
 pub const TENSOR_ENCODING: &str = "plane_zstd";
 
 /// How to rebuild a tensor from one value of its column, stored in the field's metadata.
@@ -40,7 +40,7 @@ pub struct TensorFieldMeta {
     pub encoding: String,
     /// Always `little`.
     pub byte_order: String,
-    /// For fp8: the column with one f32 scale per token (itself byte-split f32).
+    /// For fp8: the column with one f32 scale per token (itself `plane_zstd` f32).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub scale_column: Option<String>,
 }
@@ -113,10 +113,7 @@ impl DatasetSchema {
             layer: p.layer(),
             encoding: TENSOR_ENCODING.into(),
             byte_order: "little".into(),
-            scale_column: self
-                .dtype
-                .has_scales()
-                .then(|| format!("{}_scale", p.column())),
+            scale_column: self.dtype.has_scales().then(|| p.scale_column()),
         }
     }
 

@@ -27,6 +27,11 @@ impl CapturePoint {
         self.to_string()
     }
 
+    /// Column name of this point's per-token fp8 scales: `layer_30_scale`.
+    pub fn scale_column(&self) -> String {
+        format!("{self}_scale")
+    }
+
     /// Human wording used in error messages: `layer 30` or `final norm`.
     pub fn label(&self) -> String {
         match self {
@@ -110,6 +115,15 @@ mod tests {
             "final_norm".parse::<CapturePoint>().unwrap(),
             CapturePoint::FinalNorm
         );
+    }
+
+    #[test]
+    fn scale_column_is_the_point_column_with_scale_suffix() {
+        assert_eq!(
+            CapturePoint::LayerOutput(30).scale_column(),
+            "layer_30_scale"
+        );
+        assert_eq!(CapturePoint::FinalNorm.scale_column(), "final_norm_scale");
     }
 
     #[test]

@@ -1,8 +1,8 @@
 //! `hslake bench`: benchmarks that print figures for docs/PERFORMANCE.md.
 use anyhow::{Context, Result};
 use hslake_schemas::{CapturePoint, DType, DatasetSchema, Sample};
-use hslake_store::bench::{bench_layouts, bench_store};
-use hslake_store::synth::SynthModel;
+use hslake_store::tools::bench::{bench_layouts, bench_store};
+use hslake_store::tools::synth::SynthModel;
 use hslake_store::{Dataset, DatasetReader};
 
 /// Benchmarks.
@@ -55,7 +55,7 @@ async fn load_samples(a: &StoreArgs) -> Result<(DatasetSchema, Vec<Sample>)> {
         let mut scan = r.scan(None);
         use futures::TryStreamExt;
         while let Some(b) = scan.try_next().await? {
-            out.extend(hslake_store::codec::decode_samples(r.schema(), &b)?);
+            out.extend(hslake_store::format::codec::decode_samples(r.schema(), &b)?);
             if out.len() >= a.samples {
                 out.truncate(a.samples);
                 break;
@@ -64,7 +64,7 @@ async fn load_samples(a: &StoreArgs) -> Result<(DatasetSchema, Vec<Sample>)> {
         return Ok((r.schema().clone(), out));
     }
     if let Some(dir) = &a.from_npy {
-        return Ok(hslake_store::bench::samples_from_npy(dir, a.samples)?);
+        return Ok(hslake_store::tools::bench::samples_from_npy(dir, a.samples)?);
     }
     let seq = super::synth::parse_range(&a.seq_len)?;
     let dtype: DType = a.dtype.parse()?;

@@ -6,7 +6,7 @@ use anyhow::{bail, Context, Result};
 use hslake_loader::export::{export_trainer_files, ExportOptions};
 use hslake_loader::Preset;
 use hslake_schemas::DType;
-use hslake_store::npy::write_npy;
+use hslake_store::tools::npy::write_npy;
 use hslake_store::{Dataset, DatasetReader};
 
 /// What `hslake export` writes.
@@ -132,7 +132,7 @@ async fn export_npy(url: &str, id: u64, dir: &Path, version: Option<u64>) -> Res
         if let Some(sc) = &t.scales {
             let b: Vec<u8> = sc.iter().flat_map(|v| v.to_le_bytes()).collect();
             write_npy(
-                &dir.join(format!("{}_scale.npy", p.column())),
+                &dir.join(format!("{}.npy", p.scale_column())),
                 "<f4",
                 &[n],
                 &b,

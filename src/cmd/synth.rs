@@ -1,10 +1,7 @@
 //! `hslake synth`: a synthetic dataset whose values look like real activations.
-use std::sync::mpsc;
-
 use anyhow::{bail, Context, Result};
-use hslake_schemas::{CapturePoint, DType, DatasetSchema};
-use hslake_store::synth::SynthModel;
-use hslake_store::{encode_sample, Dataset, DatasetWriter, Provenance, WriterOptions};
+use hslake_store::tools::synth::{write_dataset, SynthSpec};
+use hslake_store::WriterOptions;
 
 /// Arguments of `hslake synth`.
 #[derive(clap::Args)]
@@ -74,95 +71,33 @@ pub fn parse_range(s: &str) -> Result<(usize, usize)> {
 
 /// Run `hslake synth`.
 pub async fn run(a: Args) -> Result<std::process::ExitCode> {
-    let seq = parse_range(&a.seq_len)?;
-    let dtype: DType = a.dtype.parse()?;
-    let mut points: Vec<CapturePoint> = a
-        .layers
-        .iter()
-        .map(|&l| CapturePoint::LayerOutput(l))
-        .collect();
-    if a.final_norm {
-        points.push(CapturePoint::FinalNorm);
-    }
-    let num_layers = a
-        .num_layers
-        .unwrap_or_else(|| a.layers.iter().max().map_or(1, |m| *m as usize + 1));
-    let schema = DatasetSchema::new(
-        "synthetic",
-        "Synthetic",
-        a.hidden,
-        num_layers,
-        a.vocab_size,
-        dtype,
-        points,
-    )?;
-    let prov = Provenance {
-        model: "synthetic".into(),
-        architecture: "Synthetic".into(),
-        dtype: dtype.to_string(),
-        layers: schema.points.clone(),
-        layer_convention: hslake_schemas::LAYER_CONVENTION.into(),
-        software: format!("hslake {}", env!("CARGO_PKG_VERSION")),
-        extra: [("synth_seed".to_string(), serde_json::json!(a.seed))]
-            .into_iter()
-            .collect(),
-        ..Default::default()
+    let spec = SynthSpec {
+        samples: a.samples,
+        seq_len: parse_range(&a.seq_len)?,
+        hidden: a.hidden,
+        layers: a.layers,
+        final_norm: a.final_norm,
+        num_layers: a.num_layers,
+        vocab_size: a.vocab_size,
+        dtype: a.dtype.parse()?,
+        seed: a.seed,
+        first_id: a.first_id,
+        writer: WriterOptions {
+            zstd_level: a.zstd_level,
+            shard_target_bytes: a.shard_mb << 20,
+            row_group_target_bytes: a.row_group_mb << 20,
+            ..Default::default()
+        },
+        commit_every: a.commit_every,
     };
-    let ds = Dataset::open_or_create(&a.url, schema.clone(), prov).await?;
-    let opts = WriterOptions {
-        zstd_level: a.zstd_level,
-        shard_target_bytes: a.shard_mb << 20,
-        row_group_target_bytes: a.row_group_mb << 20,
-        ..Default::default()
-    };
-    let mut w = DatasetWriter::new(&ds, opts).await?;
-    let gen = SynthModel::new(schema.clone(), seq, a.seed);
-
-    // Generation and encoding are the CPU work: spread them over threads, each with its own
-    // bounded channel, and take results round-robin so the order is deterministic.
-    let threads = std::thread::available_parallelism()
-        .map_or(1, |n| n.get())
-        .clamp(1, 8);
     let pb = super::progress(a.samples, "samples");
     pb.set_message("synth");
-    let mut rxs = vec![];
-    let mut handles = vec![];
-    for t in 0..threads as u64 {
-        let (tx, rx) = mpsc::sync_channel(4);
-        rxs.push(rx);
-        let (gen, schema) = (gen.clone(), schema.clone());
-        let (first, n) = (a.first_id, a.samples);
-        handles.push(std::thread::spawn(move || {
-            let mut i = t;
-            while i < n {
-                let s = gen.sample(first + i);
-                let enc = encode_sample(&schema, &opts, &s);
-                if tx.send(enc).is_err() {
-                    return;
-                }
-                i += threads as u64;
-            }
-        }));
-    }
-    for i in 0..a.samples {
-        let enc = rxs[(i % threads as u64) as usize]
-            .recv()
-            .context("encoder thread stopped")??;
-        w.append_encoded(enc).await?;
-        pb.inc(1);
-        if a.commit_every > 0 && (i + 1) % a.commit_every == 0 {
-            w.commit().await?;
-        }
-    }
-    for h in handles {
-        let _ = h.join();
-    }
-    let v = w.commit().await?;
+    let r = write_dataset(&a.url, &spec, || pb.inc(1)).await?;
     pb.finish_and_clear();
-    let st = w.stats();
+    let st = r.stats;
     tracing::info!(
-        url = %ds.url(),
-        version = ?v,
+        url = %r.dataset.url(),
+        version = ?r.version,
         samples = st.samples,
         tokens = st.tokens,
         raw = %super::human_bytes(st.raw_bytes),

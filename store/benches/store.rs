@@ -5,8 +5,8 @@
 //! HSLAKE_BENCH_ROW_GROUP_MB.
 use futures::TryStreamExt;
 use hslake_schemas::{CapturePoint, DType, DatasetSchema, Sample};
-use hslake_store::bench::{bench_layouts, bench_store};
-use hslake_store::synth::SynthModel;
+use hslake_store::tools::bench::{bench_layouts, bench_store};
+use hslake_store::tools::synth::SynthModel;
 use hslake_store::{Dataset, DatasetReader};
 
 fn env<T: std::str::FromStr>(k: &str, d: T) -> T {
@@ -19,7 +19,7 @@ fn env<T: std::str::FromStr>(k: &str, d: T) -> T {
 async fn samples() -> (DatasetSchema, Vec<Sample>) {
     let n: usize = env("HSLAKE_BENCH_SAMPLES", 200);
     if let Ok(dir) = std::env::var("HSLAKE_BENCH_NPY") {
-        return hslake_store::bench::samples_from_npy(dir.as_ref(), n).expect("npy samples");
+        return hslake_store::tools::bench::samples_from_npy(dir.as_ref(), n).expect("npy samples");
     }
     if let Ok(url) = std::env::var("HSLAKE_BENCH_FROM") {
         let r = DatasetReader::open(&Dataset::open(&url).await.expect("open"), None)
@@ -28,7 +28,9 @@ async fn samples() -> (DatasetSchema, Vec<Sample>) {
         let mut out = vec![];
         let mut scan = r.scan(None);
         while let Some(b) = scan.try_next().await.expect("scan") {
-            out.extend(hslake_store::codec::decode_samples(r.schema(), &b).expect("decode"));
+            out.extend(
+                hslake_store::format::codec::decode_samples(r.schema(), &b).expect("decode"),
+            );
         }
         out.truncate(n);
         return (r.schema().clone(), out);

@@ -1,11 +1,14 @@
 //! Copying a dataset, with its whole history, to another store; checksums checked both ways.
 use std::collections::BTreeMap;
 
+use bytes::Bytes;
 use futures::{StreamExt, TryStreamExt};
-use object_store::{ObjectStoreExt, PutMode, PutOptions, PutPayload};
+use object_store::{ObjectStoreExt, PutPayload};
 
-use crate::manifest::{manifest_path, ShardEntry};
-use crate::{location, Dataset, Result, StoreError};
+use crate::io::location;
+use crate::table::commit::{put_manifest, CommitError};
+use crate::table::manifest::ShardEntry;
+use crate::{Dataset, Result, StoreError};
 
 /// What `copy_dataset` copied.
 #[derive(Debug, Clone, Default)]
@@ -28,11 +31,16 @@ pub async fn copy_dataset(
     on_shard: impl Fn(u64) + Send + Sync,
 ) -> Result<CopyReport> {
     let dst = location::parse(dst_url)?;
-    let dst_ds_versions = Dataset::open(dst_url).await.map(|_| ()).ok();
-    if dst_ds_versions.is_some() {
-        return Err(StoreError::AlreadyExists {
-            url: dst.url.clone(),
-        });
+    match Dataset::open(dst_url).await {
+        Err(StoreError::NotADataset { .. }) => {}
+        Ok(_) => {
+            return Err(StoreError::AlreadyExists {
+                url: dst.url.clone(),
+            })
+        }
+        // Anything else (unreachable store, no permission) is not evidence that the
+        // destination is free: copying into it blind could interleave with a dataset there.
+        Err(e) => return Err(e),
     }
     let versions = src.versions().await?;
     let mut manifests = vec![];
@@ -50,30 +58,14 @@ pub async fn copy_dataset(
         .map(|s| async move {
             let from = format!("{}/{}", src.url(), s.path);
             let to = format!("{}/{}", dst_ref.url, s.path);
-            let bytes = src
-                .object_store()
-                .get(&src.object_path(&s.path))
-                .await
-                .map_err(|e| StoreError::os(&from, e))?
-                .bytes()
-                .await
-                .map_err(|e| StoreError::os(&from, e))?;
+            let bytes = read_whole(src.location(), &s.path).await?;
             check(&from, &s, &bytes)?;
-            let path = dst_ref.path(&s.path);
             dst_ref
                 .store
-                .put(&path, PutPayload::from(bytes))
+                .put(&dst_ref.path(&s.path), PutPayload::from(bytes))
                 .await
                 .map_err(|e| StoreError::os(&to, e))?;
-            let back = dst_ref
-                .store
-                .get(&path)
-                .await
-                .map_err(|e| StoreError::os(&to, e))?
-                .bytes()
-                .await
-                .map_err(|e| StoreError::os(&to, e))?;
-            check(&to, &s, &back)?;
+            check(&to, &s, &read_whole(dst_ref, &s.path).await?)?;
             on_shard(s.bytes);
             Ok::<u64, StoreError>(s.bytes)
         })
@@ -81,21 +73,34 @@ pub async fn copy_dataset(
         .try_collect()
         .await?;
     for m in &manifests {
-        let rel = manifest_path(m.version);
-        let opts = PutOptions {
-            mode: PutMode::Create,
-            ..Default::default()
-        };
-        dst.store
-            .put_opts(&dst.path(&rel), PutPayload::from(m.to_json()), opts)
-            .await
-            .map_err(|e| StoreError::os(format!("{}/{rel}", dst.url), e))?;
+        match put_manifest(&dst, m).await {
+            Ok(()) => {}
+            // Another writer created a dataset at the destination while the shards were copied.
+            Err(CommitError::Conflict) => {
+                return Err(StoreError::AlreadyExists {
+                    url: dst.url.clone(),
+                })
+            }
+            Err(CommitError::Other(e)) => return Err(e),
+        }
     }
     Ok(CopyReport {
         versions: manifests.len(),
         shards: copied.len(),
         bytes: copied.iter().sum(),
     })
+}
+
+/// The whole of the dataset-relative file `rel` at `loc`.
+async fn read_whole(loc: &location::Location, rel: &str) -> Result<Bytes> {
+    let shown = format!("{}/{rel}", loc.url);
+    loc.store
+        .get(&loc.path(rel))
+        .await
+        .map_err(|e| StoreError::os(&shown, e))?
+        .bytes()
+        .await
+        .map_err(|e| StoreError::os(&shown, e))
 }
 
 fn check(shown: &str, s: &ShardEntry, bytes: &[u8]) -> Result<()> {
@@ -116,4 +121,44 @@ fn check(shown: &str, s: &ShardEntry, bytes: &[u8]) -> Result<()> {
         ));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use hslake_schemas::DType;
+
+    use super::*;
+    use crate::tools::synth::{write_dataset, SynthSpec};
+    use crate::WriterOptions;
+
+    #[tokio::test]
+    async fn refuses_a_destination_it_cannot_inspect_before_copying_anything() {
+        let spec = SynthSpec {
+            samples: 4,
+            seq_len: (2, 5),
+            hidden: 8,
+            layers: vec![1],
+            final_norm: false,
+            num_layers: None,
+            vocab_size: 100,
+            dtype: DType::Bf16,
+            seed: 1,
+            first_id: 0,
+            writer: WriterOptions::default(),
+            commit_every: 0,
+        };
+        let src = write_dataset("memory://copy-src-uninspectable", &spec, || {})
+            .await
+            .unwrap()
+            .dataset;
+        let tmp = tempfile::tempdir().unwrap();
+        let dst = tmp.path().join("dst");
+        // `_hslake` is a file, so listing `_hslake/versions` fails: that is not "no dataset".
+        std::fs::create_dir_all(&dst).unwrap();
+        std::fs::write(dst.join("_hslake"), b"not a folder").unwrap();
+        let url = format!("file://{}", dst.display());
+        let err = copy_dataset(&src, &url, |_| {}).await.unwrap_err();
+        assert!(matches!(err, StoreError::ObjectStore { .. }), "{err}");
+        assert!(!dst.join("data").exists(), "no shard copied");
+    }
 }

@@ -1,16 +1,14 @@
 //! A dataset handle: open, create, list versions, read manifests, commit.
 use std::sync::Arc;
-use std::time::Duration;
 
-use futures::TryStreamExt;
-use hslake_schemas::{DatasetSchema, FORMAT_VERSION};
+use hslake_schemas::DatasetSchema;
 use object_store::path::Path;
-use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload};
+use object_store::ObjectStore;
 
-use crate::location::{self, Location};
-use crate::manifest::{
-    manifest_path, parse_manifest_name, Manifest, Provenance, ShardEntry, VERSIONS_DIR,
-};
+use crate::io::location::{self, Location};
+use crate::table::commit::{self, Change, CommitError, Committer};
+use crate::table::manifest::{Manifest, Provenance, ShardEntry};
+use crate::table::versions;
 use crate::{Result, StoreError};
 
 /// A dataset at a URL: a prefix in an object store holding manifests and shards.
@@ -43,24 +41,15 @@ impl Dataset {
         let ds = Dataset {
             loc: location::parse(url)?,
         };
-        let m = Manifest {
-            format_version: FORMAT_VERSION,
-            version: 0,
-            parent: None,
-            committed_at: now(),
-            schema,
-            provenance,
-            shards: vec![],
-            properties: Default::default(),
-        };
-        match ds.put_manifest(&m).await? {
-            true => {
+        match commit::put_manifest(&ds.loc, &commit::initial_manifest(schema, provenance)).await {
+            Ok(()) => {
                 tracing::info!(url = %ds.loc.url, "created dataset");
                 Ok(ds)
             }
-            false => Err(StoreError::AlreadyExists {
+            Err(CommitError::Conflict) => Err(StoreError::AlreadyExists {
                 url: ds.loc.url.clone(),
             }),
+            Err(CommitError::Other(e)) => Err(e),
         }
     }
 
@@ -75,12 +64,7 @@ impl Dataset {
             Err(StoreError::AlreadyExists { .. }) => {
                 let ds = Dataset::open(url).await?;
                 let m = ds.manifest(None).await?;
-                if m.schema != schema {
-                    return Err(StoreError::SchemaMismatch {
-                        url: ds.loc.url.clone(),
-                        detail: schema_diff(&m.schema, &schema),
-                    });
-                }
+                commit::check_schema(ds.url(), &m.schema, &schema)?;
                 Ok(ds)
             }
             Err(e) => Err(e),
@@ -109,141 +93,32 @@ impl Dataset {
 
     /// Every committed version, ascending.
     pub async fn versions(&self) -> Result<Vec<u64>> {
-        let dir = self.loc.path(VERSIONS_DIR);
-        let metas: Vec<_> = self
-            .loc
-            .store
-            .list(Some(&dir))
-            .try_collect()
-            .await
-            .map_err(|e| StoreError::os(format!("{}/{VERSIONS_DIR}", self.loc.url), e))?;
-        let mut v: Vec<u64> = metas
-            .iter()
-            .filter_map(|m| m.location.filename().and_then(parse_manifest_name))
-            .collect();
-        v.sort_unstable();
-        Ok(v)
+        versions::list(&self.loc).await
     }
 
     /// The newest committed version.
     pub async fn latest_version(&self) -> Result<u64> {
-        self.versions()
-            .await?
-            .last()
-            .copied()
-            .ok_or_else(|| StoreError::NotADataset {
-                url: self.loc.url.clone(),
-            })
+        versions::latest(&self.loc).await
     }
 
     /// The manifest of a version (`None`: the newest).
     pub async fn manifest(&self, version: Option<u64>) -> Result<Manifest> {
-        let v = match version {
-            Some(v) => v,
-            None => self.latest_version().await?,
-        };
-        let rel = manifest_path(v);
-        let path = self.loc.path(&rel);
-        let shown = format!("{}/{rel}", self.loc.url);
-        let bytes = match self.loc.store.get(&path).await {
-            Ok(r) => r.bytes().await.map_err(|e| StoreError::os(&shown, e))?,
-            Err(object_store::Error::NotFound { .. }) => {
-                let latest = self.latest_version().await?;
-                return Err(StoreError::VersionNotFound {
-                    url: self.loc.url.clone(),
-                    version: v,
-                    latest,
-                });
-            }
-            Err(e) => return Err(StoreError::os(&shown, e)),
-        };
-        let m = Manifest::from_json(&shown, &bytes)?;
-        if m.version != v {
-            return Err(StoreError::corrupt(
-                &shown,
-                format!("names version {}, expected {v}", m.version),
-            ));
-        }
-        Ok(m)
+        versions::read_or_latest(&self.loc, version).await
     }
 
-    /// Write a manifest put-if-absent; `false` when that version already exists.
-    async fn put_manifest(&self, m: &Manifest) -> Result<bool> {
-        let rel = manifest_path(m.version);
-        let opts = PutOptions {
-            mode: PutMode::Create,
-            ..Default::default()
-        };
-        match self
-            .loc
-            .store
-            .put_opts(&self.loc.path(&rel), PutPayload::from(m.to_json()), opts)
-            .await
-        {
-            Ok(_) => Ok(true),
-            Err(object_store::Error::AlreadyExists { .. })
-            | Err(object_store::Error::Precondition { .. }) => Ok(false),
-            Err(e) => Err(StoreError::os(format!("{}/{rel}", self.loc.url), e)),
-        }
-    }
-
-    /// Commit `shards` on top of the newest version as version N+1.
-    ///
-    /// The manifest is written put-if-absent, so two writers can never both commit N+1;
-    /// the loser re-reads the new head and retries on top of it.
+    /// Commit `shards` on top of the newest version as version N+1 (see [`Committer`]).
     pub async fn commit(
         &self,
         schema: &DatasetSchema,
         shards: &[ShardEntry],
         properties: &std::collections::BTreeMap<String, String>,
     ) -> Result<u64> {
-        const ATTEMPTS: u32 = 64;
-        for attempt in 0..ATTEMPTS {
-            let head = self.manifest(None).await?;
-            if &head.schema != schema {
-                return Err(StoreError::SchemaMismatch {
-                    url: self.loc.url.clone(),
-                    detail: schema_diff(&head.schema, schema),
-                });
-            }
-            let mut next = head.clone();
-            next.version = head.version + 1;
-            next.parent = Some(head.version);
-            next.committed_at = now();
-            next.shards.extend_from_slice(shards);
-            next.properties
-                .extend(properties.iter().map(|(k, v)| (k.clone(), v.clone())));
-            if self.put_manifest(&next).await? {
-                tracing::debug!(url = %self.loc.url, version = next.version, shards = shards.len(), "committed");
-                return Ok(next.version);
-            }
-            tracing::debug!(url = %self.loc.url, attempt, "commit conflict, retrying on the new head");
-            // Jittered backoff keeps many racing writers from colliding in lockstep.
-            let ms = rand::random_range(1..(5u64 << attempt.min(6)));
-            tokio::time::sleep(Duration::from_millis(ms)).await;
-        }
-        Err(StoreError::CommitContention {
-            url: self.loc.url.clone(),
-            attempts: ATTEMPTS,
-        })
+        Committer::new(&self.loc)
+            .commit(Change {
+                schema,
+                shards,
+                properties,
+            })
+            .await
     }
-}
-
-fn schema_diff(have: &DatasetSchema, want: &DatasetSchema) -> String {
-    let a = serde_json::to_value(have).unwrap_or_default();
-    let b = serde_json::to_value(want).unwrap_or_default();
-    let mut diffs = vec![];
-    if let (Some(a), Some(b)) = (a.as_object(), b.as_object()) {
-        for (k, va) in a {
-            let vb = b.get(k).cloned().unwrap_or_default();
-            if *va != vb {
-                diffs.push(format!("{k}: dataset has {va}, requested {vb}"));
-            }
-        }
-    }
-    diffs.join("; ")
-}
-
-pub(crate) fn now() -> String {
-    chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
 }

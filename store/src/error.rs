@@ -1,6 +1,8 @@
 use hslake_schemas::SchemaError;
 use thiserror::Error;
 
+use crate::format::decode::describe_site;
+
 /// Everything a store operation can fail with; each names the dataset, file or sample.
 #[derive(Debug, Error)]
 #[non_exhaustive]
@@ -100,6 +102,22 @@ pub enum StoreError {
         /// The file.
         path: String,
         /// What is wrong.
+        reason: String,
+    },
+    /// A stored tensor or scale value that does not decode to what its row and the schema say.
+    #[error("{}: {reason}", describe_site(.file, .row_group, .row, .sample_id, .column))]
+    BadValue {
+        /// The shard file, where known.
+        file: Option<String>,
+        /// The row group in that file, where known.
+        row_group: Option<usize>,
+        /// The row in the batch being decoded, where known.
+        row: Option<usize>,
+        /// The row's sample id, where known.
+        sample_id: Option<u64>,
+        /// The column.
+        column: String,
+        /// What is wrong, e.g. `expected shape [8, 64] of bf16, got [3125000, 64]`.
         reason: String,
     },
     /// Object storage failed.

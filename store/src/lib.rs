@@ -18,32 +18,36 @@
 //! assert_eq!(r.get_sample(0).await.unwrap().input_ids, vec![5, 6]);
 //! # });
 //! ```
+//!
+//! The dataset API is at the crate root. Underneath, by concern (as Lance splits its file,
+//! table and io crates):
+//! - [`format`]: the shard format, the `plane_zstd` encoding and the one tensor decoder;
+//! - [`table`]: manifests, finding versions, the commit protocol;
+//! - [`io`]: dataset URLs to object stores, ranged reads, counting what reads fetch;
+//! - [`tools`]: synthetic data, the store benchmarks and `.npy` files, built on the above.
 #![deny(missing_docs)]
 
-pub mod bench;
-pub mod codec;
-mod copy;
+pub mod format;
+pub mod io;
+pub mod table;
+pub mod tools;
 
+mod copy;
 mod dataset;
 mod error;
-pub mod location;
-mod manifest;
-pub mod npy;
-pub mod planes;
 mod reader;
-pub mod shard_io;
-
-pub mod synth;
 mod vacuum;
 mod verify;
 mod writer;
 
+pub use copy::{copy_dataset, CopyReport};
 pub use dataset::Dataset;
 pub use error::{Result, StoreError};
-pub use manifest::{manifest_path, Manifest, Provenance, ShardEntry, DATA_DIR, VERSIONS_DIR};
+pub use io::location;
 pub use reader::DatasetReader;
-
-pub use copy::{copy_dataset, CopyReport};
+pub use table::manifest::{
+    manifest_path, Manifest, Provenance, ShardEntry, DATA_DIR, VERSIONS_DIR,
+};
 pub use vacuum::{vacuum, VacuumReport};
 pub use verify::{verify, Problem, VerifyReport};
 pub use writer::{encode_sample, Appended, DatasetWriter, WriterOptions, WriterStats};

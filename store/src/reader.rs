@@ -13,9 +13,10 @@ use parquet::arrow::{ParquetRecordBatchStreamBuilder, ProjectionMask};
 use parquet::file::metadata::{PageIndexPolicy, ParquetMetaData};
 use parquet::file::statistics::Statistics;
 
-use crate::codec::decode_samples_from;
-use crate::manifest::Manifest;
-use crate::shard_io::{IoCounter, ShardFile};
+use crate::format::codec::decode_samples_from;
+use crate::io::counting::CountingStore;
+use crate::io::ranged::ShardFile;
+use crate::table::manifest::Manifest;
 use crate::{Dataset, Result, StoreError};
 
 /// A reader pinned to one committed version; footers are cached after first use.
@@ -24,7 +25,7 @@ pub struct DatasetReader {
     ds: Dataset,
     manifest: Arc<Manifest>,
     footers: Arc<Mutex<HashMap<usize, ArrowReaderMetadata>>>,
-    io: Arc<IoCounter>,
+    io: Arc<CountingStore>,
 }
 
 impl DatasetReader {
@@ -35,7 +36,7 @@ impl DatasetReader {
             ds: ds.clone(),
             manifest,
             footers: Default::default(),
-            io: Default::default(),
+            io: Arc::new(CountingStore::new(ds.object_store())),
         })
     }
 
@@ -60,7 +61,7 @@ impl DatasetReader {
 
     /// Bytes and requests fetched from storage by this reader and its clones.
     pub fn io(&self) -> (u64, u64) {
-        self.io.get()
+        (self.io.bytes_read(), self.io.requests())
     }
 
     fn object_reader(&self, shard: usize) -> Result<ShardFile> {
@@ -71,10 +72,9 @@ impl DatasetReader {
             ))
         })?;
         Ok(ShardFile::new(
-            self.ds.object_store(),
+            self.io.clone(),
             self.ds.object_path(&entry.path),
             entry.bytes,
-            self.io.clone(),
         ))
     }
 

@@ -5,7 +5,7 @@ use std::time::Duration;
 use futures::TryStreamExt;
 use object_store::ObjectStoreExt;
 
-use crate::manifest::parse_manifest_name;
+use crate::table::manifest::{parse_manifest_name, VERSIONS_DIR};
 use crate::{Dataset, Result, StoreError};
 
 /// What `vacuum` found and did.
@@ -51,7 +51,9 @@ pub async fn vacuum(ds: &Dataset, grace: Duration, dry_run: bool) -> Result<Vacu
         let Some(rel) = loc.relative(&o.location) else {
             continue;
         };
-        let is_manifest = rel.starts_with("_hslake/versions/")
+        let is_manifest = rel
+            .strip_prefix(VERSIONS_DIR)
+            .is_some_and(|r| r.starts_with('/'))
             && o.location
                 .filename()
                 .and_then(parse_manifest_name)

@@ -4,14 +4,15 @@ use std::fmt;
 
 use arrow_array::cast::AsArray;
 use arrow_array::types::{UInt32Type, UInt64Type};
-use arrow_array::{Array, RecordBatch};
+use arrow_array::RecordBatch;
 use bytes::Bytes;
 use hslake_schemas::DatasetSchema;
 use object_store::ObjectStoreExt;
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 
-use crate::manifest::ShardEntry;
-use crate::{Dataset, Result};
+use crate::format::decode::TensorColumn;
+use crate::table::manifest::ShardEntry;
+use crate::{Dataset, Result, StoreError};
 
 /// One thing wrong with a dataset.
 #[derive(Debug, Clone, PartialEq)]
@@ -214,8 +215,23 @@ fn check_batch(
         );
         return;
     };
-    let elem = schema.dtype.size();
-    let mut scratch = Vec::new();
+    let cols = match schema
+        .points
+        .iter()
+        .map(|&p| TensorColumn::from_batch(b, schema.dtype, schema.hidden_size, p, "", None))
+        .collect::<Result<Vec<_>>>()
+    {
+        Ok(c) => c,
+        Err(StoreError::Corrupt { reason, .. }) => {
+            problem(None, reason);
+            return;
+        }
+        Err(e) => {
+            problem(None, e.to_string());
+            return;
+        }
+    };
+    let (mut values, mut scales) = (Vec::new(), Vec::new());
     for r in 0..b.num_rows() {
         let row = Some(row0 + r as u64);
         let id = ids.value(r);
@@ -236,64 +252,18 @@ fn check_batch(
                 format!("sample {id}: seq_len {n}, input_ids {nt}, loss_mask {nm} tokens"),
             );
         }
-        for p in &schema.points {
-            let name = p.column();
-            let Some(col) = b
-                .column_by_name(&name)
-                .and_then(|c| c.as_binary_opt::<i64>())
-            else {
-                problem(None, format!("missing or mistyped tensor column {name:?}"));
-                return;
-            };
+        for col in &cols {
             if col.is_null(r) {
-                problem(row, format!("sample {id} {}: null tensor", p.label()));
+                problem(row, format!("sample {id} {}: null tensor", col.name()));
                 continue;
             }
             // Decoding every value checks its frames as well as its shape.
-            let want = n * schema.hidden_size;
-            scratch.resize(want * elem, 0);
-            match crate::planes::decode_into(col.value(r), elem, &mut scratch) {
+            match col.decode_row(r, n, &mut values, &mut scales) {
                 Ok(()) => {}
-                Err(crate::planes::PlaneError::WrongLength { found, .. }) => {
-                    let got_shape = if found % schema.hidden_size == 0 {
-                        format!("[{}, {}]", found / schema.hidden_size, schema.hidden_size)
-                    } else {
-                        format!("{found} elements")
-                    };
-                    problem(
-                        row,
-                        format!(
-                            "sample {id} {}: expected shape [{n}, {}], got {got_shape}",
-                            p.label(),
-                            schema.hidden_size
-                        ),
-                    );
+                Err(StoreError::BadValue { column, reason, .. }) => {
+                    problem(row, format!("sample {id} {column}: {reason}"))
                 }
-                Err(e) => problem(
-                    row,
-                    format!("sample {id} {}: cannot be decoded: {e}", p.label()),
-                ),
-            }
-            if schema.dtype.has_scales() {
-                let sname = format!("{name}_scale");
-                match b
-                    .column_by_name(&sname)
-                    .and_then(|c| c.as_binary_opt::<i64>())
-                {
-                    Some(sc) => {
-                        scratch.resize(n * 4, 0);
-                        if let Err(e) = crate::planes::decode_into(sc.value(r), 4, &mut scratch) {
-                            problem(
-                                row,
-                                format!(
-                                    "sample {id} {} scales: {e} (one f32 per token, {n} tokens)",
-                                    p.label()
-                                ),
-                            );
-                        }
-                    }
-                    None => problem(None, format!("missing scale column {sname:?}")),
-                }
+                Err(e) => problem(row, format!("sample {id}: {e}")),
             }
         }
     }

@@ -10,12 +10,11 @@ use object_store::buffered::BufWriter;
 use object_store::ObjectStoreExt;
 use parquet::arrow::async_writer::AsyncFileWriter;
 use parquet::arrow::AsyncArrowWriter;
-use parquet::basic::{Compression, ZstdLevel};
-use parquet::file::properties::{EnabledStatistics, WriterProperties};
-use parquet::schema::types::ColumnPath;
+use parquet::file::properties::WriterProperties;
 
-use crate::codec::{build_batch, EncodedSample};
-use crate::manifest::{ShardEntry, DATA_DIR};
+use crate::format::codec::{build_batch, EncodedSample};
+use crate::format::shard::writer_properties;
+use crate::table::manifest::{ShardEntry, DATA_DIR};
 use crate::{Dataset, Result, StoreError};
 
 /// How a writer lays out shards.
@@ -153,32 +152,12 @@ impl DatasetWriter {
     pub async fn new(ds: &Dataset, opts: WriterOptions) -> Result<Self> {
         let schema = ds.manifest(None).await?.schema;
         let arrow = Arc::new(schema.to_arrow());
-        let level = ZstdLevel::try_new(opts.zstd_level)
-            .map_err(|e| StoreError::Usage(format!("zstd level {}: {e}", opts.zstd_level)))?;
-        let mut b = WriterProperties::builder()
-            .set_compression(Compression::ZSTD(level))
-            .set_dictionary_enabled(false)
-            .set_statistics_enabled(EnabledStatistics::Chunk)
-            .set_max_row_group_row_count(None)
-            .set_created_by(format!("hslake {}", env!("CARGO_PKG_VERSION")));
-        // Tensor and scale values are opaque byte strings: min/max statistics of them are
-        // useless bytes. They arrive compressed (plane_zstd), so Parquet must not compress them
-        // again.
-        for p in &schema.points {
-            for col in [p.column(), format!("{}_scale", p.column())] {
-                b = b
-                    .set_column_statistics_enabled(
-                        ColumnPath::from(col.clone()),
-                        EnabledStatistics::None,
-                    )
-                    .set_column_compression(ColumnPath::from(col), Compression::UNCOMPRESSED);
-            }
-        }
+        let props = writer_properties(&schema, opts.zstd_level)?;
         Ok(DatasetWriter {
             ds: ds.clone(),
             schema,
             arrow,
-            props: b.build(),
+            props,
             opts,
             buffer: vec![],
             buffer_raw: 0,

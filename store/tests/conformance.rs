@@ -5,7 +5,7 @@ use std::io::{Read, Write};
 use std::time::Duration;
 
 use hslake_schemas::{CapturePoint, DType, DatasetSchema, FinitePolicy, Sample, TensorData};
-use hslake_store::synth::SynthModel;
+use hslake_store::tools::synth::SynthModel;
 use hslake_store::{
     copy_dataset, vacuum, verify, Appended, Dataset, DatasetReader, DatasetWriter, Provenance,
     StoreError, WriterOptions,

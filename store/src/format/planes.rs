@@ -323,7 +323,27 @@ pub fn decode_into(value: &[u8], size: usize, out: &mut [u8]) -> Result<(), Plan
     decode_frames(&frames, size, out)
 }
 
-/// Decode a value whose element count is not known beforehand.
+/// Decode a value that must hold `n` elements into `out`, resized to fit only once the
+/// value's own header agrees: a corrupt claim is refused before anything is allocated for it.
+pub fn decode_to_vec(
+    value: &[u8],
+    size: usize,
+    n: usize,
+    out: &mut Vec<u8>,
+) -> Result<(), PlaneError> {
+    let frames = frames(value, size)?;
+    let found = content_size(frames[0])?;
+    if found != n {
+        return Err(PlaneError::WrongLength { found, expected: n });
+    }
+    out.clear();
+    out.resize(n * size, 0);
+    decode_frames(&frames, size, out)
+}
+
+/// Decode a value whose element count is not known beforehand: its header is trusted as far
+/// as a frame of its length can hold it. Readers that know the row's length use
+/// [`decode_to_vec`].
 pub fn decode(value: &[u8], size: usize) -> Result<Vec<u8>, PlaneError> {
     let frames = frames(value, size)?;
     let mut out = vec![0u8; content_size(frames[0])? * size];
@@ -441,6 +461,22 @@ mod tests {
             decode_into(&garbled, 2, &mut out),
             Err(PlaneError::BadPlane { plane: 0, .. })
         ));
+    }
+
+    #[test]
+    fn decode_to_vec_refuses_a_claim_other_than_the_expected_count_before_allocating() {
+        let enc = encode(&sample_bytes(10, 2), 2, 1).unwrap();
+        let mut out = Vec::new();
+        assert_eq!(
+            decode_to_vec(&enc, 2, 11, &mut out),
+            Err(PlaneError::WrongLength {
+                found: 10,
+                expected: 11
+            })
+        );
+        assert_eq!(out.capacity(), 0, "nothing allocated for a refused value");
+        decode_to_vec(&enc, 2, 10, &mut out).unwrap();
+        assert_eq!(out, sample_bytes(10, 2));
     }
 
     #[test]

@@ -5,18 +5,17 @@ use std::sync::Arc;
 use arrow_array::builder::{LargeBinaryBuilder, ListBuilder, PrimitiveBuilder};
 use arrow_array::cast::AsArray;
 use arrow_array::types::{Int32Type, UInt64Type, UInt8Type};
-use arrow_array::{
-    ArrayRef, Float32Array, LargeBinaryArray, RecordBatch, UInt32Array, UInt64Array,
-};
+use arrow_array::{ArrayRef, Float32Array, RecordBatch, UInt32Array, UInt64Array};
 use arrow_schema::{DataType, Field, Schema};
 use hslake_schemas::{DatasetSchema, Sample, StatKind, TensorData, TensorStats};
 
+use crate::format::decode::TensorColumn;
 use crate::{Result, StoreError};
 
 /// Little-endian values of `size` bytes in the `plane_zstd` encoding at zstd `level` (see
-/// [`crate::planes`]); `what` names them in the error.
+/// [`crate::format::planes`]); `what` names them in the error.
 fn encode_values(raw: &[u8], size: usize, level: i32, what: &str) -> Result<Vec<u8>> {
-    crate::planes::encode(raw, size, level)
+    crate::format::planes::encode(raw, size, level)
         .map_err(|e| StoreError::Usage(format!("encoding {what}: {e}")))
 }
 
@@ -178,24 +177,11 @@ pub fn decode_samples_from(
     let mask = column(batch, "loss_mask", path)?
         .as_list_opt::<i32>()
         .ok_or_else(|| bad_type("loss_mask"))?;
-    let mut tensor_cols = vec![];
-    for p in &schema.points {
-        let name = p.column();
-        let t = column(batch, &name, path)?
-            .as_binary_opt::<i64>()
-            .ok_or_else(|| bad_type(&name))?;
-        let sc = if schema.dtype.has_scales() {
-            let sname = format!("{name}_scale");
-            Some(
-                column(batch, &sname, path)?
-                    .as_binary_opt::<i64>()
-                    .ok_or_else(|| bad_type(&sname))?,
-            )
-        } else {
-            None
-        };
-        tensor_cols.push((*p, t, sc));
-    }
+    let tensor_cols = schema
+        .points
+        .iter()
+        .map(|&p| TensorColumn::from_batch(batch, schema.dtype, schema.hidden_size, p, path, None))
+        .collect::<Result<Vec<_>>>()?;
     let mut out = Vec::with_capacity(batch.num_rows());
     for row in 0..batch.num_rows() {
         let sample_id = ids.value(row);
@@ -213,10 +199,20 @@ pub fn decode_samples_from(
             .to_vec();
         let n = input_ids.len();
         let mut tensors = Vec::with_capacity(tensor_cols.len());
-        for (p, col, sc) in &tensor_cols {
-            tensors.push(decode_tensor(
-                schema, *p, col, *sc, row, n, path, sample_id,
-            )?);
+        for col in &tensor_cols {
+            let (mut data, mut scales) = (Vec::new(), Vec::new());
+            col.decode_row(row, n, &mut data, &mut scales)?;
+            tensors.push(TensorData {
+                dtype: schema.dtype,
+                shape: vec![n, schema.hidden_size],
+                data,
+                scales: schema.dtype.has_scales().then(|| {
+                    scales
+                        .chunks_exact(4)
+                        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                        .collect()
+                }),
+            });
         }
         out.push(Sample {
             sample_id,
@@ -226,56 +222,4 @@ pub fn decode_samples_from(
         });
     }
     Ok(out)
-}
-
-/// Decode one tensor value of a column, checking its byte length against `[seq_len, hidden]`.
-#[allow(clippy::too_many_arguments)]
-pub fn decode_tensor(
-    schema: &DatasetSchema,
-    point: hslake_schemas::CapturePoint,
-    col: &LargeBinaryArray,
-    scales: Option<&LargeBinaryArray>,
-    row: usize,
-    seq_len: usize,
-    path: &str,
-    sample_id: u64,
-) -> Result<TensorData> {
-    let dtype = schema.dtype;
-    let mut data = vec![0u8; seq_len * schema.hidden_size * dtype.size()];
-    crate::planes::decode_into(col.value(row), dtype.size(), &mut data).map_err(|e| {
-        StoreError::corrupt(
-            path,
-            format!(
-                "row {row} (sample {sample_id}) {}: {e} (shape [{seq_len}, {}] of {dtype})",
-                point.label(),
-                schema.hidden_size
-            ),
-        )
-    })?;
-    let scales = match scales {
-        Some(sc) => {
-            let mut b = vec![0u8; seq_len * 4];
-            crate::planes::decode_into(sc.value(row), 4, &mut b).map_err(|e| {
-                StoreError::corrupt(
-                    path,
-                    format!(
-                        "row {row} (sample {sample_id}) {} scales: {e} (one f32 per token, {seq_len} tokens)",
-                        point.label()
-                    ),
-                )
-            })?;
-            Some(
-                b.chunks_exact(4)
-                    .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-                    .collect(),
-            )
-        }
-        None => None,
-    };
-    Ok(TensorData {
-        dtype,
-        shape: vec![seq_len, schema.hidden_size],
-        data,
-        scales,
-    })
 }

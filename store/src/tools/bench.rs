@@ -19,7 +19,7 @@ use parquet::basic::{Compression, Encoding, ZstdLevel};
 use parquet::file::properties::WriterProperties;
 use serde::Serialize;
 
-use crate::codec::decode_samples;
+use crate::format::codec::decode_samples;
 use crate::{Dataset, DatasetReader, DatasetWriter, Provenance, Result, StoreError, WriterOptions};
 
 /// CPU seconds (user + system, all threads) this process has used, from `/proc/self/stat`.
@@ -149,7 +149,7 @@ pub struct LayoutBench {
 }
 
 /// The layouts compared: tensor columns only, same zstd level, one row group per 32 MiB raw.
-/// `blob-plane-zstd` compresses its values itself ([`crate::planes`]); the others leave
+/// `blob-plane-zstd` compresses its values itself ([`crate::format::planes`]); the others leave
 /// compression to Parquet.
 pub const LAYOUTS: [&str; 5] = [
     "blob-plane-zstd (chosen)",
@@ -298,7 +298,7 @@ fn layout_batch(
                     .map(|s| match layout {
                         "blob-plain" => Ok(s.tensors[i].data.clone()),
                         "blob-split" => Ok(split(&s.tensors[i].data, k)),
-                        _ => crate::planes::encode(&s.tensors[i].data, k, level)
+                        _ => crate::format::planes::encode(&s.tensors[i].data, k, level)
                             .map_err(|e| StoreError::Usage(e.to_string())),
                     })
                     .collect::<Result<_>>()?;
@@ -377,7 +377,7 @@ fn decode_layout(layout: &str, b: &RecordBatch, k: usize, h: usize) -> u64 {
                             unsplit_into(v, k, &mut out);
                             out
                         }
-                        _ => crate::planes::decode(v, k).unwrap_or_default(),
+                        _ => crate::format::planes::decode(v, k).unwrap_or_default(),
                     };
                     total += std::hint::black_box(out).len() as u64;
                 }
@@ -406,7 +406,7 @@ pub fn samples_from_npy(
     dir: &std::path::Path,
     limit: usize,
 ) -> Result<(DatasetSchema, Vec<Sample>)> {
-    let (_, ishape, ids) = crate::npy::read_npy(&dir.join("input_ids.npy"))?;
+    let (_, ishape, ids) = crate::tools::npy::read_npy(&dir.join("input_ids.npy"))?;
     let [n, t] = ishape[..] else {
         return Err(StoreError::Usage(format!(
             "input_ids.npy: expected [N, T], got {ishape:?}"
@@ -428,7 +428,8 @@ pub fn samples_from_npy(
     let mut tensors = vec![];
     let mut hidden = 0;
     for l in &layers {
-        let (descr, shape, data) = crate::npy::read_npy(&dir.join(format!("layer_{l}.npy")))?;
+        let (descr, shape, data) =
+            crate::tools::npy::read_npy(&dir.join(format!("layer_{l}.npy")))?;
         if descr != "<u2" || shape.len() != 3 || shape[..2] != [n, t] {
             return Err(StoreError::Usage(format!(
                 "layer_{l}.npy: expected <u2 [{n}, {t}, H], got {descr} {shape:?}"

@@ -1,6 +1,5 @@
-//! Parquet I/O on object storage: ranged reads of a shard of known size, counting bytes.
+//! Parquet I/O on object storage: ranged reads of a shard of known size.
 use std::ops::Range;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -13,54 +12,20 @@ use parquet::arrow::async_reader::AsyncFileReader;
 use parquet::errors::{ParquetError, Result};
 use parquet::file::metadata::{ParquetMetaData, ParquetMetaDataReader};
 
-/// Bytes and requests a reader has fetched from storage.
-#[derive(Debug, Default)]
-pub struct IoCounter {
-    /// Bytes fetched.
-    pub bytes: AtomicU64,
-    /// Ranged requests made.
-    pub requests: AtomicU64,
-}
-
-impl IoCounter {
-    /// (bytes, requests) so far.
-    pub fn get(&self) -> (u64, u64) {
-        (
-            self.bytes.load(Ordering::Relaxed),
-            self.requests.load(Ordering::Relaxed),
-        )
-    }
-}
-
 /// An `AsyncFileReader` over one shard whose size the manifest already knows, so reading
-/// the footer takes one request and no HEAD.
+/// the footer takes one request and no HEAD. Reads are counted by the store it is given (a
+/// [`crate::io::counting::CountingStore`] in `DatasetReader`).
 #[derive(Clone)]
 pub struct ShardFile {
     store: Arc<dyn ObjectStore>,
     path: Path,
     size: u64,
-    counter: Arc<IoCounter>,
 }
 
 impl ShardFile {
-    /// A reader of `path`, `size` bytes long, counting into `counter`.
-    pub fn new(
-        store: Arc<dyn ObjectStore>,
-        path: Path,
-        size: u64,
-        counter: Arc<IoCounter>,
-    ) -> Self {
-        ShardFile {
-            store,
-            path,
-            size,
-            counter,
-        }
-    }
-
-    fn count(&self, bytes: u64, requests: u64) {
-        self.counter.bytes.fetch_add(bytes, Ordering::Relaxed);
-        self.counter.requests.fetch_add(requests, Ordering::Relaxed);
+    /// A reader of `path`, `size` bytes long.
+    pub fn new(store: Arc<dyn ObjectStore>, path: Path, size: u64) -> Self {
+        ShardFile { store, path, size }
     }
 }
 
@@ -71,13 +36,10 @@ fn external(e: object_store::Error) -> ParquetError {
 impl AsyncFileReader for ShardFile {
     fn get_bytes(&mut self, range: Range<u64>) -> BoxFuture<'_, Result<Bytes>> {
         async move {
-            let b = self
-                .store
+            self.store
                 .get_range(&self.path, range)
                 .await
-                .map_err(external)?;
-            self.count(b.len() as u64, 1);
-            Ok(b)
+                .map_err(external)
         }
         .boxed()
     }
@@ -85,13 +47,10 @@ impl AsyncFileReader for ShardFile {
     fn get_byte_ranges(&mut self, ranges: Vec<Range<u64>>) -> BoxFuture<'_, Result<Vec<Bytes>>> {
         async move {
             // object_store coalesces nearby ranges: one row group is one request.
-            let v = self
-                .store
+            self.store
                 .get_ranges(&self.path, &ranges)
                 .await
-                .map_err(external)?;
-            self.count(v.iter().map(|b| b.len() as u64).sum(), 1);
-            Ok(v)
+                .map_err(external)
         }
         .boxed()
     }

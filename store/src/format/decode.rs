@@ -1,0 +1,494 @@
+//! The one decoder of stored tensor values. Samples (`codec`), `verify`, the loader and the
+//! SQL tensor functions all decode through here, so every value is checked against what its
+//! row and the schema say it holds (`seq_len × hidden` elements, or `seq_len` scales) before
+//! anything is sized from it: a corrupt value whose frames claim another length is refused,
+//! never allocated for.
+use std::fmt::Write;
+
+use arrow_array::cast::AsArray;
+use arrow_array::types::UInt64Type;
+use arrow_array::{Array, LargeBinaryArray, RecordBatch, UInt64Array};
+use arrow_buffer::{Buffer, OffsetBuffer, ScalarBuffer};
+use hslake_schemas::{CapturePoint, DType};
+
+use crate::format::planes::{self, PlaneError};
+use crate::{Result, StoreError};
+
+/// What each token of a stored value holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ValueKind {
+    /// A tensor's token row: `hidden` elements of `dtype`.
+    Tensor {
+        /// Element type.
+        dtype: DType,
+        /// Elements per token.
+        hidden: usize,
+    },
+    /// An fp8 tensor's per-token scale: one f32.
+    Scales,
+}
+
+impl ValueKind {
+    fn elem_size(self) -> usize {
+        match self {
+            ValueKind::Tensor { dtype, .. } => dtype.size(),
+            ValueKind::Scales => 4,
+        }
+    }
+
+    fn width(self) -> usize {
+        match self {
+            ValueKind::Tensor { hidden, .. } => hidden,
+            ValueKind::Scales => 1,
+        }
+    }
+
+    /// Elements in `tokens` tokens (saturating: an absurd row length cannot wrap around into a
+    /// plausible one).
+    pub fn elements(self, tokens: usize) -> usize {
+        tokens.saturating_mul(self.width())
+    }
+
+    /// Bytes of `tokens` decoded tokens.
+    pub fn bytes(self, tokens: usize) -> usize {
+        self.elements(tokens).saturating_mul(self.elem_size())
+    }
+
+    /// `shape [8, 64] of bf16` or `8 f32 scales (one per token)`.
+    fn expected(self, tokens: usize) -> String {
+        match self {
+            ValueKind::Tensor { dtype, hidden } => format!("shape [{tokens}, {hidden}] of {dtype}"),
+            ValueKind::Scales => format!("{tokens} f32 scales (one per token)"),
+        }
+    }
+
+    /// What a value of `found` elements holds, in the terms of [`ValueKind::expected`].
+    fn found(self, found: usize) -> String {
+        match self {
+            ValueKind::Tensor { hidden, .. } if found.is_multiple_of(hidden) => {
+                format!("[{}, {hidden}]", found / hidden)
+            }
+            ValueKind::Tensor { .. } => format!("{found} elements"),
+            ValueKind::Scales => format!("{found}"),
+        }
+    }
+
+    fn refuse(self, tokens: usize, e: PlaneError) -> ValueError {
+        let reason = match e {
+            PlaneError::WrongLength { found, .. } => {
+                format!(
+                    "expected {}, got {}",
+                    self.expected(tokens),
+                    self.found(found)
+                )
+            }
+            e => format!("cannot be decoded as {}: {e}", self.expected(tokens)),
+        };
+        ValueError { reason }
+    }
+}
+
+/// Why a value was refused, before the caller says where it sits ([`ValueError::at`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ValueError {
+    /// What is wrong, e.g. `expected shape [8, 64] of bf16, got [3125000, 64]`.
+    pub reason: String,
+}
+
+impl std::fmt::Display for ValueError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.reason)
+    }
+}
+
+impl ValueError {
+    /// The store error naming where the value sits.
+    pub fn at(self, at: &ValueAt<'_>) -> StoreError {
+        StoreError::BadValue {
+            file: at.file.map(str::to_string),
+            row_group: at.row_group,
+            row: at.row,
+            sample_id: at.sample_id,
+            column: at.column.to_string(),
+            reason: self.reason,
+        }
+    }
+}
+
+/// Where a value sits, for the error that refuses it; callers fill in what they know.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ValueAt<'a> {
+    /// The shard file.
+    pub file: Option<&'a str>,
+    /// The row group in that file.
+    pub row_group: Option<usize>,
+    /// The row in the batch being decoded.
+    pub row: Option<usize>,
+    /// The row's sample id.
+    pub sample_id: Option<u64>,
+    /// The column.
+    pub column: &'a str,
+}
+
+/// `file: row group 2: row 3 (sample 17) layer_30`, leaving out what is not known.
+pub(crate) fn describe_site(
+    file: &Option<String>,
+    row_group: &Option<usize>,
+    row: &Option<usize>,
+    sample_id: &Option<u64>,
+    column: &str,
+) -> String {
+    let mut s = String::new();
+    if let Some(f) = file {
+        let _ = write!(s, "{f}: ");
+    }
+    if let Some(g) = row_group {
+        let _ = write!(s, "row group {g}: ");
+    }
+    if let Some(r) = row {
+        let _ = write!(s, "row {r} ");
+    }
+    if let Some(id) = sample_id {
+        let _ = write!(s, "(sample {id}) ");
+    }
+    s.push_str(column);
+    s
+}
+
+/// Decode a value that must hold `tokens` tokens of `kind` into `out`, which is exactly
+/// `kind.bytes(tokens)` long.
+pub fn decode_value_into(
+    value: &[u8],
+    kind: ValueKind,
+    tokens: usize,
+    out: &mut [u8],
+) -> Result<(), ValueError> {
+    if out.len() != kind.bytes(tokens) {
+        return Err(ValueError {
+            reason: format!(
+                "a buffer of {} bytes cannot hold {}",
+                out.len(),
+                kind.expected(tokens)
+            ),
+        });
+    }
+    planes::decode_into(value, kind.elem_size(), out).map_err(|e| kind.refuse(tokens, e))
+}
+
+/// Decode a value that must hold `tokens` tokens of `kind` into `out`, resized to fit only
+/// after the value's own header agrees with `tokens`.
+pub fn decode_value(
+    value: &[u8],
+    kind: ValueKind,
+    tokens: usize,
+    out: &mut Vec<u8>,
+) -> Result<(), ValueError> {
+    planes::decode_to_vec(value, kind.elem_size(), kind.elements(tokens), out)
+        .map_err(|e| kind.refuse(tokens, e))
+}
+
+/// Check, without decoding, that a value's header claims `tokens` tokens of `kind`.
+pub fn check_tokens(value: &[u8], kind: ValueKind, tokens: usize) -> Result<(), ValueError> {
+    let expected = kind.elements(tokens);
+    match planes::element_count(value, kind.elem_size()) {
+        Ok(found) if found == expected => Ok(()),
+        Ok(found) => Err(kind.refuse(tokens, PlaneError::WrongLength { found, expected })),
+        Err(e) => Err(kind.refuse(tokens, e)),
+    }
+}
+
+/// Tokens in a value whose row length is not known (an SQL value cut off from its row): from
+/// the value's own header, which is trusted only as far as its frames can hold it.
+pub fn header_tokens(value: &[u8], kind: ValueKind) -> Result<usize, ValueError> {
+    let n = planes::element_count(value, kind.elem_size()).map_err(|e| ValueError {
+        reason: e.to_string(),
+    })?;
+    let width = kind.width();
+    if !n.is_multiple_of(width) {
+        let dtype = match kind {
+            ValueKind::Tensor { dtype, .. } => dtype,
+            ValueKind::Scales => DType::F32,
+        };
+        return Err(ValueError {
+            reason: format!(
+                "a value of {n} {dtype} elements is not a whole number of rows of {width}"
+            ),
+        });
+    }
+    Ok(n / width)
+}
+
+/// A column decoded to plain little-endian tokens: row `r` holds its `[tokens, hidden]` values
+/// (or its scales as little-endian f32).
+#[derive(Debug, Clone)]
+pub struct DecodedColumn {
+    /// The tensor values, one array value per row.
+    pub values: LargeBinaryArray,
+    /// For fp8, the per-token scales, one array value per row.
+    pub scales: Option<LargeBinaryArray>,
+}
+
+/// One capture point's stored columns in a record batch: its tensor values and, for fp8, their
+/// per-token scales, with what errors need to name the file, row group, sample and column.
+#[derive(Debug, Clone)]
+pub struct TensorColumn {
+    kind: ValueKind,
+    name: String,
+    values: LargeBinaryArray,
+    scales: Option<(String, LargeBinaryArray)>,
+    sample_ids: Option<UInt64Array>,
+    file: String,
+    row_group: Option<usize>,
+}
+
+impl TensorColumn {
+    /// `point`'s tensor column, and for fp8 its scale column, in `batch` (read from `file`, row
+    /// group `row_group` where known); a missing or mistyped column is
+    /// [`StoreError::Corrupt`]. The batch's `sample_id` column, if read, names samples in errors.
+    pub fn from_batch(
+        batch: &RecordBatch,
+        dtype: DType,
+        hidden: usize,
+        point: CapturePoint,
+        file: &str,
+        row_group: Option<usize>,
+    ) -> Result<Self> {
+        let binary = |name: &str| -> Result<LargeBinaryArray> {
+            let col = batch
+                .column_by_name(name)
+                .ok_or_else(|| StoreError::corrupt(file, format!("column {name:?} is missing")))?;
+            col.as_binary_opt::<i64>().cloned().ok_or_else(|| {
+                StoreError::corrupt(
+                    file,
+                    format!("column {name:?} is {}, not LargeBinary", col.data_type()),
+                )
+            })
+        };
+        let name = point.column();
+        let values = binary(&name)?;
+        let scales = if dtype.has_scales() {
+            let sname = point.scale_column();
+            let s = binary(&sname)?;
+            Some((sname, s))
+        } else {
+            None
+        };
+        let sample_ids = batch
+            .column_by_name("sample_id")
+            .and_then(|c| c.as_primitive_opt::<UInt64Type>())
+            .cloned();
+        Ok(TensorColumn {
+            kind: ValueKind::Tensor { dtype, hidden },
+            name,
+            values,
+            scales,
+            sample_ids,
+            file: file.to_string(),
+            row_group,
+        })
+    }
+
+    /// The tensor column's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Whether row `row` has no tensor value (verify reports these; the writer never makes them).
+    pub fn is_null(&self, row: usize) -> bool {
+        self.values.is_null(row)
+    }
+
+    fn at<'a>(&'a self, row: usize, column: &'a str) -> ValueAt<'a> {
+        ValueAt {
+            file: Some(&self.file),
+            row_group: self.row_group,
+            row: Some(row),
+            sample_id: self
+                .sample_ids
+                .as_ref()
+                .filter(|ids| row < ids.len())
+                .map(|ids| ids.value(row)),
+            column,
+        }
+    }
+
+    /// Decode row `row`, which holds `tokens` tokens, into `out` and, for fp8, its scales into
+    /// `scales` (little-endian f32); each is resized to fit only once the value agrees.
+    pub fn decode_row(
+        &self,
+        row: usize,
+        tokens: usize,
+        out: &mut Vec<u8>,
+        scales: &mut Vec<u8>,
+    ) -> Result<()> {
+        decode_value(self.values.value(row), self.kind, tokens, out)
+            .map_err(|e| e.at(&self.at(row, &self.name)))?;
+        if let Some((sname, col)) = &self.scales {
+            decode_value(col.value(row), ValueKind::Scales, tokens, scales)
+                .map_err(|e| e.at(&self.at(row, sname)))?;
+        }
+        Ok(())
+    }
+
+    /// Decode every row into one contiguous buffer per column (the loader's column chunk);
+    /// row `r` holds the tokens `offsets[r]..offsets[r + 1]`.
+    pub fn decode_chunk(&self, offsets: &[usize]) -> Result<DecodedColumn> {
+        if offsets.len() != self.values.len() + 1 {
+            return Err(StoreError::Usage(format!(
+                "{}: {} token offsets for {} rows of {}",
+                self.file,
+                offsets.len(),
+                self.values.len(),
+                self.name
+            )));
+        }
+        let values = self.decode_rows(&self.values, self.kind, offsets, &self.name)?;
+        let scales = match &self.scales {
+            Some((sname, col)) => Some(self.decode_rows(col, ValueKind::Scales, offsets, sname)?),
+            None => None,
+        };
+        Ok(DecodedColumn { values, scales })
+    }
+
+    fn decode_rows(
+        &self,
+        col: &LargeBinaryArray,
+        kind: ValueKind,
+        offsets: &[usize],
+        column: &str,
+    ) -> Result<LargeBinaryArray> {
+        let row_bytes = kind.bytes(1);
+        let mut decoded = vec![0u8; offsets.last().copied().unwrap_or(0) * row_bytes];
+        for (r, w) in offsets.windows(2).enumerate() {
+            let dst = &mut decoded[w[0] * row_bytes..w[1] * row_bytes];
+            decode_value_into(col.value(r), kind, w[1] - w[0], dst)
+                .map_err(|e| e.at(&self.at(r, column)))?;
+        }
+        let ends = offsets.iter().map(|&o| (o * row_bytes) as i64);
+        Ok(LargeBinaryArray::new(
+            OffsetBuffer::new(ScalarBuffer::from_iter(ends)),
+            Buffer::from_vec(decoded),
+            None,
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use arrow_array::ArrayRef;
+    use arrow_schema::{Field, Schema};
+
+    use super::*;
+
+    const BF16: ValueKind = ValueKind::Tensor {
+        dtype: DType::Bf16,
+        hidden: 4,
+    };
+
+    fn bf16_value(tokens: usize) -> Vec<u8> {
+        let raw: Vec<u8> = (0..tokens * 4 * 2).map(|i| (i * 37 % 251) as u8).collect();
+        planes::encode(&raw, 2, 1).unwrap()
+    }
+
+    /// A value that is valid zstd and claims `claimed` elements: the planes of `claimed` zero
+    /// bytes compress to a few bytes (RLE blocks), as in a poisoned shard.
+    fn poisoned(claimed: usize) -> Vec<u8> {
+        planes::encode(&vec![0u8; claimed * 2], 2, 1).unwrap()
+    }
+
+    #[test]
+    fn decodes_a_value_of_the_expected_tokens() {
+        let mut out = Vec::new();
+        decode_value(&bf16_value(3), BF16, 3, &mut out).unwrap();
+        assert_eq!(out.len(), 3 * 4 * 2);
+        let mut slice = vec![0u8; 24];
+        decode_value_into(&bf16_value(3), BF16, 3, &mut slice).unwrap();
+        assert_eq!(slice, out);
+    }
+
+    #[test]
+    fn refuses_a_value_that_claims_more_tokens_than_its_row_without_allocating_for_it() {
+        // 2.5 million elements in a value of a few hundred bytes, for a row of 8 tokens.
+        let value = poisoned(2_500_000);
+        assert!(value.len() < 64 << 10, "{} bytes", value.len());
+        let mut out = Vec::new();
+        let err = decode_value(&value, BF16, 8, &mut out).unwrap_err();
+        assert_eq!(err.reason, "expected shape [8, 4] of bf16, got [625000, 4]");
+        assert_eq!(out.capacity(), 0);
+    }
+
+    #[test]
+    fn refusal_names_file_row_group_sample_and_column() {
+        let ids: ArrayRef = Arc::new(UInt64Array::from(vec![41u64, 42]));
+        let vals: ArrayRef = Arc::new(LargeBinaryArray::from_iter_values([
+            bf16_value(2),
+            bf16_value(5),
+        ]));
+        let schema = Schema::new(vec![
+            Field::new("sample_id", arrow_schema::DataType::UInt64, false),
+            Field::new("layer_3", arrow_schema::DataType::LargeBinary, false),
+        ]);
+        let batch = RecordBatch::try_new(Arc::new(schema), vec![ids, vals]).unwrap();
+        let col = TensorColumn::from_batch(
+            &batch,
+            DType::Bf16,
+            4,
+            CapturePoint::LayerOutput(3),
+            "data/a.parquet",
+            Some(7),
+        )
+        .unwrap();
+        let err = col.decode_chunk(&[0, 2, 4]).unwrap_err().to_string();
+        assert_eq!(
+            err,
+            "data/a.parquet: row group 7: row 1 (sample 42) layer_3: \
+             expected shape [2, 4] of bf16, got [5, 4]"
+        );
+        let ok = col.decode_chunk(&[0, 2, 7]).unwrap();
+        assert_eq!(ok.values.value(1).len(), 5 * 4 * 2);
+        assert!(ok.scales.is_none());
+    }
+
+    #[test]
+    fn missing_scale_column_of_fp8_is_named() {
+        let vals: ArrayRef = Arc::new(LargeBinaryArray::from_iter_values([bf16_value(1)]));
+        let schema = Schema::new(vec![Field::new(
+            "layer_3",
+            arrow_schema::DataType::LargeBinary,
+            false,
+        )]);
+        let batch = RecordBatch::try_new(Arc::new(schema), vec![vals]).unwrap();
+        let err = TensorColumn::from_batch(
+            &batch,
+            DType::Fp8E4m3,
+            4,
+            CapturePoint::LayerOutput(3),
+            "f.parquet",
+            None,
+        )
+        .unwrap_err()
+        .to_string();
+        assert_eq!(err, "f.parquet: column \"layer_3_scale\" is missing");
+    }
+
+    #[test]
+    fn check_tokens_reads_only_the_header() {
+        assert_eq!(check_tokens(&bf16_value(3), BF16, 3), Ok(()));
+        assert_eq!(
+            check_tokens(&poisoned(400), BF16, 8).unwrap_err().reason,
+            "expected shape [8, 4] of bf16, got [100, 4]"
+        );
+    }
+
+    #[test]
+    fn header_tokens_refuses_partial_rows() {
+        assert_eq!(header_tokens(&bf16_value(3), BF16), Ok(3));
+        let five = planes::encode(&[0u8; 10], 2, 1).unwrap();
+        assert_eq!(
+            header_tokens(&five, BF16).unwrap_err().reason,
+            "a value of 5 bf16 elements is not a whole number of rows of 4"
+        );
+    }
+}

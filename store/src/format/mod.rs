@@ -1,0 +1,10 @@
+//! The shard format (docs/FORMAT.md): how one sample becomes a Parquet row and back.
+//!
+//! - [`planes`]: the `plane_zstd` encoding of one tensor value;
+//! - [`decode`]: the one decoder of stored values, checked against their row's length;
+//! - [`codec`]: samples to record batches and back;
+//! - [`shard`]: how a shard's columns are written to Parquet.
+pub mod codec;
+pub mod decode;
+pub mod planes;
+pub mod shard;

@@ -1,0 +1,66 @@
+//! How a shard's columns are written to Parquet. The columns themselves are the dataset
+//! schema's Arrow form (`DatasetSchema::to_arrow`, docs/FORMAT.md); this sets, per column, the
+//! compression and statistics the format specifies.
+use hslake_schemas::DatasetSchema;
+use parquet::basic::{Compression, ZstdLevel};
+use parquet::file::properties::{EnabledStatistics, WriterProperties};
+use parquet::schema::types::ColumnPath;
+
+use crate::{Result, StoreError};
+
+/// Parquet writer properties of a shard of `schema` at zstd `level`.
+pub fn writer_properties(schema: &DatasetSchema, level: i32) -> Result<WriterProperties> {
+    let zstd = ZstdLevel::try_new(level)
+        .map_err(|e| StoreError::Usage(format!("zstd level {level}: {e}")))?;
+    let mut b = WriterProperties::builder()
+        .set_compression(Compression::ZSTD(zstd))
+        .set_dictionary_enabled(false)
+        .set_statistics_enabled(EnabledStatistics::Chunk)
+        .set_max_row_group_row_count(None)
+        .set_created_by(format!("hslake {}", env!("CARGO_PKG_VERSION")));
+    // Tensor and scale values are opaque byte strings: min/max statistics of them are useless
+    // bytes. They arrive compressed (plane_zstd), so Parquet must not compress them again.
+    for p in &schema.points {
+        let scale = schema.dtype.has_scales().then(|| p.scale_column());
+        for col in std::iter::once(p.column()).chain(scale) {
+            b = b
+                .set_column_statistics_enabled(
+                    ColumnPath::from(col.clone()),
+                    EnabledStatistics::None,
+                )
+                .set_column_compression(ColumnPath::from(col), Compression::UNCOMPRESSED);
+        }
+    }
+    Ok(b.build())
+}
+
+#[cfg(test)]
+mod tests {
+    use hslake_schemas::{CapturePoint, DType};
+
+    use super::*;
+
+    #[test]
+    fn tensor_and_scale_columns_are_stored_uncompressed_without_statistics() {
+        let schema = DatasetSchema::new(
+            "m",
+            "LlamaForCausalLM",
+            8,
+            4,
+            100,
+            DType::Fp8E4m3,
+            vec![CapturePoint::LayerOutput(2)],
+        )
+        .unwrap();
+        let props = writer_properties(&schema, 3).unwrap();
+        for col in ["layer_2", "layer_2_scale"] {
+            let path = ColumnPath::from(col);
+            assert_eq!(props.compression(&path), Compression::UNCOMPRESSED, "{col}");
+            assert_eq!(props.statistics_enabled(&path), EnabledStatistics::None);
+        }
+        let ids = ColumnPath::from("sample_id");
+        assert!(matches!(props.compression(&ids), Compression::ZSTD(_)));
+        assert_eq!(props.statistics_enabled(&ids), EnabledStatistics::Chunk);
+        assert!(writer_properties(&schema, 99).is_err());
+    }
+}
