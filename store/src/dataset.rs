@@ -41,7 +41,9 @@ impl Dataset {
         let ds = Dataset {
             loc: location::parse(url)?,
         };
-        match commit::put_manifest(&ds.loc, &commit::initial_manifest(schema, provenance)).await {
+        match commit::put_manifest_checked(&ds.loc, &commit::initial_manifest(schema, provenance))
+            .await
+        {
             Ok(()) => {
                 tracing::info!(url = %ds.loc.url, "created dataset");
                 Ok(ds)
