@@ -1,4 +1,6 @@
-//! `hslake`: capture, store, query and load EAGLE-3 hidden states.
+//! `hslake`: capture, store, query and load EAGLE-3 hidden states. Cargo features `capture`
+//! (libtorch) and `sql` (DataFusion, Flight) are on by default; the GPU machines' binary is
+//! built with `--no-default-features --features capture`.
 use clap::{Parser, Subcommand};
 use tracing_subscriber::EnvFilter;
 
@@ -16,10 +18,14 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Run a Hugging Face checkpoint over tokenized samples and write chosen layers' hidden states.
+    #[cfg(feature = "capture")]
     Capture(cmd::capture::Args),
+    /// Turn chat conversations into tokenized samples with assistant-only loss masks.
+    Prepare(cmd::prepare::Args),
     /// Write a synthetic dataset whose values look like real activations.
     Synth(cmd::synth::Args),
     /// Describe a dataset: schema, capture points, versions, samples, tokens, bytes.
+    #[cfg(feature = "sql")]
     Info(cmd::info::Args),
     /// List a dataset's versions, shards or samples.
     Ls(cmd::ls::Args),
@@ -32,12 +38,18 @@ enum Command {
     /// Write one sample's arrays as .npy files.
     Export(cmd::export::Args),
     /// Run SQL over a dataset version (interactive prompt when no query is given).
+    #[cfg(feature = "sql")]
     Sql(cmd::sql::Args),
     /// Serve datasets read-only over Arrow Flight SQL, with bearer-token authentication.
+    #[cfg(feature = "sql")]
     ServeSql(cmd::serve_sql::Args),
     /// Benchmarks.
     #[command(subcommand)]
     Bench(cmd::bench::Bench),
+    /// GPU checks and measurements of the capture forward.
+    #[cfg(feature = "capture")]
+    #[command(subcommand, hide = true)]
+    Debug(cmd::debug::Debug),
 }
 
 fn main() -> std::process::ExitCode {
@@ -60,17 +72,24 @@ fn main() -> std::process::ExitCode {
     };
     let result = runtime.block_on(async {
         match cli.command {
+            #[cfg(feature = "capture")]
             Command::Capture(a) => cmd::capture::run(a).await,
+            Command::Prepare(a) => cmd::prepare::run(a).await,
             Command::Synth(a) => cmd::synth::run(a).await,
+            #[cfg(feature = "sql")]
             Command::Info(a) => cmd::info::run(a).await,
             Command::Ls(a) => cmd::ls::run(a).await,
             Command::Verify(a) => cmd::verify::run(a).await,
             Command::Vacuum(a) => cmd::vacuum::run(a).await,
             Command::Cp(a) => cmd::cp::run(a).await,
             Command::Export(a) => cmd::export::run(a).await,
+            #[cfg(feature = "sql")]
             Command::Sql(a) => cmd::sql::run(a).await,
+            #[cfg(feature = "sql")]
             Command::ServeSql(a) => cmd::serve_sql::run(a).await,
             Command::Bench(b) => cmd::bench::run(b).await,
+            #[cfg(feature = "capture")]
+            Command::Debug(d) => cmd::debug::run(d),
         }
     });
     match result {

@@ -178,11 +178,6 @@ impl PinnedBuffer {
         self.bytes.numel()
     }
 
-    /// Whether the buffer holds no bytes.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
     /// The first bytes of the buffer as a tensor of `shape` and `kind` (sharing its memory).
     pub fn view(&self, shape: &[i64], kind: tch::Kind) -> Result<Tensor> {
         let n = shape.iter().product::<i64>() as usize * kind.elt_size_in_bytes();

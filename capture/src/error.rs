@@ -1,6 +1,7 @@
+//! Everything that can go wrong while checking or loading a model, reading inputs or capturing.
 use std::path::PathBuf;
 
-/// Everything that can go wrong while loading a model, reading inputs or capturing.
+/// Everything that can go wrong while checking or loading a model, reading inputs or capturing.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum CaptureError {
@@ -21,36 +22,30 @@ pub enum CaptureError {
         message: String,
     },
     /// The checkpoint's architecture is not one this crate implements.
-    #[error(
-        "unknown architecture {name:?}; supported: LlamaForCausalLM, MistralForCausalLM, \
-         Qwen2ForCausalLM, Qwen3ForCausalLM"
-    )]
+    #[error("unknown architecture {name:?}; supported: {supported}")]
     UnknownArchitecture {
-        /// The `architectures[0]` entry of config.json.
+        /// The `architectures[0]` entry of config.json (or its `model_type`).
         name: String,
+        /// The implemented architectures, comma separated.
+        supported: String,
     },
     /// A config feature this crate does not implement (e.g. an unknown RoPE type).
     #[error("unsupported model config: {0}")]
     Unsupported(String),
     /// The tensor-parallel size does not divide the model's head or channel counts.
     #[error(
-        "tensor-parallel size {tp} is impossible for this model: num_attention_heads = {heads}, \
-         num_key_value_heads = {kv_heads}, intermediate_size = {intermediate}; \
-         the TP size must divide all three (valid here: {valid})"
+        "tensor-parallel size {tp} is impossible for this model: {counts}; \
+         the TP size must divide each of them (valid here: {valid})"
     )]
     TensorParallelSize {
         /// Requested TP size.
         tp: usize,
-        /// Query heads.
-        heads: usize,
-        /// Key/value heads.
-        kv_heads: usize,
-        /// MLP width.
-        intermediate: usize,
+        /// The counts that must split evenly, e.g. `num_attention_heads = 9, num_key_value_heads = 3`.
+        counts: String,
         /// The TP sizes that would work, comma separated.
         valid: String,
     },
-    /// A safetensors file is malformed.
+    /// A safetensors file (or its index) is malformed.
     #[error("{path}: not a readable safetensors file: {message}")]
     Safetensors {
         /// The file.
@@ -58,33 +53,15 @@ pub enum CaptureError {
         /// What the parser said.
         message: String,
     },
-    /// The checkpoint has no tensor of this name.
-    #[error("missing tensor {name:?} in the checkpoint at {dir} (looked in: {files})")]
-    MissingTensor {
-        /// The tensor name.
-        name: String,
+    /// Checkpoint tensors do not fit what the model reads: every problem the check found.
+    #[error("{}", checkpoint_message(dir, files, problems))]
+    Checkpoint {
         /// The checkpoint directory.
         dir: PathBuf,
-        /// The safetensors files searched.
+        /// The safetensors files it holds, comma separated.
         files: String,
-    },
-    /// A checkpoint tensor has a shape the config does not imply.
-    #[error("tensor {name:?} has shape {got:?}, expected {expected:?} from config.json")]
-    WrongShape {
-        /// The tensor name.
-        name: String,
-        /// Shape implied by the config.
-        expected: Vec<usize>,
-        /// Shape in the file.
-        got: Vec<usize>,
-    },
-    /// A checkpoint tensor has a dtype this crate cannot load.
-    #[error("tensor {name:?} has dtype {dtype}, expected one of BF16, F16, F32")]
-    WrongDtype {
-        /// The tensor name.
-        name: String,
-        /// The dtype in the file.
-        dtype: String,
+        /// Each tensor that is missing or does not fit, in the order the model reads them.
+        problems: Vec<TensorProblem>,
     },
     /// One input record is unusable.
     #[error("{path}: {location}: {message}")]
@@ -119,10 +96,129 @@ pub enum CaptureError {
     /// The dataset schema could not be built.
     #[error(transparent)]
     Schema(#[from] hslake_schemas::SchemaError),
+    /// An earlier rank failure left the engine unable to run jobs; start a new one.
+    #[error("the capture engine is broken by an earlier failure ({0}); start a new engine")]
+    EngineBroken(String),
     /// A worker thread stopped unexpectedly.
     #[error("{0}")]
     Pipeline(String),
 }
 
+/// One way a checkpoint tensor fails what the model reads.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum TensorProblem {
+    /// The checkpoint has no tensor of this name.
+    Missing {
+        /// The tensor name.
+        name: String,
+    },
+    /// The tensor's shape is not the one the config implies.
+    WrongShape {
+        /// The tensor name.
+        name: String,
+        /// Shape implied by config.json.
+        expected: Vec<usize>,
+        /// Shape in the file.
+        got: Vec<usize>,
+    },
+    /// The tensor's dtype is not one the model can load.
+    WrongDtype {
+        /// The tensor name.
+        name: String,
+        /// The dtype in the file.
+        dtype: String,
+    },
+    /// A dimension that tensor parallelism splits is not a multiple of the TP size.
+    Unsplittable {
+        /// The tensor name.
+        name: String,
+        /// The dimension split across ranks.
+        dim: usize,
+        /// Its size.
+        size: usize,
+        /// The number of ranks.
+        parts: usize,
+    },
+}
+
+impl std::fmt::Display for TensorProblem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            TensorProblem::Missing { name } => write!(f, "missing tensor {name:?}"),
+            TensorProblem::WrongShape {
+                name,
+                expected,
+                got,
+            } => write!(
+                f,
+                "tensor {name:?} has shape {got:?}, expected {expected:?} from config.json"
+            ),
+            TensorProblem::WrongDtype { name, dtype } => write!(
+                f,
+                "tensor {name:?} has dtype {dtype}, expected one of BF16, F16, F32"
+            ),
+            TensorProblem::Unsplittable {
+                name,
+                dim,
+                size,
+                parts,
+            } => write!(
+                f,
+                "tensor {name:?}: dimension {dim} of size {size} does not split into {parts} equal parts"
+            ),
+        }
+    }
+}
+
+/// One problem on one line; several as an indented list under a count.
+fn checkpoint_message(dir: &std::path::Path, files: &str, problems: &[TensorProblem]) -> String {
+    let head = format!("checkpoint {} ({files})", dir.display());
+    match problems {
+        [one] => format!("{head}: {one}"),
+        many => {
+            let list: Vec<String> = many.iter().map(|p| format!("\n  {p}")).collect();
+            format!(
+                "{head} does not fit config.json: {} tensor problems:{}",
+                many.len(),
+                list.concat()
+            )
+        }
+    }
+}
+
 /// Result alias for this crate.
 pub type Result<T, E = CaptureError> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn checkpoint(problems: Vec<TensorProblem>) -> String {
+        CaptureError::Checkpoint {
+            dir: "/m".into(),
+            files: "model.safetensors".into(),
+            problems,
+        }
+        .to_string()
+    }
+
+    #[test]
+    fn one_checkpoint_problem_is_one_line_and_several_are_listed_under_a_count() {
+        let missing = TensorProblem::Missing { name: "a".into() };
+        let shape = TensorProblem::WrongShape {
+            name: "b".into(),
+            expected: vec![2, 3],
+            got: vec![2],
+        };
+        assert_eq!(
+            checkpoint(vec![missing.clone()]),
+            "checkpoint /m (model.safetensors): missing tensor \"a\""
+        );
+        assert_eq!(
+            checkpoint(vec![missing, shape]),
+            "checkpoint /m (model.safetensors) does not fit config.json: 2 tensor problems:\n  \
+             missing tensor \"a\"\n  tensor \"b\" has shape [2], expected [2, 3] from config.json"
+        );
+    }
+}

@@ -3,37 +3,44 @@
 //! order of operations and dtypes, so f32 results agree to rounding.
 use tch::{Device, Kind, Tensor};
 
-use crate::config::{ModelConfig, RopeScaling};
 use crate::error::Result;
-use crate::tp::{ColumnParallelLinear, LoadCtx, RowParallelLinear};
+use crate::load::{LoadCtx, NormKernel};
+use crate::tp::{ColumnParallelLinear, RowParallelLinear};
 
-/// How RMS norms are computed on CUDA.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum NormKernel {
-    /// transformers' own sequence of operations (an f32 copy of `x`, its square, their mean,
-    /// `(x * rstd)` rounded to the compute dtype, then `* weight` rounded again):
-    /// bit-identical to transformers.
-    Exact,
-    /// The same two roundings, but the mean square comes from one f32 reduction over `x` (no
-    /// f32 copy, no squared copy): 40 % of the memory traffic. `rstd` can differ from the exact
-    /// one in its last f32 bit, which moves a bf16 rounding in about one element in 10^5.
-    #[default]
-    Fast,
+/// Rotary position embedding parameters: the base frequency and how it is rescaled.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Rope {
+    /// Base frequency.
+    pub theta: f64,
+    /// Frequency rescaling.
+    pub scaling: RopeScaling,
 }
 
-impl std::str::FromStr for NormKernel {
-    type Err = String;
-    fn from_str(s: &str) -> std::result::Result<Self, String> {
-        match s {
-            "exact" => Ok(NormKernel::Exact),
-            "fast" => Ok(NormKernel::Fast),
-            _ => Err(format!("unknown norm kernel {s:?}; expected exact or fast")),
-        }
-    }
+/// How rotary frequencies are derived from the base.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum RopeScaling {
+    /// Plain RoPE.
+    None,
+    /// Positions divided by `factor`.
+    Linear {
+        /// Divisor of the frequencies.
+        factor: f64,
+    },
+    /// Llama 3.1's frequency-dependent rescaling.
+    Llama3 {
+        /// Overall factor.
+        factor: f64,
+        /// Wavelengths above original/low_freq_factor are divided by `factor`.
+        low_freq_factor: f64,
+        /// Wavelengths below original/high_freq_factor are kept.
+        high_freq_factor: f64,
+        /// Pre-training context length.
+        original_max_position_embeddings: f64,
+    },
 }
 
 /// `weight * x / sqrt(mean(x^2) + eps)`, computed in f32 and cast back like transformers does.
-pub struct RmsNorm {
+pub(crate) struct RmsNorm {
     weight: Tensor,
     eps: f64,
     fast: bool,
@@ -83,21 +90,21 @@ impl RmsNorm {
 }
 
 /// Rotary position embedding: inverse frequencies fixed at load time, cos/sin per forward.
-pub struct Rotary {
+pub(crate) struct Rotary {
     inv_freq: Tensor,
 }
 
 impl Rotary {
-    /// Inverse frequencies `1 / theta^(2i/d)`, rescaled per the config's RoPE type, in f32.
-    pub fn new(cfg: &ModelConfig, device: Device) -> Result<Self> {
-        let d = cfg.head_dim as i64;
+    /// Inverse frequencies `1 / theta^(2i/d)` for `head_dim = d`, rescaled per `rope`, in f32.
+    pub fn new(head_dim: usize, rope: &Rope, device: Device) -> Result<Self> {
+        let d = head_dim as i64;
         // Computed on the CPU, as transformers does when it builds the model: CUDA's division
         // and pow differ from the CPU's in the last bit, and that shifts every angle.
         let exponent = Tensor::f_arange_start_step(0, d, 2, (Kind::Int64, Device::Cpu))?
             .f_to_kind(Kind::Float)?
             .f_div_scalar(d as f64)?;
-        let inv_freq = Tensor::f_pow_scalar(cfg.rope_theta, &exponent)?.f_reciprocal()?;
-        let inv_freq = match cfg.rope_scaling {
+        let inv_freq = Tensor::f_pow_scalar(rope.theta, &exponent)?.f_reciprocal()?;
+        let inv_freq = match rope.scaling {
             RopeScaling::None => inv_freq,
             RopeScaling::Linear { factor } => inv_freq.f_div_scalar(factor)?,
             RopeScaling::Llama3 {
@@ -148,7 +155,7 @@ impl Rotary {
 }
 
 /// One forward's rotary tables, shaped `[1, t, 1, ..]` for `[b, t, heads, head_dim]` inputs.
-pub struct RopeTables {
+pub(crate) struct RopeTables {
     cos: Tensor,
     /// `-sin` over the first half of `head_dim`: `rotate_half` negates `x2` there.
     sin_lo_neg: Tensor,
@@ -192,7 +199,7 @@ impl RopeTables {
 }
 
 /// SwiGLU MLP: `down(silu(gate(x)) * up(x))`, gate/up column-parallel, down row-parallel.
-pub struct Mlp {
+pub(crate) struct Mlp {
     /// This rank's gate rows then its up rows: one GEMM for both.
     gate_up_proj: ColumnParallelLinear,
     down_proj: RowParallelLinear,
@@ -201,9 +208,16 @@ pub struct Mlp {
 }
 
 impl Mlp {
-    /// Loads `<prefix>.{gate,up,down}_proj`, gate and up stacked into one weight.
-    pub fn load(ctx: &LoadCtx, prefix: &str, cfg: &ModelConfig) -> Result<Self> {
-        let (h, i, b) = (cfg.hidden_size, cfg.intermediate_size, cfg.mlp_bias);
+    /// Loads `<prefix>.{gate,up,down}_proj` (`hidden -> intermediate -> hidden`, with biases
+    /// if `bias`), gate and up stacked into one weight.
+    pub fn load(
+        ctx: &LoadCtx,
+        prefix: &str,
+        hidden: usize,
+        intermediate: usize,
+        bias: bool,
+    ) -> Result<Self> {
+        let (h, i, b) = (hidden, intermediate, bias);
         let (gate, up) = (format!("{prefix}.gate_proj"), format!("{prefix}.up_proj"));
         Ok(Mlp {
             gate_up_proj: ColumnParallelLinear::load_fused(ctx, &[(&gate, i), (&up, i)], h, b)?,
@@ -220,22 +234,6 @@ impl Mlp {
         let gate = gate_up.f_narrow(-1, 0, n)?.f_silu_()?;
         let up = gate_up.f_narrow(-1, n, n)?;
         self.down_proj.forward(&gate.f_mul(&up)?)
-    }
-
-    /// Checkpoint names and full shapes this MLP reads.
-    pub fn tensor_shapes(prefix: &str, cfg: &ModelConfig) -> Vec<(String, Vec<usize>)> {
-        let (h, i) = (cfg.hidden_size, cfg.intermediate_size);
-        let mut v = vec![
-            (format!("{prefix}.gate_proj.weight"), vec![i, h]),
-            (format!("{prefix}.up_proj.weight"), vec![i, h]),
-            (format!("{prefix}.down_proj.weight"), vec![h, i]),
-        ];
-        if cfg.mlp_bias {
-            v.push((format!("{prefix}.gate_proj.bias"), vec![i]));
-            v.push((format!("{prefix}.up_proj.bias"), vec![i]));
-            v.push((format!("{prefix}.down_proj.bias"), vec![h]));
-        }
-        v
     }
 }
 
@@ -323,13 +321,5 @@ mod tests {
             "{differing} of {}",
             e.numel()
         );
-    }
-
-    #[test]
-    fn norm_kernel_parses_and_names_the_choices() {
-        assert_eq!("fast".parse::<NormKernel>(), Ok(NormKernel::Fast));
-        assert_eq!("exact".parse::<NormKernel>(), Ok(NormKernel::Exact));
-        let err = "fused".parse::<NormKernel>().unwrap_err();
-        assert!(err.contains("exact or fast"), "{err}");
     }
 }

@@ -1,21 +1,25 @@
 //! Prefill-only forward of Hugging Face checkpoints in tch, tensor-parallel over NCCL (or
 //! in-process threads on CPU), writing chosen layers' hidden states into an hslake dataset.
 //!
+//! An [`Engine`] loads the model once and runs any number of jobs; [`capture`] is one
+//! engine and one job, as `hslake capture` runs it.
+//!
 //! ```no_run
-//! # async fn run() -> Result<(), hslake_capture::CaptureError> {
-//! use hslake_capture::{capture, CaptureOptions, DeviceKind};
+//! # fn run() -> Result<(), hslake_capture::CaptureError> {
+//! use hslake_capture::{CancelToken, CaptureJob, DeviceKind, Engine, EngineOptions, NoProgress};
 //! use hslake_schemas::{CapturePoint, DType};
 //!
-//! let mut opts = CaptureOptions::new(
-//!     "models/SmolLM2-135M-Instruct".into(),
-//!     "samples.jsonl".into(),
-//!     "file:///data/smollm2-states".into(),
-//!     vec![CapturePoint::LayerOutput(2), CapturePoint::LayerOutput(15), CapturePoint::FinalNorm],
-//! );
-//! opts.device = DeviceKind::Cpu;
-//! opts.dtype = DType::F32;
-//! let summary = capture(opts).await?;
-//! println!("{summary}");
+//! // Blocking calls: run this on a blocking thread of a tokio runtime (spawn_blocking).
+//! let mut options = EngineOptions::new("models/SmolLM2-135M-Instruct".into());
+//! options.device = DeviceKind::Cpu;
+//! options.dtype = DType::F32;
+//! let mut engine = Engine::start(options)?; // every tensor checked, then loaded once
+//! for (input, output) in [("a.jsonl", "file:///data/a"), ("b.jsonl", "file:///data/b")] {
+//!     let points = vec![CapturePoint::LayerOutput(2), CapturePoint::FinalNorm];
+//!     let job = CaptureJob::new(input.into(), output.into(), points);
+//!     let summary = engine.run(&job, &NoProgress, &CancelToken::new())?;
+//!     println!("{summary}");
+//! }
 //! # Ok(()) }
 //! ```
 //!
@@ -24,21 +28,30 @@
 //! RMS norm (see `hslake_schemas::LAYER_CONVENTION`).
 #![deny(missing_docs)]
 
-pub mod batch;
-pub mod comm;
-pub mod config;
-pub mod cuda;
+mod batch;
+mod capture;
+mod checkpoint;
+mod comm;
+mod cuda;
+pub mod debug;
+mod dry_run;
+mod engine;
 mod error;
-pub mod input;
-pub mod layers;
-pub mod models;
-pub mod nccl;
-mod pipeline;
-pub mod tp;
-pub mod weights;
+#[cfg(test)]
+mod fixtures;
+mod input;
+mod layers;
+mod load;
+mod models;
+mod nccl;
+mod tp;
 
-pub use comm::{Communicator, LocalComm, SingleRank};
-pub use config::{Architecture, ModelConfig, RawConfig};
-pub use error::{CaptureError, Result};
+pub use capture::{capture, capture_with, CaptureOptions};
+pub use engine::{
+    CancelToken, CaptureJob, CaptureSummary, CheckedModel, CommitPolicy, DeviceKind, Engine,
+    EngineOptions, NoProgress, PreparedJob, ProgressSink, RANK_GRACE,
+};
+pub use error::{CaptureError, Result, TensorProblem};
 pub use input::Overlong;
-pub use pipeline::{capture, CaptureOptions, CaptureSummary, DeviceKind};
+pub use load::NormKernel;
+pub use models::ModelInfo;

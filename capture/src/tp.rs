@@ -4,63 +4,42 @@
 //! on every rank after each one.
 use std::rc::Rc;
 
-use tch::{Device, Kind, Tensor};
+use tch::Tensor;
 
 use crate::comm::Communicator;
-use crate::error::Result;
-use crate::weights::{Shard, Weights};
+use crate::error::{CaptureError, Result};
+use crate::load::LoadCtx;
 
-/// What every layer needs to load its rank's slice of its weights.
-pub struct LoadCtx<'a> {
-    /// The checkpoint.
-    pub weights: &'a Weights,
-    /// This rank's communicator.
-    pub comm: Rc<dyn Communicator>,
-    /// Where the weights go.
-    pub device: Device,
-    /// The compute dtype.
-    pub kind: Kind,
-    /// How RMS norms are computed.
-    pub norm: crate::layers::NormKernel,
-}
-
-impl LoadCtx<'_> {
-    /// This rank's part of dimension `dim` of `name` (full shape `shape`).
-    pub fn split(&self, name: &str, shape: &[usize], dim: usize) -> Result<Tensor> {
-        let shard = Shard::Split {
-            dim,
-            rank: self.comm.rank(),
-            world: self.comm.world_size(),
-        };
-        self.weights
-            .load(name, shape, shard, self.device, self.kind)
+/// Checks that `tp` ranks can split every one of `counts` (name, size) evenly; the error names
+/// them all and the sizes that would work.
+pub(crate) fn check_split(tp: usize, counts: &[(&str, usize)]) -> Result<()> {
+    let fits = |t: usize| t > 0 && counts.iter().all(|(_, n)| n.is_multiple_of(t));
+    if fits(tp) {
+        return Ok(());
     }
-
-    /// The whole of `name`, replicated on every rank.
-    pub fn full(&self, name: &str, shape: &[usize]) -> Result<Tensor> {
-        self.weights
-            .load(name, shape, Shard::Full, self.device, self.kind)
-    }
+    let smallest = counts.iter().map(|(_, n)| *n).min().unwrap_or(1);
+    let valid: Vec<String> = (1..=smallest)
+        .filter(|&t| fits(t))
+        .map(|t| t.to_string())
+        .collect();
+    Err(CaptureError::TensorParallelSize {
+        tp,
+        counts: counts
+            .iter()
+            .map(|(name, n)| format!("{name} = {n}"))
+            .collect::<Vec<_>>()
+            .join(", "),
+        valid: valid.join(", "),
+    })
 }
 
 /// `y = x W^T + b` with `W: [out, in]` split along `out`; each rank produces `out / tp` features.
-pub struct ColumnParallelLinear {
+pub(crate) struct ColumnParallelLinear {
     weight: Tensor,
     bias: Option<Tensor>,
 }
 
 impl ColumnParallelLinear {
-    /// Loads `<prefix>.weight` (and `<prefix>.bias` if `bias`) of full shape `[out, in]`.
-    pub fn load(
-        ctx: &LoadCtx,
-        prefix: &str,
-        in_features: usize,
-        out_features: usize,
-        bias: bool,
-    ) -> Result<Self> {
-        Self::load_fused(ctx, &[(prefix, out_features)], in_features, bias)
-    }
-
     /// Several column-parallel linears over the same input, run as one GEMM: `parts` are
     /// `(prefix, full out_features)`, and this rank's rows of each `<prefix>.weight` (and
     /// `.bias`) are stacked in that order, so the output holds this rank's `out_0 / tp`
@@ -73,7 +52,7 @@ impl ColumnParallelLinear {
         bias: bool,
     ) -> Result<Self> {
         let stack = |suffix: &str, with_in: bool| -> Result<Tensor> {
-            let mut slices = parts
+            let slices = parts
                 .iter()
                 .map(|(prefix, out)| {
                     let shape = if with_in {
@@ -84,10 +63,7 @@ impl ColumnParallelLinear {
                     ctx.split(&format!("{prefix}.{suffix}"), &shape, 0)
                 })
                 .collect::<Result<Vec<_>>>()?;
-            Ok(match slices.len() {
-                1 => slices.remove(0),
-                _ => Tensor::f_cat(&slices, 0)?,
-            })
+            ctx.concat(slices)
         };
         let weight = stack("weight", true)?;
         let bias = if bias {
@@ -105,7 +81,7 @@ impl ColumnParallelLinear {
 }
 
 /// `y = x W^T + b` with `W: [out, in]` split along `in`; partial products are summed across ranks.
-pub struct RowParallelLinear {
+pub(crate) struct RowParallelLinear {
     weight: Tensor,
     bias: Option<Tensor>,
     comm: Rc<dyn Communicator>,
@@ -151,7 +127,7 @@ impl RowParallelLinear {
 
 /// Token embedding split by vocabulary rows: each rank looks up the ids it owns, writes
 /// zeros for the rest, and the all-reduce assembles the full `[.., hidden]` rows.
-pub struct VocabParallelEmbedding {
+pub(crate) struct VocabParallelEmbedding {
     weight: Tensor,
     start: i64,
     end: i64,
@@ -165,13 +141,7 @@ impl VocabParallelEmbedding {
         let per_rank = vocab.div_ceil(world);
         let start = (ctx.comm.rank() * per_rank).min(vocab);
         let end = (start + per_rank).min(vocab);
-        let weight = ctx.weights.load(
-            name,
-            &[vocab, hidden],
-            Shard::Rows { start, end },
-            ctx.device,
-            ctx.kind,
-        )?;
+        let weight = ctx.rows(name, &[vocab, hidden], start, end)?;
         Ok(VocabParallelEmbedding {
             weight,
             start: start as i64,
@@ -206,11 +176,13 @@ impl VocabParallelEmbedding {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::checkpoint::Checkpoint;
     use crate::comm::LocalComm;
     use safetensors::tensor::TensorView;
+    use tch::{Device, Kind};
 
     /// A checkpoint of f32 tensors whose values are `0, 1, 2, ...` scaled by `1/8`.
-    fn checkpoint(dir: &std::path::Path, tensors: &[(&str, Vec<usize>)]) -> Weights {
+    fn checkpoint(dir: &std::path::Path, tensors: &[(&str, Vec<usize>)]) -> Checkpoint {
         let bytes: Vec<Vec<u8>> = tensors
             .iter()
             .enumerate()
@@ -229,12 +201,12 @@ mod tests {
             })
             .collect();
         safetensors::serialize_to_file(views, None, &dir.join("model.safetensors")).unwrap();
-        Weights::open(dir).unwrap()
+        Checkpoint::open(dir).unwrap()
     }
 
-    fn ctx(weights: &Weights, comm: LocalComm) -> LoadCtx<'_> {
+    fn ctx(checkpoint: &Checkpoint, comm: LocalComm) -> LoadCtx<'_> {
         LoadCtx {
-            weights,
+            source: checkpoint,
             comm: Rc::new(comm),
             device: Device::Cpu,
             kind: Kind::Float,
@@ -261,8 +233,8 @@ mod tests {
                 .unwrap()
                 .forward(&x)
                 .unwrap();
-            let a = ColumnParallelLinear::load(&c, "a", 3, 4, true).unwrap();
-            let b = ColumnParallelLinear::load(&c, "b", 3, 2, true).unwrap();
+            let a = ColumnParallelLinear::load_fused(&c, &[("a", 4)], 3, true).unwrap();
+            let b = ColumnParallelLinear::load_fused(&c, &[("b", 2)], 3, true).unwrap();
             let separate = Tensor::cat(&[a.forward(&x).unwrap(), b.forward(&x).unwrap()], -1);
             // Each rank holds 2 of a's 4 features and 1 of b's 2.
             assert_eq!(fused.size(), vec![1, 2, 3]);
@@ -288,5 +260,23 @@ mod tests {
         assert!(e.contains("missing tensor \"a.bias\""), "{e}");
         let e = load(&[("a", 4), ("b", 5)], false);
         assert!(e.contains("tensor \"b.weight\" has shape [2, 3]"), "{e}");
+    }
+
+    #[test]
+    fn impossible_tp_size_names_the_counts_and_the_sizes_that_work() {
+        // SmolLM2-135M: 9 heads, 3 KV heads, MLP 1536.
+        let counts = [
+            ("num_attention_heads", 9),
+            ("num_key_value_heads", 3),
+            ("intermediate_size", 1536),
+        ];
+        assert!(check_split(3, &counts).is_ok());
+        let e = check_split(2, &counts).unwrap_err().to_string();
+        assert_eq!(
+            e,
+            "tensor-parallel size 2 is impossible for this model: num_attention_heads = 9, \
+             num_key_value_heads = 3, intermediate_size = 1536; the TP size must divide each of \
+             them (valid here: 1, 3)"
+        );
     }
 }

@@ -3,7 +3,7 @@ use std::time::Duration;
 use hslake_schemas::CapturePoint;
 use serde::{Deserialize, Serialize};
 
-use crate::{LoaderError, LoaderOptions};
+use crate::{LoaderError, LoaderOptions, Preset};
 
 /// How samples are grouped into batches.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -96,6 +96,9 @@ pub struct LoaderConfig {
     pub aux_layers: Option<Vec<CapturePoint>>,
     /// The target point (`None`: `final_norm` if captured, else the last point).
     pub target: Option<CapturePoint>,
+    /// A trainer's named convention, resolved against the dataset's layer count in place of
+    /// `aux_layers` and `target` (which must then be `None`).
+    pub preset: Option<Preset>,
     /// Dataset version to read (`None`: the latest at open).
     pub version: Option<u64>,
     /// Row groups read ahead of use.
@@ -171,6 +174,14 @@ impl LoaderConfig {
                     .into(),
             );
         }
+        if let Some(p) = self.preset {
+            if self.aux_layers.is_some() || self.target.is_some() {
+                return bad(format!(
+                    "preset {p} chooses aux_layers and target itself; give either the preset or \
+                     aux_layers/target, not both"
+                ));
+            }
+        }
         if self.io_timeout.is_zero() {
             return bad("io_timeout must be positive".into());
         }
@@ -224,6 +235,17 @@ mod tests {
             .check()
             .is_err());
         }
+    }
+
+    #[test]
+    fn rejects_preset_together_with_explicit_layers() {
+        let c = LoaderConfig {
+            preset: Some(Preset::Speculators),
+            target: Some(CapturePoint::FinalNorm),
+            ..Default::default()
+        };
+        let err = c.check().unwrap_err().to_string();
+        assert!(err.contains("preset speculators chooses"), "{err}");
     }
 
     #[test]

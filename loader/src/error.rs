@@ -20,6 +20,28 @@ pub enum LoaderError {
         /// The dataset's capture points.
         available: String,
     },
+    /// A dataset that lacks a capture point a trainer preset needs.
+    #[error("dataset {url} does not fit preset {preset}: missing {missing}; it holds {available}. {hint}")]
+    PresetMismatch {
+        /// The preset, e.g. `speculators`.
+        preset: &'static str,
+        /// The dataset.
+        url: String,
+        /// The missing points, e.g. `layer_29, final_norm`.
+        missing: String,
+        /// The dataset's capture points.
+        available: String,
+        /// What the preset expects and how to capture it.
+        hint: String,
+    },
+    /// A file of a trainer-layout export that cannot be written.
+    #[error("export {path}: {message}")]
+    Export {
+        /// The file or directory.
+        path: String,
+        /// What went wrong.
+        message: String,
+    },
     /// A resume state that does not belong to this loader's configuration.
     #[error("cannot resume: the saved state has {field} = {saved}, but this loader has {current}")]
     StateMismatch {

@@ -40,9 +40,11 @@
 mod batch;
 mod config;
 mod error;
+pub mod export;
 mod loader;
 mod options;
 mod plan;
+mod preset;
 mod rng;
 mod rowgroup;
 mod state;
@@ -52,4 +54,5 @@ pub use config::{Batching, CorruptPolicy, Follow, Layout, LoaderConfig, Remainde
 pub use error::LoaderError;
 pub use loader::{BatchStream, Loader, LoaderStats};
 pub use options::LoaderOptions;
+pub use preset::{Preset, PresetPoints};
 pub use state::{LoaderState, STATE_FORMAT};

@@ -93,6 +93,10 @@ fn resolve_points(
     s: &DatasetSchema,
     c: &LoaderConfig,
 ) -> Result<(Vec<CapturePoint>, CapturePoint), LoaderError> {
+    if let Some(preset) = c.preset {
+        let p = preset.resolve(url, s)?;
+        return Ok((p.aux, p.target));
+    }
     let missing = |p: CapturePoint, role| LoaderError::MissingPoint {
         url: url.to_string(),
         wanted: p.column(),

@@ -8,7 +8,9 @@ use serde::de::{self, Deserializer, Visitor};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::{Batching, CorruptPolicy, Follow, Layout, LoaderConfig, LoaderError, Remainder};
+use crate::{
+    Batching, CorruptPolicy, Follow, Layout, LoaderConfig, LoaderError, Preset, Remainder,
+};
 
 /// Everything that shapes what a loader yields, named as `hslake.Loader` takes it. A key left
 /// out takes the default below; an unknown key is refused.
@@ -53,6 +55,9 @@ pub struct LoaderOptions {
     /// The target point. Default: `final_norm` if captured, else the last point.
     #[serde(deserialize_with = "point")]
     pub target: Option<CapturePoint>,
+    /// A trainer's convention (`"speculators"`, `"specforge"`) choosing `aux_layers` and
+    /// `target` from the dataset's layer count; give it or those two, not both.
+    pub preset: Option<Preset>,
     /// Dataset version to read. Default: the newest at open.
     pub version: Option<u64>,
     /// Row groups read ahead of use. Default: 4.
@@ -94,6 +99,7 @@ impl Default for LoaderOptions {
             drop_last_batch: false,
             aux_layers: None,
             target: None,
+            preset: None,
             version: None,
             prefetch_row_groups: 4,
             prefetch_batches: 4,
@@ -174,6 +180,7 @@ impl LoaderOptions {
             drop_last_batch: self.drop_last_batch,
             aux_layers: self.aux_layers.clone(),
             target: self.target,
+            preset: self.preset,
             version: self.version,
             prefetch_row_groups: self.prefetch_row_groups,
             prefetch_batches: self.prefetch_batches,
@@ -289,8 +296,16 @@ mod tests {
         assert!(err.contains("layer -1: layer indices are 0-based"), "{err}");
         let err = resolve(r#"{"batch_size": 4, "target": true}"#).unwrap_err();
         assert!(err.contains("target=true"), "{err}");
+        let err = resolve(r#"{"batch_size": 4, "preset": "eagle"}"#).unwrap_err();
+        assert!(err.contains("preset=\"eagle\""), "{err}");
         let err = resolve(r#"{"batch_size": 4, "on_corrupt": "ignore"}"#).unwrap_err();
         assert!(err.contains("on_corrupt=\"ignore\""), "{err}");
+    }
+
+    #[test]
+    fn a_preset_is_named_as_in_python() {
+        let c = resolve(r#"{"batch_size": 2, "preset": "specforge"}"#).unwrap();
+        assert_eq!(c.preset, Some(Preset::Specforge));
     }
 
     #[test]

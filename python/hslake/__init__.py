@@ -17,14 +17,15 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any, Iterator, Optional
+from typing import Any, Iterator, Optional, Sequence
 
 import torch
 
 from ._hslake import ConfigError, HslakeError, NativeDataset, NativeLoader, __version__
-from ._hslake import write_synthetic
+from ._hslake import export_trainer_files, preset_points, write_synthetic
 
-__all__ = ["Dataset", "Loader", "HslakeError", "ConfigError", "write_synthetic", "__version__"]
+__all__ = ["Dataset", "Loader", "HslakeError", "ConfigError", "write_synthetic", "preset_points",
+           "export_trainer_files", "__version__"]
 
 _DTYPES = {
     "int64": torch.int64,
@@ -96,13 +97,17 @@ class Loader(torch.utils.data.IterableDataset):
     [B, T, k*H] (``aux_layers`` concatenated in the given order); ``target_hidden_states``
     [B, T, H]; ``sample_ids`` [B]. bf16 stays bf16.
 
+    ``preset="speculators"`` or ``"specforge"`` picks a trainer's aux layers and target from
+    the dataset's layer count (see ``hslake.preset_points``) in place of ``aux_layers`` and
+    ``target``; a dataset lacking one of them is refused with what is missing.
+
     Order: a shuffle fixed by (seed, epoch) on every machine; rank r of ``world_size`` reads
     a disjoint part; the remainder is padded by repeating samples (``drop_last=False``, as
     torch's DistributedSampler) or dropped. Iterating runs one epoch from the current state;
     the next ``iter()`` continues (the next epoch after a full pass).
 
     Other keyword arguments (``rank``, ``world_size``, ``seed``, ``shuffle``, ``aux_layers``,
-    ``target``, ``version``, ``packed``, ``max_seq_len``, ``pad_to_multiple_of``,
+    ``target``, ``preset``, ``version``, ``packed``, ``max_seq_len``, ``pad_to_multiple_of``,
     ``pad_token_id``, ``drop_last``, ``drop_last_batch``, ``shuffle_window``,
     ``prefetch_row_groups``, ``prefetch_batches``, ``decode_threads``, ``on_corrupt``,
     ``follow``, ``poll_interval``, ``follow_idle_timeout``, ``timeout``) are the native

@@ -6,7 +6,16 @@ use std::ffi::c_int;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use hslake_loader::{BatchStream, HostTensor, Loader, LoaderError, LoaderOptions, LoaderState};
+use hslake_loader::{
+    BatchStream, HostTensor, Loader, LoaderError, LoaderOptions, LoaderState, Preset,
+};
+=======
+use hslake_loader::{
+    BatchStream, Batching, CorruptPolicy, Follow, HostTensor, Layout, Loader, LoaderConfig,
+    LoaderError, LoaderState, Preset, Remainder,
+};
+use hslake_schemas::CapturePoint;
+>>>>>>> main
 use hslake_store::{Dataset, StoreError};
 use pyo3::create_exception;
 use pyo3::exceptions::PyException;
@@ -31,6 +40,7 @@ fn to_py(e: LoaderError) -> PyErr {
     match e {
         LoaderError::Config(_)
         | LoaderError::MissingPoint { .. }
+        | LoaderError::PresetMismatch { .. }
         | LoaderError::StateMismatch { .. }
         | LoaderError::BadState(_)
         | LoaderError::Store(StoreError::VersionNotFound { .. })
@@ -364,6 +374,53 @@ fn write_synthetic(
     Ok(report.version)
 }
 
+/// The capture points a trainer preset needs for a model of `num_layers` layers: (aux
+/// columns in concatenation order, target column, whether the target is after the final norm).
+#[pyfunction]
+fn preset_points(preset: &str, num_layers: usize) -> PyResult<(Vec<String>, String, bool)> {
+    let preset: Preset = preset.parse().map_err(to_py)?;
+    let p = preset.points(num_layers).map_err(to_py)?;
+    Ok((
+        p.aux.iter().map(|q| q.column()).collect(),
+        p.target.column(),
+        preset.post_norm_target(),
+    ))
+}
+
+/// Write a dataset version in a trainer's own file layout (`preset`: `speculators` or
+/// `specforge`) into the empty or absent directory `dir`; returns (version, samples, tokens).
+#[pyfunction]
+#[pyo3(signature = (url, preset, dir, version=None, rows_per_dir=5000, decode_threads=2))]
+fn export_trainer_files(
+    py: Python<'_>,
+    url: String,
+    preset: &str,
+    dir: std::path::PathBuf,
+    version: Option<u64>,
+    rows_per_dir: usize,
+    decode_threads: usize,
+) -> PyResult<(u64, u64, u64)> {
+    let preset: Preset = preset.parse().map_err(to_py)?;
+    let opts = hslake_loader::export::ExportOptions {
+        version,
+        rows_per_dir,
+        decode_threads,
+    };
+    let rt = runtime(decode_threads)?;
+    let s = py
+        .detach(|| {
+            rt.block_on(hslake_loader::export::export_trainer_files(
+                &url,
+                preset,
+                &dir,
+                &opts,
+                |_, _| {},
+            ))
+        })
+        .map_err(to_py)?;
+    Ok((s.version, s.samples, s.tokens))
+}
+
 /// The native module.
 #[pymodule]
 fn _hslake(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -372,6 +429,8 @@ fn _hslake(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<NativeLoader>()?;
     m.add_class::<NativeStream>()?;
     m.add_function(wrap_pyfunction!(write_synthetic, m)?)?;
+    m.add_function(wrap_pyfunction!(preset_points, m)?)?;
+    m.add_function(wrap_pyfunction!(export_trainer_files, m)?)?;
     m.add("HslakeError", m.py().get_type::<HslakeError>())?;
     m.add("ConfigError", m.py().get_type::<ConfigError>())?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;

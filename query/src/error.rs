@@ -24,6 +24,19 @@ pub enum QueryError {
         /// What is wrong with it.
         reason: String,
     },
+    /// The query ran into a limit that protects the process (memory, time, concurrent
+    /// queries) and was stopped or refused; nothing else is affected.
+    #[error("{what} (limit: {limit}, set by {setting}){detail}")]
+    Limit {
+        /// What happened, e.g. `query stopped: it ran longer than one query may run`.
+        what: String,
+        /// The limit in force, e.g. `60 s`.
+        limit: String,
+        /// The setting that changes it, e.g. `--query-timeout`.
+        setting: String,
+        /// More about it (the biggest memory consumers), empty or starting with `; `.
+        detail: String,
+    },
     /// Writing results failed.
     #[error("writing {format} output: {detail}")]
     Output {
@@ -45,6 +58,24 @@ impl From<datafusion::arrow::error::ArrowError> for QueryError {
 
 impl From<DataFusionError> for QueryError {
     fn from(e: DataFusionError) -> Self {
+        // Limits travel through DataFusion's streams as external errors; unwrap them so callers
+        // can tell a refused query from a wrong one.
+        if let DataFusionError::External(inner) = e.find_root() {
+            if let Some(QueryError::Limit {
+                what,
+                limit,
+                setting,
+                detail,
+            }) = inner.downcast_ref::<QueryError>()
+            {
+                return QueryError::Limit {
+                    what: what.clone(),
+                    limit: limit.clone(),
+                    setting: setting.clone(),
+                    detail: detail.clone(),
+                };
+            }
+        }
         QueryError::Sql(strip_context(e))
     }
 }

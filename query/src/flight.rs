@@ -6,7 +6,11 @@
 //! Queries: `GetFlightInfo(CommandStatementQuery)` then `DoGet`, or prepared statements without
 //! parameters. Statements that write or create anything are refused with `PERMISSION_DENIED`;
 //! SQL errors come back as `INVALID_ARGUMENT` and the server keeps serving.
-use std::net::SocketAddr;
+//!
+//! Protection from one client: queries run through a [`QueryExecutor`] (a runtime of their
+//! own, a bounded number at a time) under the session's [`crate::QueryLimits`] (a memory pool
+//! per query, a deadline). A query past a limit comes back as `RESOURCE_EXHAUSTED` naming the
+//! limit; a client that goes away stops its query.
 use std::pin::Pin;
 use std::sync::Arc;
 
@@ -32,6 +36,7 @@ use prost::Message;
 use tonic::metadata::MetadataValue;
 use tonic::{Request, Response, Status, Streaming};
 
+use crate::executor::QueryExecutor;
 use crate::{QueryError, QuerySession};
 
 /// A `do_get` response streaming one record batch (the catalog, schema and table listings).
@@ -45,17 +50,21 @@ fn one_batch(
     Response::new(Box::pin(stream))
 }
 
-/// The Flight SQL service: a shared session and the accepted token.
+/// The Flight SQL service: a shared session, the executor running its queries and the
+/// accepted token.
 pub struct HslakeFlightSql {
     session: Arc<QuerySession>,
+    executor: QueryExecutor,
     token: String,
 }
 
 impl HslakeFlightSql {
-    /// A service answering queries on `session` for clients presenting `token`.
-    pub fn new(session: QuerySession, token: String) -> Self {
+    /// A service answering queries on `session` through `executor` for clients presenting
+    /// `token`.
+    pub fn new(session: QuerySession, executor: QueryExecutor, token: String) -> Self {
         HslakeFlightSql {
             session: Arc::new(session),
+            executor,
             token,
         }
     }
@@ -85,6 +94,19 @@ impl HslakeFlightSql {
         Ok(df.schema().as_arrow().clone())
     }
 
+    /// The answer to `GetFlightInfo` for a command that `do_get` answers with `schema`, after
+    /// checking the caller's token.
+    fn command_info(
+        &self,
+        schema: &Schema,
+        ticket: Vec<u8>,
+        request: Request<FlightDescriptor>,
+    ) -> Result<Response<FlightInfo>, Status> {
+        self.check_token(&request)?;
+        let info = self.flight_info(schema, ticket, request.into_inner())?;
+        Ok(Response::new(info))
+    }
+
     fn flight_info(
         &self,
         schema: &Schema,
@@ -99,18 +121,20 @@ impl HslakeFlightSql {
             .with_descriptor(descriptor))
     }
 
-    /// Run `sql` and stream its batches as Flight data.
+    /// Run `sql` through the executor and stream its batches as Flight data. Dropping the
+    /// response (the client went away) drops the query stream, which stops the query.
     async fn stream(
         &self,
         sql: &str,
     ) -> Result<Response<<Self as FlightService>::DoGetStream>, Status> {
-        let df = self.session.sql(sql).await.map_err(to_status)?;
-        let schema = Arc::new(df.schema().as_arrow().clone());
-        let batches = df
-            .execute_stream()
+        let batches = self
+            .executor
+            .run(self.session.clone(), sql.to_string())
             .await
-            .map_err(|e| to_status(QueryError::from(e)))?;
-        let batches = batches.map_err(|e| FlightError::ExternalError(Box::new(e)));
+            .map_err(to_status)?;
+        let schema = batches.schema();
+        let batches =
+            batches.map_err(|e| FlightError::Tonic(Box::new(to_status(QueryError::from(e)))));
         let data = FlightDataEncoderBuilder::new()
             .with_schema(schema)
             .build(batches)
@@ -127,7 +151,32 @@ fn to_status(e: QueryError) -> Status {
     match e {
         QueryError::ReadOnly { .. } => Status::permission_denied(e.to_string()),
         QueryError::Sql(_) => Status::invalid_argument(e.to_string()),
+        QueryError::Limit { .. } => Status::resource_exhausted(e.to_string()),
         other => Status::internal(other.to_string()),
+    }
+}
+
+/// The password of HTTP Basic credentials (`base64(user:password)`). Padding is optional:
+/// RFC 7617 clients pad, but the ADBC Go driver sends unpadded base64, so a user name whose
+/// credentials are not a multiple of three bytes long must not be refused.
+fn basic_password(b64: &str) -> Result<String, Status> {
+    let engine = base64::engine::GeneralPurpose::new(
+        &base64::alphabet::STANDARD,
+        base64::engine::GeneralPurposeConfig::new()
+            .with_decode_padding_mode(base64::engine::DecodePaddingMode::Indifferent),
+    );
+    let raw = engine.decode(b64.trim()).map_err(|e| {
+        Status::unauthenticated(format!(
+            "Basic credentials are not base64 ({e}); expected base64 of \"user:password\""
+        ))
+    })?;
+    let raw = String::from_utf8(raw)
+        .map_err(|_| Status::unauthenticated("Basic credentials are not UTF-8 text"))?;
+    match raw.split_once(':') {
+        Some((_, password)) => Ok(password.to_string()),
+        None => Err(Status::unauthenticated(
+            "Basic credentials have no ':'; expected base64 of \"user:password\"",
+        )),
     }
 }
 
@@ -154,11 +203,7 @@ impl FlightSqlService for HslakeFlightSql {
                 Status::unauthenticated("handshake needs an authorization header (Basic or Bearer)")
             })?;
         let token_ok = if let Some(b64) = header.strip_prefix("Basic ") {
-            let raw = base64::engine::general_purpose::STANDARD
-                .decode(b64.trim())
-                .map_err(|_| Status::unauthenticated("Basic credentials are not base64"))?;
-            let raw = String::from_utf8_lossy(&raw).to_string();
-            let password = raw.split_once(':').map(|(_, p)| p).unwrap_or("");
+            let password = basic_password(b64)?;
             constant_time_eq(password.as_bytes(), self.token.as_bytes())
         } else if let Some(t) = header.strip_prefix("Bearer ") {
             constant_time_eq(t.trim().as_bytes(), self.token.as_bytes())
@@ -303,14 +348,8 @@ impl FlightSqlService for HslakeFlightSql {
         query: CommandGetCatalogs,
         request: Request<FlightDescriptor>,
     ) -> Result<Response<FlightInfo>, Status> {
-        self.check_token(&request)?;
         let schema = query.into_builder().schema();
-        let info = self.flight_info(
-            &schema,
-            query.as_any().encode_to_vec(),
-            request.into_inner(),
-        )?;
-        Ok(Response::new(info))
+        self.command_info(&schema, query.as_any().encode_to_vec(), request)
     }
 
     async fn do_get_catalogs(
@@ -331,14 +370,8 @@ impl FlightSqlService for HslakeFlightSql {
         query: CommandGetDbSchemas,
         request: Request<FlightDescriptor>,
     ) -> Result<Response<FlightInfo>, Status> {
-        self.check_token(&request)?;
         let schema = query.clone().into_builder().schema();
-        let info = self.flight_info(
-            &schema,
-            query.as_any().encode_to_vec(),
-            request.into_inner(),
-        )?;
-        Ok(Response::new(info))
+        self.command_info(&schema, query.as_any().encode_to_vec(), request)
     }
 
     async fn do_get_schemas(
@@ -364,14 +397,8 @@ impl FlightSqlService for HslakeFlightSql {
         query: CommandGetTables,
         request: Request<FlightDescriptor>,
     ) -> Result<Response<FlightInfo>, Status> {
-        self.check_token(&request)?;
         let schema = query.clone().into_builder().schema();
-        let info = self.flight_info(
-            &schema,
-            query.as_any().encode_to_vec(),
-            request.into_inner(),
-        )?;
-        Ok(Response::new(info))
+        self.command_info(&schema, query.as_any().encode_to_vec(), request)
     }
 
     async fn do_get_tables(
@@ -400,30 +427,14 @@ impl FlightSqlService for HslakeFlightSql {
     async fn register_sql_info(&self, _id: i32, _result: &SqlInfo) {}
 }
 
-/// Serve `session` over Flight SQL on `addr` until `shutdown` resolves.
-pub async fn serve(
-    session: QuerySession,
-    token: String,
-    addr: SocketAddr,
-    shutdown: impl std::future::Future<Output = ()> + Send,
-) -> Result<(), tonic::transport::Error> {
-    let service = FlightServiceServer::new(HslakeFlightSql::new(session, token))
-        .max_decoding_message_size(64 << 20)
-        .max_encoding_message_size(256 << 20);
-    tonic::transport::Server::builder()
-        .add_service(service)
-        .serve_with_shutdown(addr, shutdown)
-        .await
-}
-
-/// Serve on an already bound listener (lets callers bind port 0 and learn the port).
+/// Serve `service` on an already bound listener until `shutdown` resolves (binding first lets
+/// callers bind port 0 and learn the port).
 pub async fn serve_listener(
-    session: QuerySession,
-    token: String,
+    service: HslakeFlightSql,
     listener: tokio::net::TcpListener,
     shutdown: impl std::future::Future<Output = ()> + Send,
 ) -> Result<(), tonic::transport::Error> {
-    let service = FlightServiceServer::new(HslakeFlightSql::new(session, token))
+    let service = FlightServiceServer::new(service)
         .max_decoding_message_size(64 << 20)
         .max_encoding_message_size(256 << 20);
     let incoming = tonic::transport::server::TcpIncoming::from(listener);
@@ -440,19 +451,41 @@ mod tests {
     use futures::StreamExt;
     use hslake_schemas::DType;
 
+    use crate::executor::ExecutorLimits;
+    use crate::QueryLimits;
+
+    /// Runs until stopped: a cross join with a practically endless stream of rows, holding
+    /// little memory (6 build rows) and producing no batch before it ends.
+    const ENDLESS: &str = "SELECT sum(tensor_norm(a.layer_2)) FROM tiny.samples a CROSS JOIN generate_series(1, 1000000000000) g";
+
     async fn start(token: &str) -> (String, tokio::sync::oneshot::Sender<()>) {
-        crate::testdata::write("memory://flight-test", DType::Bf16, 6, 1).await;
+        start_with(token, QueryLimits::default(), ExecutorLimits::for_machine()).await
+    }
+
+    /// A server over a 6-sample dataset (schema `tiny`) with the given limits.
+    async fn start_with(
+        token: &str,
+        limits: QueryLimits,
+        executor: ExecutorLimits,
+    ) -> (String, tokio::sync::oneshot::Sender<()>) {
+        // Tests run in parallel in one process: each server gets a dataset of its own.
+        static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let url = format!("memory://flight-test-{n}");
+        let ds = crate::testdata::write(&url, DType::Bf16, 6, 1).await;
         let mut session = QuerySession::new().unwrap();
-        let ds = hslake_store::Dataset::open("memory://flight-test")
-            .await
-            .unwrap();
+        session.set_limits(limits);
         session.add_dataset(Some("tiny"), &ds, None).await.unwrap();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let (tx, rx) = tokio::sync::oneshot::channel();
-        let token = token.to_string();
+        let service = HslakeFlightSql::new(
+            session,
+            QueryExecutor::new(executor).unwrap(),
+            token.to_string(),
+        );
         tokio::spawn(async move {
-            serve_listener(session, token, listener, async {
+            serve_listener(service, listener, async {
                 let _ = rx.await;
             })
             .await
@@ -533,6 +566,157 @@ mod tests {
                 .unwrap(),
             1
         );
+        let _ = stop.send(());
+    }
+
+    #[test]
+    fn basic_credentials_decode_with_and_without_padding() {
+        use base64::engine::general_purpose::{STANDARD, STANDARD_NO_PAD};
+        // User names of every length mod 3 give credentials with 0, 1 and 2 padding bytes.
+        for user in ["a", "ab", "abc", "abcd", "abcde", "abcdef"] {
+            let creds = format!("{user}:t0ken");
+            for encoded in [STANDARD.encode(&creds), STANDARD_NO_PAD.encode(&creds)] {
+                assert_eq!(basic_password(&encoded).unwrap(), "t0ken", "{encoded}");
+            }
+        }
+        let e = basic_password("not base64!").unwrap_err();
+        assert!(e.message().contains("not base64"), "{e}");
+        let e = basic_password(&STANDARD.encode("no-colon")).unwrap_err();
+        assert!(e.message().contains("no ':'"), "{e}");
+    }
+
+    #[tokio::test]
+    async fn handshake_accepts_unpadded_basic_credentials() {
+        let (url, stop) = start("s3cret").await;
+        for user in ["abc", "abcd", "abcde"] {
+            let channel = tonic::transport::Endpoint::from_shared(url.clone())
+                .unwrap()
+                .connect()
+                .await
+                .unwrap();
+            // The arrow-rs client pads; send what the ADBC Go driver sends instead.
+            let unpadded =
+                base64::engine::general_purpose::STANDARD_NO_PAD.encode(format!("{user}:s3cret"));
+            let mut req = tonic::Request::new(futures::stream::iter([HandshakeRequest::default()]));
+            req.metadata_mut().insert(
+                "authorization",
+                format!("Basic {unpadded}").parse().unwrap(),
+            );
+            let mut raw =
+                arrow_flight::flight_service_client::FlightServiceClient::new(channel.clone());
+            let resp = raw.handshake(req).await.unwrap();
+            let bearer = resp.metadata().get("authorization").unwrap();
+            let bearer = bearer.to_str().unwrap().trim_start_matches("Bearer ");
+            let mut c = FlightSqlServiceClient::new(channel);
+            c.set_token(bearer.to_string());
+            assert_eq!(run(&mut c, "SELECT 1").await.unwrap(), 1, "user {user}");
+        }
+        let _ = stop.send(());
+    }
+
+    #[tokio::test]
+    async fn a_query_past_the_memory_limit_is_refused_naming_it_and_the_server_keeps_serving() {
+        let limits = QueryLimits {
+            memory_per_query: Some(1 << 20),
+            timeout: None,
+        };
+        let (url, stop) = start_with("t", limits, ExecutorLimits::for_machine()).await;
+        let mut c = client(&url, "t").await;
+        // 600,000 tensors collected into one list: far more than 1 MiB.
+        let e = run(
+            &mut c,
+            "SELECT array_agg(a.layer_2) FROM tiny.samples a CROSS JOIN generate_series(1, 100000) g",
+        )
+        .await
+        .unwrap_err();
+        assert!(
+            e.contains("ResourceExhausted") || e.contains("resource"),
+            "{e}"
+        );
+        assert!(e.contains("more memory than one query may use"), "{e}");
+        assert!(
+            e.contains("1024.0 KB per query, set by --query-memory"),
+            "{e}"
+        );
+        assert_eq!(
+            run(&mut c, "SELECT sample_id FROM tiny.samples")
+                .await
+                .unwrap(),
+            6
+        );
+        let _ = stop.send(());
+    }
+
+    #[tokio::test]
+    async fn a_query_past_the_time_limit_is_stopped_naming_it() {
+        let limits = QueryLimits {
+            memory_per_query: None,
+            timeout: Some(std::time::Duration::from_millis(300)),
+        };
+        let (url, stop) = start_with("t", limits, ExecutorLimits::for_machine()).await;
+        let mut c = client(&url, "t").await;
+        let e = run(&mut c, ENDLESS).await.unwrap_err();
+        assert!(e.contains("ran longer than one query may run"), "{e}");
+        assert!(e.contains("0.3 s, set by --query-timeout"), "{e}");
+        assert_eq!(
+            run(&mut c, "SELECT sample_id FROM tiny.samples")
+                .await
+                .unwrap(),
+            6
+        );
+        let _ = stop.send(());
+    }
+
+    #[tokio::test]
+    async fn a_query_beyond_the_concurrency_limit_is_refused_naming_it() {
+        let executor = ExecutorLimits {
+            max_queries: 1,
+            queue_timeout: std::time::Duration::from_millis(200),
+            threads: 1,
+        };
+        let (url, stop) = start_with("t", QueryLimits::default(), executor).await;
+        let mut holder = client(&url, "t").await;
+        let info = holder.execute(ENDLESS.to_string(), None).await.unwrap();
+        let ticket = info.endpoint[0].ticket.clone().unwrap();
+        // The endless query holds the only slot as long as its stream is open.
+        let _held = holder.do_get(ticket).await.unwrap();
+        let mut c = client(&url, "t").await;
+        let e = run(&mut c, "SELECT 1").await.unwrap_err();
+        assert!(e.contains("query refused"), "{e}");
+        assert!(e.contains("1 at once, set by --max-queries"), "{e}");
+        let _ = stop.send(());
+    }
+
+    #[tokio::test]
+    async fn a_client_that_goes_away_frees_its_slot_for_the_next_one() {
+        // One slot and a queue that waits a minute: the second query gets an answer only if
+        // dropping the first one's stream stopped it. Without cancellation it would wait the
+        // full minute and fail.
+        let executor = ExecutorLimits {
+            max_queries: 1,
+            queue_timeout: std::time::Duration::from_secs(60),
+            threads: 1,
+        };
+        let (url, stop) = start_with("t", QueryLimits::default(), executor).await;
+        for _ in 0..3 {
+            let mut gone = client(&url, "t").await;
+            let info = gone.execute(ENDLESS.to_string(), None).await.unwrap();
+            let stream = gone
+                .do_get(info.endpoint[0].ticket.clone().unwrap())
+                .await
+                .unwrap();
+            drop(stream);
+            drop(gone);
+        }
+        let mut c = client(&url, "t").await;
+        let started = std::time::Instant::now();
+        assert_eq!(
+            run(&mut c, "SELECT sample_id FROM tiny.samples")
+                .await
+                .unwrap(),
+            6
+        );
+        assert!(started.elapsed() < std::time::Duration::from_secs(60));
         let _ = stop.send(());
     }
 }

@@ -4,7 +4,8 @@
 //! `versions`) and the tensor functions of [`udf`] (`tensor_norm`, `cosine_similarity`, ...).
 //! Queries that touch no tensor column read no tensor bytes: the `samples` table hands
 //! projection and filters to DataFusion's Parquet scan. [`flight`] serves the same over Arrow
-//! Flight SQL.
+//! Flight SQL. [`limits`] bounds what one query may take (memory, time) and [`executor`] how
+//! many run at once in a server, so one client cannot take the process down.
 //!
 //! ```no_run
 //! # async fn example() -> Result<(), hslake_query::QueryError> {
@@ -17,14 +18,18 @@
 #![deny(missing_docs)]
 
 mod error;
+pub mod executor;
 pub mod flight;
+pub mod limits;
 pub mod output;
 mod session;
 pub mod table;
 pub mod tensor;
 pub mod udf;
 
+pub use datafusion::execution::{RecordBatchStream, SendableRecordBatchStream};
 pub use error::{QueryError, Result};
+pub use limits::QueryLimits;
 pub use output::{write_batches, OutputFormat};
 pub use session::{check_read_only, QuerySession, RegisteredDataset};
 

@@ -8,13 +8,16 @@ use datafusion::arrow::record_batch::RecordBatch;
 use datafusion::catalog::MemorySchemaProvider;
 use datafusion::datasource::object_store::ObjectStoreUrl;
 use datafusion::datasource::MemTable;
-use datafusion::execution::SessionStateBuilder;
+use datafusion::execution::runtime_env::RuntimeEnvBuilder;
+use datafusion::execution::{SendableRecordBatchStream, SessionStateBuilder};
 use datafusion::prelude::{DataFrame, SQLOptions, SessionConfig, SessionContext};
 use datafusion::sql::parser::{DFParser, Statement as DFStatement};
 use datafusion::sql::sqlparser::ast::Statement;
 use datafusion::sql::sqlparser::dialect::GenericDialect;
+use futures::TryStreamExt;
 use hslake_store::{Dataset, Manifest};
 
+use crate::limits::QueryLimits;
 use crate::table::{CountingStore, ShardFile, ShardTable};
 use crate::udf::register_tensor_functions;
 use crate::{QueryError, Result};
@@ -47,6 +50,7 @@ pub struct RegisteredDataset {
 pub struct QuerySession {
     ctx: SessionContext,
     datasets: Vec<RegisteredDataset>,
+    limits: QueryLimits,
 }
 
 impl QuerySession {
@@ -62,6 +66,7 @@ impl QuerySession {
         Ok(QuerySession {
             ctx,
             datasets: Vec::new(),
+            limits: QueryLimits::default(),
         })
     }
 
@@ -175,9 +180,33 @@ impl QuerySession {
         Ok(self.ctx.sql_with_options(sql, opts).await?)
     }
 
-    /// Plan and run one statement, collecting every batch.
+    /// Apply `limits` to every query run from now on (default: none).
+    pub fn set_limits(&mut self, limits: QueryLimits) {
+        self.limits = limits;
+    }
+
+    /// The limits each query runs under.
+    pub fn limits(&self) -> QueryLimits {
+        self.limits
+    }
+
+    /// Plan one read-only statement and start it under the session's limits: a memory pool of
+    /// its own and a deadline. Dropping the stream stops the query.
+    pub async fn execute(&self, sql: &str) -> Result<SendableRecordBatchStream> {
+        let df = self.sql(sql).await?;
+        let task = df.task_ctx();
+        let plan = df.create_physical_plan().await?;
+        let runtime = RuntimeEnvBuilder::from_runtime_env(&task.runtime_env())
+            .with_memory_pool(self.limits.memory_pool())
+            .build_arc()?;
+        let task = Arc::new(task.with_runtime(runtime));
+        let stream = datafusion::physical_plan::execute_stream(plan, task)?;
+        Ok(self.limits.guard(stream))
+    }
+
+    /// Plan and run one statement under the session's limits, collecting every batch.
     pub async fn query(&self, sql: &str) -> Result<Vec<RecordBatch>> {
-        Ok(self.sql(sql).await?.collect().await?)
+        Ok(self.execute(sql).await?.try_collect().await?)
     }
 
     /// Bytes read from every dataset's store by queries so far.

@@ -1,131 +1,146 @@
-//! Runs the SQL behaviour files in `query/tests/sql/*.slt`: each block is a statement and its
-//! expected output (a text table) or its exact error message.
+//! SQL behaviour tests: the files in `query/tests/sql/*.slt`, run by the `sqllogictest` crate
+//! (the format DataFusion pins its own SQL with), and the README's SQL examples.
 //!
 //! ```text
 //! # comment
-//! query
-//! SELECT count(*) FROM samples
+//! query IR
+//! SELECT sample_id, tensor_norm(layer_2) FROM samples WHERE sample_id = 0
 //! ----
-//! +----------+
-//! | count(*) |
-//! ...
+//! 0 2.2360679775
 //!
-//! error
+//! query error
 //! SELECT tensor_norm(seq_len) FROM samples
 //! ----
 //! Error during planning: tensor_norm: argument 1 (seq_len) is UInt32; ...
 //! ```
 //!
+//! Column types are checked (`I` integer, `R` floating point, `T` text, `?` anything else).
+//! Floating-point values, also inside lists, are shown rounded to 12 significant digits so that
+//! a different summation order in a future DataFusion does not break a test; NULL is `NULL`.
 //! With `HSLAKE_BLESS=1` the files are rewritten with the actual output (review the diff!).
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
+use datafusion::arrow::array::{Array, AsArray};
+use datafusion::arrow::datatypes::{DataType, Float32Type, Float64Type, Schema};
+use datafusion::arrow::record_batch::RecordBatch;
+use datafusion::arrow::util::display::{ArrayFormatter, FormatOptions};
+use datafusion::execution::RecordBatchStream;
+use futures::TryStreamExt;
 use hslake_schemas::DType;
+use sqllogictest::{DBOutput, DefaultColumnType};
 
-use crate::{testdata, QuerySession};
+use crate::{testdata, QueryError, QuerySession};
 
-struct Block {
-    kind: String,
-    sql: String,
-    expected: String,
+/// One test connection: the shared session, read-only, so every file can use it.
+struct HslakeDb {
+    session: Arc<QuerySession>,
 }
 
-fn parse(text: &str) -> (Vec<String>, Vec<Block>) {
-    // Comments before each block are kept so a blessed file keeps them.
-    let mut blocks = Vec::new();
-    let mut comments = Vec::new();
-    let mut pending = String::new();
-    let mut lines = text.lines().peekable();
-    while let Some(line) = lines.next() {
-        if line.starts_with('#') || line.trim().is_empty() {
-            if line.starts_with('#') {
-                pending.push_str(line);
-                pending.push('\n');
-            }
-            continue;
-        }
-        let kind = line.trim().to_string();
-        assert!(
-            kind == "query" || kind == "error",
-            "unknown directive {kind:?}"
-        );
-        let mut sql = Vec::new();
-        for l in lines.by_ref() {
-            if l == "----" {
-                break;
-            }
-            sql.push(l);
-        }
-        let mut expected = Vec::new();
-        while let Some(l) = lines.peek() {
-            if l.trim().is_empty() {
-                break;
-            }
-            expected.push(*l);
-            lines.next();
-        }
-        comments.push(std::mem::take(&mut pending));
-        blocks.push(Block {
-            kind,
-            sql: sql.join("\n"),
-            expected: expected.join("\n"),
-        });
+#[async_trait::async_trait]
+impl sqllogictest::AsyncDB for HslakeDb {
+    type Error = QueryError;
+    type ColumnType = DefaultColumnType;
+
+    async fn run(&mut self, sql: &str) -> Result<DBOutput<DefaultColumnType>, QueryError> {
+        let stream = self.session.execute(sql).await?;
+        let schema = stream.schema();
+        let batches: Vec<RecordBatch> = stream.try_collect().await?;
+        Ok(rows(&schema, &batches))
     }
-    (comments, blocks)
+
+    async fn shutdown(&mut self) {}
+
+    fn engine_name(&self) -> &str {
+        "hslake"
+    }
+
+    async fn sleep(dur: std::time::Duration) {
+        tokio::time::sleep(dur).await;
+    }
 }
 
-async fn actual(session: &QuerySession, b: &Block) -> String {
-    match session.query(&b.sql).await {
-        Ok(batches) => {
-            if b.kind == "error" {
-                return "<no error>".into();
-            }
-            let text = datafusion::arrow::util::pretty::pretty_format_batches(&batches)
-                .unwrap()
-                .to_string();
-            text.lines()
-                .map(str::trim_end)
-                .collect::<Vec<_>>()
-                .join("\n")
+fn rows(schema: &Schema, batches: &[RecordBatch]) -> DBOutput<DefaultColumnType> {
+    let types = schema
+        .fields()
+        .iter()
+        .map(|f| column_type(f.data_type()))
+        .collect();
+    let mut rows = Vec::new();
+    for b in batches {
+        for r in 0..b.num_rows() {
+            rows.push(b.columns().iter().map(|c| cell(c.as_ref(), r)).collect());
         }
-        Err(e) => {
-            if b.kind == "query" {
-                format!("<error> {e}")
+    }
+    DBOutput::Rows { types, rows }
+}
+
+fn column_type(t: &DataType) -> DefaultColumnType {
+    match t {
+        t if t.is_integer() => DefaultColumnType::Integer,
+        t if t.is_floating() || matches!(t, DataType::Decimal128(..)) => {
+            DefaultColumnType::FloatingPoint
+        }
+        DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View => DefaultColumnType::Text,
+        _ => DefaultColumnType::Any,
+    }
+}
+
+/// The text of one value: floats normalised (also inside lists), everything else as Arrow
+/// displays it; `NULL` for null and `(empty)` for an empty string, so that a row's cells stay
+/// separable by spaces.
+fn cell(a: &dyn Array, row: usize) -> String {
+    if a.is_null(row) {
+        return "NULL".into();
+    }
+    match a.data_type() {
+        DataType::Float64 => float(a.as_primitive::<Float64Type>().value(row)),
+        DataType::Float32 => float32(a.as_primitive::<Float32Type>().value(row)),
+        DataType::List(_) => list(a.as_list::<i32>().value(row).as_ref()),
+        DataType::LargeList(_) => list(a.as_list::<i64>().value(row).as_ref()),
+        _ => {
+            let text = ArrayFormatter::try_new(a, &FormatOptions::default())
+                .map(|f| f.value(row).to_string())
+                .unwrap_or_else(|e| format!("<unprintable: {e}>"));
+            if text.is_empty() {
+                "(empty)".into()
             } else {
-                e.to_string()
+                text
             }
         }
     }
 }
 
-async fn run_file(path: &Path, session: &QuerySession) {
-    let text = std::fs::read_to_string(path).unwrap();
-    let (comments, blocks) = parse(&text);
-    let bless = std::env::var("HSLAKE_BLESS").is_ok();
-    let mut out = String::new();
-    let mut failures = Vec::new();
-    for (c, b) in comments.iter().zip(&blocks) {
-        let got = actual(session, b).await;
-        if got != b.expected {
-            failures.push(format!(
-                "{}\n--- expected\n{}\n--- got\n{}",
-                b.sql, b.expected, got
-            ));
-        }
-        out.push_str(&format!("{c}{}\n{}\n----\n{}\n\n", b.kind, b.sql, got));
+fn list(values: &dyn Array) -> String {
+    let items: Vec<String> = (0..values.len()).map(|i| cell(values, i)).collect();
+    format!("[{}]", items.join(", "))
+}
+
+/// An f64 rounded to 12 significant digits, printed in its shortest form (`1`, `2.2360679775`).
+fn float(v: f64) -> String {
+    if !v.is_finite() {
+        return v.to_string();
     }
-    if bless {
-        std::fs::write(path, out.trim_end().to_string() + "\n").unwrap();
+    let rounded: f64 = format!("{v:.11e}").parse().unwrap_or(v);
+    // -0 and 0 print alike.
+    if rounded == 0.0 {
+        "0".into()
     } else {
-        assert!(
-            failures.is_empty(),
-            "{}: {} block(s) differ:\n\n{}",
-            path.display(),
-            failures.len(),
-            failures.join("\n\n")
-        );
+        rounded.to_string()
     }
 }
 
+/// An f32 in its shortest form: float32 results (statistics, token vectors) carry no
+/// summation noise at their own precision.
+fn float32(v: f32) -> String {
+    if v == 0.0 {
+        "0".into()
+    } else {
+        v.to_string()
+    }
+}
+
+/// The `.slt` files whose names start with `prefix`.
 fn files(prefix: &str) -> Vec<PathBuf> {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/sql");
     let mut v: Vec<PathBuf> = std::fs::read_dir(&dir)
@@ -139,24 +154,59 @@ fn files(prefix: &str) -> Vec<PathBuf> {
     v
 }
 
+/// Run (or with `HSLAKE_BLESS=1` rewrite) every file starting with `prefix` against `session`.
+async fn run_files(prefix: &str, session: QuerySession) {
+    let session = Arc::new(session);
+    let mut runner = sqllogictest::Runner::new(move || {
+        let session = session.clone();
+        async move { Ok::<_, QueryError>(HslakeDb { session }) }
+    });
+    runner.with_column_validator(sqllogictest::strict_column_validator);
+    let bless = std::env::var("HSLAKE_BLESS").is_ok();
+    let mut failures = Vec::new();
+    for f in files(prefix) {
+        if bless {
+            runner
+                .update_test_file(
+                    &f,
+                    " ",
+                    sqllogictest::default_validator,
+                    sqllogictest::default_normalizer,
+                    sqllogictest::strict_column_validator,
+                )
+                .await
+                .unwrap();
+        } else if let Err(e) = runner.run_file_async(&f).await {
+            failures.push(format!("{}", e.display(false)));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+}
+
 #[tokio::test]
 async fn sql_files_over_a_bf16_dataset_give_the_pinned_results() {
     let dir = tempfile::tempdir().unwrap();
     let url = format!("file://{}", dir.path().display());
     testdata::write(&url, DType::Bf16, 10, 2).await;
-    let session = QuerySession::open(&url, None).await.unwrap();
-    for f in files("bf16_") {
-        run_file(&f, &session).await;
-    }
+    run_files("bf16_", QuerySession::open(&url, None).await.unwrap()).await;
 }
 
 #[tokio::test]
 async fn sql_files_over_an_fp8_dataset_give_the_pinned_results() {
     testdata::write("memory://slt-fp8", DType::Fp8E4m3, 6, 1).await;
     let session = QuerySession::open("memory://slt-fp8", None).await.unwrap();
-    for f in files("fp8_") {
-        run_file(&f, &session).await;
-    }
+    run_files("fp8_", session).await;
+}
+
+#[test]
+fn floats_are_rounded_to_twelve_significant_digits_also_in_lists() {
+    assert_eq!(float(0.9999999999999997), "1");
+    assert_eq!(float(2.23606797749979), "2.2360679775");
+    assert_eq!(float(-0.0), "0");
+    assert_eq!(float(f64::NAN), "NaN");
+    let values = datafusion::arrow::array::Float64Array::from(vec![Some(1.0 / 3.0), None]);
+    assert_eq!(list(&values), "[0.333333333333, NULL]");
+    assert_eq!(float32(2.236068), "2.236068");
 }
 
 /// The ```sql blocks of a Markdown text, each split into statements at `;`.

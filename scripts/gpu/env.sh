@@ -7,4 +7,4 @@ SITE=$(python3 -c 'import torch,os;print(os.path.dirname(os.path.dirname(torch._
 CUDART=$(dirname "$(find "$SITE/nvidia" -name 'libcudart.so.13*' | head -1)")
 # torch's own NVIDIA folders first: the system NCCL must not be the one loaded.
 export LD_LIBRARY_PATH=$SITE/torch/lib:$SITE/nvidia/nccl/lib:$CUDART${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-BIN=$HERE/gpu
+BIN=$HERE/hslake

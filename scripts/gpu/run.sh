@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # GPU checks for hslake capture, run on the H200 machine from the repository root with the
-# release `gpu` example binary in gpu-run/ (see scripts/gpu/prepare.sh, which builds and stages it).
+# release `hslake` binary (capture feature only) in gpu-run/ (see scripts/gpu/prepare.sh, which
+# builds and stages it).
 #   bash gpu-run/run.sh checks       NCCL one-rank check + bf16 parity vs transformers per architecture
 #   bash gpu-run/run.sh throughput   Llama-3.1-8B shapes: HF baseline, our prefill, our capture+write
 #   bash gpu-run/run.sh all          both, in one call
@@ -18,7 +19,7 @@ all)
   bash "$0" throughput
   ;;
 checks)
-  "$BIN" nccl-check 2>&1 | tee "$OUT/nccl.txt"
+  "$BIN" debug nccl-check 2>&1 | tee "$OUT/nccl.txt"
   python3 "$HERE/parity_bf16.py" --bin "$BIN" --work /tmp/hslake-parity 2>&1 | tee "$OUT/parity.txt"
   ;;
 throughput)
@@ -26,7 +27,7 @@ throughput)
   mkdir -p $W
   python3 "$HERE/make_llama8b.py" --out $W/llama8b --inputs $W/in.jsonl --samples ${SAMPLES:-192} --seq 2048 2>&1 | tail -3 | tee "$OUT/make.txt"
   python3 "$HERE/hf_baseline.py" --batch 8 --seq 2048 --capture 2,16,29,31 2>&1 | tee "$OUT/hf_baseline.txt"
-  "$BIN" prefill --model $W/llama8b --batch 8 --seq 2048 --iters ${ITERS:-5} --layers 2,16,29,31 2>&1 | tee "$OUT/ours_prefill.txt"
+  "$BIN" debug prefill --model $W/llama8b --batch 8 --seq 2048 --iters ${ITERS:-5} --layers 2,16,29,31 2>&1 | tee "$OUT/ours_prefill.txt"
   rm -rf $W/ds
   "$BIN" capture --model $W/llama8b --input $W/in.jsonl --output file://$W/ds --layers 2,16,29,31 \
     --device cuda --dtype bf16 --max-tokens-per-batch 16384 --queue-depth 4 \

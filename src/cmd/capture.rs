@@ -1,13 +1,20 @@
-//! `hslake capture`: run a checkpoint over tokenized samples and write hidden states.
+//! `hslake capture`: run a checkpoint over tokenized samples and write hidden states, with a
+//! progress bar (or a log line every 10 s without a terminal); Ctrl-C stops after the batches
+//! in flight and commits what they captured.
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::time::Duration;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
-use hslake_capture::layers::NormKernel;
-use hslake_capture::{capture, CaptureOptions, DeviceKind, Overlong};
+use hslake_capture::{
+    capture_with, CancelToken, CaptureOptions, CommitPolicy, DeviceKind, NormKernel, Overlong,
+    ProgressSink,
+};
 use hslake_schemas::{CapturePoint, DType};
 use hslake_store::WriterOptions;
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 /// Capture hidden states of a Hugging Face checkpoint into a dataset.
 #[derive(clap::Args, Debug)]
@@ -73,48 +80,146 @@ pub struct Args {
     pub no_progress: bool,
 }
 
-/// Runs the capture and prints its summary.
-pub async fn run(a: Args) -> anyhow::Result<ExitCode> {
-    let mut points = a.layers.clone();
-    if a.final_norm {
-        points.push(CapturePoint::FinalNorm);
-    }
-    if points.is_empty() {
-        bail!("nothing to capture: give --layers (e.g. --layers 2,30,58,60) and/or --final-norm");
-    }
-    if !a.commit_interval.is_finite() || a.commit_interval <= 0.0 {
-        bail!(
-            "--commit-interval must be a positive number of seconds, got {}",
-            a.commit_interval
+impl Args {
+    /// The library's options for these arguments.
+    fn options(&self) -> anyhow::Result<CaptureOptions> {
+        let mut points = self.layers.clone();
+        if self.final_norm {
+            points.push(CapturePoint::FinalNorm);
+        }
+        if points.is_empty() {
+            bail!(
+                "nothing to capture: give --layers (e.g. --layers 2,30,58,60) and/or --final-norm"
+            );
+        }
+        if !self.commit_interval.is_finite() || self.commit_interval <= 0.0 {
+            bail!(
+                "--commit-interval must be a positive number of seconds, got {}",
+                self.commit_interval
+            );
+        }
+        let mut o = CaptureOptions::new(
+            self.model.clone(),
+            self.input.clone(),
+            self.output.clone(),
+            points,
         );
+        o.engine.tp = self.tp;
+        o.engine.device = self.device;
+        o.engine.dtype = self.dtype;
+        o.engine.norm = self.norm;
+        let job = &mut o.job;
+        job.max_tokens_per_batch = self.max_tokens_per_batch;
+        job.max_seq_len = self.max_seq_len;
+        job.overlong = self.overlong;
+        job.resume = self.resume;
+        job.commit = CommitPolicy {
+            every: self.commit_every,
+            interval: Duration::from_secs_f64(self.commit_interval),
+        };
+        // On GPUs compression must keep up with the forward: every core but the ones running
+        // the ranks and the splitter writes.
+        let cores = std::thread::available_parallelism().map_or(4, |n| n.get());
+        job.writers = self.writers.unwrap_or(match self.device {
+            DeviceKind::Cpu => 1,
+            DeviceKind::Cuda => cores.saturating_sub(self.tp + 1).max(1),
+        });
+        job.queue_depth = self.queue_depth;
+        job.writer_options = WriterOptions {
+            zstd_level: self.zstd_level,
+            ..WriterOptions::default()
+        };
+        Ok(o)
     }
-    let mut opts = CaptureOptions::new(a.model.clone(), a.input.clone(), a.output.clone(), points);
-    opts.tp = a.tp;
-    opts.device = a.device;
-    opts.dtype = a.dtype;
-    opts.norm = a.norm;
-    opts.max_tokens_per_batch = a.max_tokens_per_batch;
-    opts.max_seq_len = a.max_seq_len;
-    opts.overlong = a.overlong;
-    opts.resume = a.resume;
-    opts.commit_every = a.commit_every;
-    opts.commit_interval = Duration::from_secs_f64(a.commit_interval);
-    // On GPUs compression must keep up with the forward: every core but the ones running the
-    // ranks and the splitter writes.
-    let cores = std::thread::available_parallelism().map_or(4, |n| n.get());
-    opts.writers = a.writers.unwrap_or(match a.device {
-        DeviceKind::Cpu => 1,
-        DeviceKind::Cuda => cores.saturating_sub(a.tp + 1).max(1),
+}
+
+/// Runs the capture and prints its summary; exit code 130 when stopped by Ctrl-C.
+pub async fn run(a: Args) -> anyhow::Result<ExitCode> {
+    let opts = a.options()?;
+    let progress =
+        Progress::new(!a.no_progress && std::io::IsTerminal::is_terminal(&std::io::stderr()));
+    let bar = progress.bar.clone();
+    let cancel = CancelToken::new();
+    let on_interrupt = cancel.clone();
+    tokio::spawn(async move {
+        if tokio::signal::ctrl_c().await.is_ok() {
+            tracing::warn!(
+                "interrupted: finishing the batches in flight and committing (Ctrl-C again to quit at once)"
+            );
+            on_interrupt.cancel();
+            if tokio::signal::ctrl_c().await.is_ok() {
+                std::process::exit(130);
+            }
+        }
     });
-    opts.queue_depth = a.queue_depth;
-    opts.writer_options = WriterOptions {
-        zstd_level: a.zstd_level,
-        ..WriterOptions::default()
-    };
-    opts.progress = !a.no_progress && std::io::IsTerminal::is_terminal(&std::io::stderr());
-    let summary = capture(opts)
-        .await
-        .with_context(|| format!("capture into {}", a.output))?;
+    let result = capture_with(opts, progress, cancel).await;
+    bar.finish_and_clear();
+    let summary = result.with_context(|| format!("capture into {}", a.output))?;
     println!("{summary}");
-    Ok(ExitCode::SUCCESS)
+    Ok(if summary.cancelled {
+        ExitCode::from(130)
+    } else {
+        ExitCode::SUCCESS
+    })
+}
+
+/// The capture's progress on stderr: a bar on a terminal, else a log line every 10 s.
+struct Progress {
+    bar: ProgressBar,
+    total: AtomicU64,
+    samples: AtomicU64,
+    tokens: AtomicU64,
+    start: Instant,
+    last_log: Mutex<Instant>,
+}
+
+impl Progress {
+    fn new(draw: bool) -> Self {
+        let target = if draw {
+            ProgressDrawTarget::stderr()
+        } else {
+            ProgressDrawTarget::hidden()
+        };
+        let bar = ProgressBar::with_draw_target(None, target);
+        if let Ok(style) = ProgressStyle::with_template(
+            "{bar:30} {pos}/{len} samples | {msg} | {elapsed_precise} elapsed, ETA {eta}",
+        ) {
+            bar.set_style(style);
+        }
+        Progress {
+            bar,
+            total: AtomicU64::new(0),
+            samples: AtomicU64::new(0),
+            tokens: AtomicU64::new(0),
+            start: Instant::now(),
+            last_log: Mutex::new(Instant::now()),
+        }
+    }
+}
+
+impl ProgressSink for Progress {
+    fn started(&self, samples: u64, _tokens: u64) {
+        self.total.store(samples, Ordering::Relaxed);
+        self.bar.set_length(samples);
+    }
+
+    fn sample_done(&self, tokens: u64) {
+        let all_tokens = self.tokens.fetch_add(tokens, Ordering::Relaxed) + tokens;
+        let samples = self.samples.fetch_add(1, Ordering::Relaxed) + 1;
+        let rate = all_tokens as f64 / self.start.elapsed().as_secs_f64().max(1e-9);
+        self.bar
+            .set_message(format!("{all_tokens} tokens, {rate:.0} tokens/s"));
+        self.bar.inc(1);
+        if self.bar.is_hidden() {
+            if let Ok(mut last) = self.last_log.lock() {
+                if last.elapsed() >= Duration::from_secs(10) {
+                    *last = Instant::now();
+                    tracing::info!(
+                        "captured {samples}/{} samples, {all_tokens} tokens, {rate:.0} tokens/s",
+                        self.total.load(Ordering::Relaxed)
+                    );
+                }
+            }
+        }
+    }
 }

@@ -1,11 +1,18 @@
 //! One module per subcommand, plus the small helpers they share.
 pub mod bench;
+#[cfg(feature = "capture")]
 pub mod capture;
 pub mod cp;
+#[cfg(feature = "capture")]
+pub mod debug;
 pub mod export;
+#[cfg(feature = "sql")]
 pub mod info;
 pub mod ls;
+pub mod prepare;
+#[cfg(feature = "sql")]
 pub mod serve_sql;
+#[cfg(feature = "sql")]
 pub mod sql;
 pub mod synth;
 pub mod vacuum;
@@ -57,6 +64,29 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
     Ok(Duration::from_secs(secs))
 }
 
+/// Parse `1048576`, `512MiB`, `4GiB`, `2G`, `100M` (powers of 1024 either way) into bytes.
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let (num, unit) = t.split_at(t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len()));
+    let n: u64 = num
+        .parse()
+        .map_err(|_| format!("invalid size {s:?}; expected e.g. 512MiB, 4GiB"))?;
+    let shift = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 0,
+        "k" | "kb" | "kib" => 10,
+        "m" | "mb" | "mib" => 20,
+        "g" | "gb" | "gib" => 30,
+        "t" | "tb" | "tib" => 40,
+        _ => {
+            return Err(format!(
+                "invalid size unit in {s:?}; expected B, KiB, MiB, GiB or TiB"
+            ))
+        }
+    };
+    n.checked_mul(1 << shift)
+        .ok_or_else(|| format!("size {s:?} is too large"))
+}
+
 /// Human-readable byte count.
 pub fn human_bytes(b: u64) -> String {
     indicatif::HumanBytes(b).to_string()
@@ -71,5 +101,14 @@ mod tests {
         assert_eq!(parse_duration("0").unwrap(), Duration::ZERO);
         assert_eq!(parse_duration("10m").unwrap(), Duration::from_secs(600));
         assert!(parse_duration("5y").unwrap_err().contains("unit"));
+    }
+
+    #[test]
+    fn parses_sizes_with_binary_units() {
+        assert_eq!(parse_size("1048576").unwrap(), 1 << 20);
+        assert_eq!(parse_size("512MiB").unwrap(), 512 << 20);
+        assert_eq!(parse_size("4G").unwrap(), 4 << 30);
+        assert!(parse_size("3 bananas").unwrap_err().contains("unit"));
+        assert!(parse_size("GiB").unwrap_err().contains("invalid size"));
     }
 }

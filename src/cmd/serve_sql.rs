@@ -2,9 +2,15 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
-use hslake_query::QuerySession;
+use hslake_query::executor::{ExecutorLimits, QueryExecutor};
+use hslake_query::flight::HslakeFlightSql;
+use hslake_query::{QueryLimits, QuerySession};
+
+use super::parse_duration;
+use super::sql::{log_limits, LimitArgs};
 
 /// Arguments of `hslake serve-sql`.
 #[derive(clap::Args)]
@@ -19,6 +25,16 @@ pub struct Args {
     /// File holding the bearer token clients must present (first line, trimmed).
     #[arg(long)]
     pub token_file: PathBuf,
+    /// Queries executing at once; more wait for a slot (default: two per core, at least 4).
+    #[arg(long)]
+    pub max_queries: Option<usize>,
+    /// How long a query waits for a slot before it is refused, e.g. 30s.
+    #[arg(long, value_parser = parse_duration, default_value = "30s")]
+    pub queue_timeout: Duration,
+    // Query memory and time limits. Defaults here: half of the machine's memory split among
+    // --max-queries, and 60 s.
+    #[command(flatten)]
+    pub limits: LimitArgs,
 }
 
 /// Run the command until Ctrl-C.
@@ -32,7 +48,19 @@ pub async fn run(args: Args) -> Result<ExitCode> {
             args.token_file.display()
         );
     }
+    let mut executor_limits = ExecutorLimits::for_machine();
+    executor_limits.queue_timeout = args.queue_timeout;
+    if let Some(n) = args.max_queries {
+        if n == 0 {
+            bail!("--max-queries 0: expected at least 1");
+        }
+        executor_limits.max_queries = n;
+    }
+    let mut defaults = QueryLimits::for_machine(executor_limits.max_queries);
+    defaults.timeout = Some(Duration::from_secs(60));
+    let limits = args.limits.resolve(defaults);
     let mut session = QuerySession::new()?;
+    session.set_limits(limits);
     for spec in &args.datasets {
         let Some((name, url)) = spec.split_once('=') else {
             bail!("--dataset {spec:?}: expected NAME=URL");
@@ -70,8 +98,17 @@ pub async fn run(args: Args) -> Result<ExitCode> {
     let listener = tokio::net::TcpListener::bind(args.bind)
         .await
         .with_context(|| format!("binding {}", args.bind))?;
+    log_limits(&limits);
+    tracing::info!(
+        max_queries = executor_limits.max_queries,
+        queue_timeout_s = executor_limits.queue_timeout.as_secs_f64(),
+        query_threads = executor_limits.threads,
+        "concurrency limits"
+    );
+    let executor = QueryExecutor::new(executor_limits).context("starting the query runtime")?;
+    let service = HslakeFlightSql::new(session, executor, token);
     tracing::info!(addr = %listener.local_addr()?, "Flight SQL server listening (read-only, bearer token required)");
-    hslake_query::flight::serve_listener(session, token, listener, async {
+    hslake_query::flight::serve_listener(service, listener, async {
         let _ = tokio::signal::ctrl_c().await;
         tracing::info!("shutting down");
     })

@@ -2,9 +2,13 @@
 use std::io::{BufRead, IsTerminal, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
-use hslake_query::{write_batches, OutputFormat, QuerySession};
+use futures::TryStreamExt;
+use hslake_query::{write_batches, OutputFormat, QueryLimits, QuerySession, RecordBatchStream};
+
+use super::{human_bytes, parse_duration, parse_size};
 
 /// Arguments of `hslake sql`.
 #[derive(clap::Args)]
@@ -23,16 +27,62 @@ pub struct Args {
     /// Write results to this file instead of stdout.
     #[arg(long, short)]
     pub output: Option<PathBuf>,
+    #[command(flatten)]
+    pub limits: LimitArgs,
+}
+
+/// Limits of one query, shared by `hslake sql` and `hslake serve-sql`.
+#[derive(clap::Args)]
+pub struct LimitArgs {
+    /// Memory one query's joins, aggregates and sorts may hold, e.g. 4GiB; past it the query
+    /// stops with an error naming this limit (default: half of the machine's memory, for
+    /// serve-sql divided by --max-queries).
+    #[arg(long, value_parser = parse_size)]
+    pub query_memory: Option<u64>,
+    /// Time one query may run, e.g. 30s or 10m; past it the query stops (default: none for
+    /// sql, 60s for serve-sql).
+    #[arg(long, value_parser = parse_duration)]
+    pub query_timeout: Option<Duration>,
+}
+
+impl LimitArgs {
+    /// The limits to apply: the flags given, else `defaults`.
+    pub fn resolve(&self, defaults: QueryLimits) -> QueryLimits {
+        QueryLimits {
+            memory_per_query: self
+                .query_memory
+                .map(|b| usize::try_from(b).unwrap_or(usize::MAX))
+                .or(defaults.memory_per_query),
+            timeout: self.query_timeout.or(defaults.timeout),
+        }
+    }
+}
+
+/// Log the limits in force, so that a refused query can be matched with its setting.
+pub fn log_limits(limits: &QueryLimits) {
+    tracing::info!(
+        query_memory = limits
+            .memory_per_query
+            .map_or("unlimited".to_string(), |b| human_bytes(b as u64)),
+        query_timeout = limits
+            .timeout
+            .map_or("none".to_string(), |t| format!("{} s", t.as_secs_f64())),
+        "query limits"
+    );
 }
 
 /// Run the command.
 pub async fn run(args: Args) -> Result<ExitCode> {
     let format: OutputFormat = args.format.parse()?;
-    let session = QuerySession::open(&args.url, args.version)
+    let mut session = QuerySession::open(&args.url, args.version)
         .await
         .with_context(|| format!("opening {}", args.url))?;
+    // One query at a time: it may use half of the machine's memory.
+    let limits = args.limits.resolve(QueryLimits::for_machine(1));
+    session.set_limits(limits);
     let m = &session.datasets()[0].manifest;
     tracing::info!(url = %args.url, version = m.version, samples = m.num_samples(), shards = m.shards.len(), "opened dataset");
+    log_limits(&limits);
     match args.query {
         Some(q) => {
             run_one(&session, &q, format, args.output.as_ref()).await?;
@@ -50,9 +100,12 @@ async fn run_one(
 ) -> Result<()> {
     let start = std::time::Instant::now();
     session.reset_counters();
-    let df = session.sql(sql).await?;
-    let schema = std::sync::Arc::new(df.schema().as_arrow().clone());
-    let batches = df.collect().await.map_err(hslake_query::QueryError::from)?;
+    let stream = session.execute(sql).await?;
+    let schema = stream.schema();
+    let batches: Vec<_> = stream
+        .try_collect()
+        .await
+        .map_err(hslake_query::QueryError::from)?;
     let rows: usize = batches.iter().map(|b| b.num_rows()).sum();
     match output {
         Some(path) => {
@@ -77,8 +130,8 @@ async fn run_one(
     Ok(())
 }
 
-/// Read statements ending in `;` from stdin and run each; an error is printed and the prompt
-/// continues. `\q`, `quit` or end of input leaves.
+/// Read statements ending in `;` from stdin and run each; an error (bad SQL, a line that is
+/// not UTF-8) is printed and the prompt continues. `\q`, `quit` or end of input leaves.
 async fn interactive(
     session: &QuerySession,
     format: OutputFormat,
@@ -95,38 +148,195 @@ async fn interactive(
         eprintln!("Tables: samples, shards, versions. End statements with ';'. \\q to quit.");
     }
     let mut failed = false;
-    let mut buf = String::new();
+    let mut statements = Statements::default();
+    let mut stdin = std::io::stdin().lock();
+    let mut line = Vec::new();
     prompt(false);
-    for line in std::io::stdin().lock().lines() {
-        let line = line.context("reading stdin")?;
-        let t = line.trim();
-        if buf.trim().is_empty() && matches!(t, "\\q" | "quit" | "exit") {
+    loop {
+        line.clear();
+        if stdin
+            .read_until(b'\n', &mut line)
+            .context("reading stdin")?
+            == 0
+        {
             break;
         }
-        buf.push_str(&line);
-        buf.push('\n');
-        if t.ends_with(';') {
-            let sql = buf.trim().trim_end_matches(';').trim().to_string();
-            buf.clear();
-            if !sql.is_empty() {
+        let step = statements.push_line(&line);
+        match step {
+            Step::Quit => break,
+            Step::More => {}
+            Step::Run(sql) => {
                 if let Err(e) = run_one(session, &sql, format, output).await {
                     eprintln!("error: {e:#}");
                     failed = true;
                 }
             }
+            Step::Skipped(why) => {
+                eprintln!("error: {why}");
+                failed = true;
+            }
         }
-        prompt(!buf.trim().is_empty());
+        prompt(statements.continued());
     }
-    if !buf.trim().is_empty() {
-        // A last statement without ';' at end of input still runs.
-        if let Err(e) = run_one(session, buf.trim(), format, output).await {
-            eprintln!("error: {e:#}");
+    match statements.finish() {
+        Step::Run(sql) => {
+            // A last statement without ';' at end of input still runs.
+            if let Err(e) = run_one(session, &sql, format, output).await {
+                eprintln!("error: {e:#}");
+                failed = true;
+            }
+        }
+        Step::Skipped(why) => {
+            eprintln!("error: {why}");
             failed = true;
         }
+        Step::More | Step::Quit => {}
     }
     Ok(if failed && !tty {
         ExitCode::FAILURE
     } else {
         ExitCode::SUCCESS
     })
+}
+
+/// What the prompt does after a line.
+#[derive(Debug, PartialEq, Eq)]
+enum Step {
+    /// The statement goes on.
+    More,
+    /// A complete statement to run.
+    Run(String),
+    /// A complete statement that cannot run, and why.
+    Skipped(String),
+    /// The user asked to leave.
+    Quit,
+}
+
+/// Collects input lines into statements ending in `;`. A line that is not UTF-8 spoils the
+/// statement it belongs to (guessing at its bytes could change a string literal), which is
+/// then reported instead of run; the next statement starts clean.
+#[derive(Default)]
+struct Statements {
+    buf: String,
+    line_no: usize,
+    bad_line: Option<(usize, usize)>,
+}
+
+impl Statements {
+    fn push_line(&mut self, raw: &[u8]) -> Step {
+        self.line_no += 1;
+        let text = match std::str::from_utf8(raw) {
+            Ok(t) => t,
+            Err(e) => {
+                self.bad_line.get_or_insert((self.line_no, e.valid_up_to()));
+                // The valid prefix still tells whether the statement ends on this line.
+                let lossy = String::from_utf8_lossy(raw).into_owned();
+                return self.add(&lossy);
+            }
+        };
+        let t = text.trim();
+        if self.buf.trim().is_empty()
+            && self.bad_line.is_none()
+            && matches!(t, "\\q" | "quit" | "exit")
+        {
+            return Step::Quit;
+        }
+        self.add(text)
+    }
+
+    fn add(&mut self, text: &str) -> Step {
+        self.buf.push_str(text.trim_end_matches(['\n', '\r']));
+        self.buf.push('\n');
+        if text.trim().ends_with(';') {
+            self.take()
+        } else {
+            Step::More
+        }
+    }
+
+    /// Whether a statement is half read.
+    fn continued(&self) -> bool {
+        !self.buf.trim().is_empty()
+    }
+
+    /// End of input: the statement read so far, if any.
+    fn finish(&mut self) -> Step {
+        if self.continued() || self.bad_line.is_some() {
+            self.take()
+        } else {
+            Step::More
+        }
+    }
+
+    fn take(&mut self) -> Step {
+        let sql = std::mem::take(&mut self.buf)
+            .trim()
+            .trim_end_matches(';')
+            .trim()
+            .to_string();
+        if let Some((line, byte)) = self.bad_line.take() {
+            return Step::Skipped(format!(
+                "line {line} is not valid UTF-8 (byte {} of the line); statement skipped, expected UTF-8 text",
+                byte + 1
+            ));
+        }
+        if sql.is_empty() {
+            Step::More
+        } else {
+            Step::Run(sql)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn feed(input: &[&[u8]]) -> Vec<Step> {
+        let mut s = Statements::default();
+        let mut out: Vec<Step> = input
+            .iter()
+            .map(|l| s.push_line(l))
+            .filter(|st| *st != Step::More)
+            .collect();
+        out.push(s.finish());
+        out.retain(|st| *st != Step::More);
+        out
+    }
+
+    #[test]
+    fn statements_end_at_semicolons_and_at_end_of_input() {
+        assert_eq!(
+            feed(&[b"SELECT 1\n", b"FROM t;\n", b"SELECT 2"]),
+            [
+                Step::Run("SELECT 1\nFROM t".into()),
+                Step::Run("SELECT 2".into())
+            ]
+        );
+    }
+
+    #[test]
+    fn a_line_that_is_not_utf8_skips_its_statement_and_the_next_one_runs() {
+        let steps = feed(&[b"SELECT 'caf\xe9'\n", b"AS x;\n", b"SELECT 2;\n"]);
+        assert_eq!(steps.len(), 2, "{steps:?}");
+        match &steps[0] {
+            Step::Skipped(why) => {
+                assert!(
+                    why.starts_with("line 1 is not valid UTF-8 (byte 12"),
+                    "{why}"
+                )
+            }
+            other => panic!("expected a skipped statement, got {other:?}"),
+        }
+        assert_eq!(steps[1], Step::Run("SELECT 2".into()));
+    }
+
+    #[test]
+    fn quit_leaves_only_between_statements() {
+        assert_eq!(feed(&[b"\\q\n"]), [Step::Quit]);
+        assert_eq!(
+            feed(&[b"SELECT\n", b"quit;\n"]),
+            [Step::Run("SELECT\nquit".into())]
+        );
+    }
 }

@@ -116,6 +116,26 @@ def test_interactive_prompt_runs_statements_and_survives_errors(dataset):
     assert "nope" in r.stderr
 
 
+def test_interactive_prompt_survives_input_that_is_not_utf8(dataset):
+    # Before: the first line that was not UTF-8 ended the session ("reading stdin: stream did
+    # not contain valid UTF-8"), so the statements after it never ran.
+    url, _ = dataset
+    r = subprocess.run([str(HSLAKE), "sql", url, "--format", "csv"], capture_output=True,
+                       input=b"SELECT 'caf\xe9' AS x;\nSELECT 2 AS two;\n")
+    assert r.stdout.decode().splitlines() == ["two", "2"]
+    assert "line 1 is not valid UTF-8" in r.stderr.decode()
+    assert r.returncode == 1  # a statement failed, reported in the exit code off a terminal
+
+
+def test_sql_cli_stops_a_query_past_its_memory_limit_naming_the_flag(dataset):
+    url, _ = dataset
+    r = subprocess.run([str(HSLAKE), "sql", url, "--query-memory", "1MiB",
+                        "SELECT array_agg(a.layer_30) FROM samples a, samples b, samples c"],
+                       capture_output=True, text=True)
+    assert r.returncode != 0
+    assert "more memory than one query may use (limit: 1024.0 KB per query, set by --query-memory)" in r.stderr
+
+
 def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -166,6 +186,17 @@ def test_flight_sql_client_gets_an_arrow_table(server, dataset):
         assert t.column("norm").to_pylist() == [r["norm"] for r in local]
         n = query(conn, "SELECT (SELECT count(*) FROM main.samples) AS a, (SELECT count(*) FROM small.samples) AS b")
         assert n.to_pylist() == [{"a": 24, "b": 7}]
+
+
+@pytest.mark.parametrize("user", ["abc", "abcd", "abcde"])
+def test_flight_sql_handshake_accepts_user_names_of_every_length(server, user):
+    # The ADBC Go driver sends Basic credentials as unpadded base64; "user:token" of every
+    # length mod 3 covers no padding, one "=" and two "=" missing.
+    import adbc_driver_flightsql.dbapi as flight_sql
+    uri, token = server
+    assert len(f"{user}:{token}") % 3 == {"abc": 1, "abcd": 2, "abcde": 0}[user]
+    with flight_sql.connect(uri, db_kwargs={"username": user, "password": token}) as conn:
+        assert query(conn, "SELECT 1 AS one").to_pylist() == [{"one": 1}]
 
 
 def test_flight_sql_rejects_a_wrong_token(server):

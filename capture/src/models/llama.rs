@@ -6,54 +6,179 @@
 use hslake_schemas::CapturePoint;
 use tch::{Kind, Tensor};
 
-use super::{Captures, DecoderModel};
-use crate::config::ModelConfig;
-use crate::error::Result;
-use crate::layers::{Mlp, RmsNorm, RopeTables, Rotary};
-use crate::tp::{ColumnParallelLinear, LoadCtx, RowParallelLinear, VocabParallelEmbedding};
+use super::hf_config::{ConfigFile, RawConfig};
+use super::{Captures, DecoderModel, ModelConfig, ModelInfo};
+use crate::error::{CaptureError, Result};
+use crate::layers::{Mlp, RmsNorm, Rope, RopeTables, Rotary};
+use crate::load::LoadCtx;
+use crate::tp::{check_split, ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding};
 
-/// Every tensor this architecture reads, with its full shape.
-pub fn tensor_shapes(cfg: &ModelConfig) -> Vec<(String, Vec<usize>)> {
-    let (h, d) = (cfg.hidden_size, cfg.head_dim);
-    let (q, kv) = (cfg.num_heads * d, cfg.num_kv_heads * d);
-    let mut v = vec![
-        (
-            "model.embed_tokens.weight".to_string(),
-            vec![cfg.vocab_size, h],
-        ),
-        ("model.norm.weight".into(), vec![h]),
-    ];
-    for i in 0..cfg.num_layers {
-        let p = format!("model.layers.{i}");
-        v.push((format!("{p}.input_layernorm.weight"), vec![h]));
-        v.push((format!("{p}.post_attention_layernorm.weight"), vec![h]));
-        for (name, rows) in [("q_proj", q), ("k_proj", kv), ("v_proj", kv)] {
-            v.push((format!("{p}.self_attn.{name}.weight"), vec![rows, h]));
-            if cfg.qkv_bias {
-                v.push((format!("{p}.self_attn.{name}.bias"), vec![rows]));
+/// Llama's validated runtime config. Mistral, Qwen2 and Qwen3 are Llama-shaped: they read
+/// their configs into the same fields and name their own model.
+#[derive(Debug, Clone)]
+pub(crate) struct LlamaConfig {
+    /// The Hugging Face class name.
+    pub architecture: &'static str,
+    /// Residual width.
+    pub hidden_size: usize,
+    /// MLP width.
+    pub intermediate_size: usize,
+    /// Decoder layers.
+    pub num_layers: usize,
+    /// Query heads.
+    pub num_heads: usize,
+    /// Key/value heads.
+    pub num_kv_heads: usize,
+    /// Per-head width.
+    pub head_dim: usize,
+    /// Vocabulary size.
+    pub vocab_size: usize,
+    /// RMS norm epsilon.
+    pub rms_norm_eps: f64,
+    /// Rotary embedding base and scaling.
+    pub rope: Rope,
+    /// Bias on q/k/v.
+    pub qkv_bias: bool,
+    /// Bias on o_proj.
+    pub o_bias: bool,
+    /// Bias on gate/up/down.
+    pub mlp_bias: bool,
+    /// Sliding attention window (Mistral), if any.
+    pub sliding_window: Option<usize>,
+    /// Builds this family's model from these fields: Llama's stack, or a family's variant.
+    pub model: LoadModel,
+}
+
+/// How a Llama-shaped family builds its model.
+pub(crate) type LoadModel = fn(&LoadCtx, &LlamaConfig) -> Result<Box<dyn DecoderModel>>;
+
+/// `LlamaForCausalLM`: `attention_bias` on q/k/v/o, `mlp_bias` on gate/up/down.
+pub(crate) fn parse(file: &ConfigFile) -> Result<Box<dyn ModelConfig>> {
+    let raw = file.decoder()?;
+    let bias = raw.attention_bias.unwrap_or(false);
+    Ok(Box::new(LlamaConfig {
+        qkv_bias: bias,
+        o_bias: bias,
+        mlp_bias: raw.mlp_bias.unwrap_or(false),
+        ..LlamaConfig::from_raw("LlamaForCausalLM", &raw)?
+    }))
+}
+
+impl LlamaConfig {
+    /// Resolves defaults and alternative spellings of the fields every Llama-shaped family
+    /// shares, and rejects what the model cannot run; no biases, no window and Llama's model
+    /// (each family's parser sets its own).
+    pub fn from_raw(architecture: &'static str, raw: &RawConfig) -> Result<Self> {
+        let unsupported = |m: String| CaptureError::Unsupported(format!("{architecture}: {m}"));
+        if raw.num_attention_heads == 0
+            || raw.hidden_size == 0
+            || raw.num_hidden_layers == 0
+            || raw.vocab_size == 0
+        {
+            return Err(unsupported(
+                "hidden_size, num_attention_heads, num_hidden_layers and vocab_size must all be > 0".into(),
+            ));
+        }
+        let num_kv_heads = raw.num_key_value_heads.unwrap_or(raw.num_attention_heads);
+        if num_kv_heads == 0 || !raw.num_attention_heads.is_multiple_of(num_kv_heads) {
+            return Err(unsupported(format!(
+                "num_attention_heads = {} is not a multiple of num_key_value_heads = {num_kv_heads}",
+                raw.num_attention_heads
+            )));
+        }
+        let head_dim = match raw.head_dim {
+            Some(d) => d,
+            None if raw.hidden_size.is_multiple_of(raw.num_attention_heads) => {
+                raw.hidden_size / raw.num_attention_heads
+            }
+            None => return Err(unsupported(format!(
+                "no head_dim and hidden_size = {} is not a multiple of num_attention_heads = {}",
+                raw.hidden_size, raw.num_attention_heads
+            ))),
+        };
+        if head_dim == 0 || !head_dim.is_multiple_of(2) {
+            return Err(unsupported(format!(
+                "head_dim = {head_dim} must be even and > 0 for rotary embeddings"
+            )));
+        }
+        if let Some(act) = raw.hidden_act.as_deref() {
+            if act != "silu" {
+                return Err(unsupported(format!(
+                    "hidden_act = {act:?}; only \"silu\" is implemented"
+                )));
             }
         }
-        v.push((format!("{p}.self_attn.o_proj.weight"), vec![h, q]));
-        if cfg.o_bias {
-            v.push((format!("{p}.self_attn.o_proj.bias"), vec![h]));
-        }
-        v.extend(Mlp::tensor_shapes(&format!("{p}.mlp"), cfg));
+        Ok(LlamaConfig {
+            architecture,
+            hidden_size: raw.hidden_size,
+            intermediate_size: raw.intermediate_size,
+            num_layers: raw.num_hidden_layers,
+            num_heads: raw.num_attention_heads,
+            num_kv_heads,
+            head_dim,
+            vocab_size: raw.vocab_size,
+            rms_norm_eps: raw.rms_norm_eps.unwrap_or(1e-6),
+            rope: raw.rope().map_err(unsupported)?,
+            qkv_bias: false,
+            o_bias: false,
+            mlp_bias: false,
+            sliding_window: None,
+            model: |ctx, cfg| Ok(Box::new(Model::<Attention>::load(ctx, cfg)?)),
+        })
     }
-    v
+}
+
+impl ModelConfig for LlamaConfig {
+    fn info(&self) -> ModelInfo {
+        ModelInfo {
+            architecture: self.architecture,
+            hidden_size: self.hidden_size,
+            num_layers: self.num_layers,
+            vocab_size: self.vocab_size,
+        }
+    }
+
+    fn check_tp(&self, tp: usize) -> Result<()> {
+        check_split(
+            tp,
+            &[
+                ("num_attention_heads", self.num_heads),
+                ("num_key_value_heads", self.num_kv_heads),
+                ("intermediate_size", self.intermediate_size),
+            ],
+        )
+    }
+
+    fn load(&self, ctx: &LoadCtx) -> Result<Box<dyn DecoderModel>> {
+        (self.model)(ctx, self)
+    }
+}
+
+/// The attention sublayer of a Llama-shaped decoder layer; Qwen3 brings its own.
+pub(crate) trait SelfAttention: Sized {
+    /// Loads `<prefix>.*` (this rank's heads).
+    fn load(ctx: &LoadCtx, prefix: &str, cfg: &LlamaConfig) -> Result<Self>;
+
+    /// `[b, t, hidden] -> [b, t, hidden]` (complete on every rank), causal unless `mask`
+    /// (boolean `[t, t]`, true = attend) replaces the causal pattern.
+    fn forward(&self, x: &Tensor, rope: &RopeTables, mask: Option<&Tensor>) -> Result<Tensor>;
 }
 
 /// Causal self-attention with grouped KV heads; this rank holds `heads / tp` query heads.
-struct Attention {
+pub(crate) struct Attention {
     /// This rank's q, k and v rows stacked: one GEMM for all three projections.
-    qkv_proj: ColumnParallelLinear,
+    pub qkv_proj: ColumnParallelLinear,
     o_proj: RowParallelLinear,
-    heads: i64,
-    kv_heads: i64,
-    head_dim: i64,
+    /// This rank's query heads.
+    pub heads: i64,
+    /// This rank's key/value heads.
+    pub kv_heads: i64,
+    /// Per-head width.
+    pub head_dim: i64,
 }
 
-impl Attention {
-    fn load(ctx: &LoadCtx, prefix: &str, cfg: &ModelConfig) -> Result<Self> {
+impl SelfAttention for Attention {
+    fn load(ctx: &LoadCtx, prefix: &str, cfg: &LlamaConfig) -> Result<Self> {
         let (h, d, tp) = (cfg.hidden_size, cfg.head_dim, ctx.comm.world_size());
         let (q, kv) = (cfg.num_heads * d, cfg.num_kv_heads * d);
         let names = ["q_proj", "k_proj", "v_proj"].map(|n| format!("{prefix}.{n}"));
@@ -88,46 +213,63 @@ impl Attention {
             .f_narrow(2, (heads + kv_heads) * d, kv_heads * d)?
             .f_view([b, t, kv_heads, d])?
             .f_transpose(1, 2)?;
+        // 3-4. Attention and output projection.
+        self.attend(&q, &k, &v, mask)
+    }
+}
+
+impl Attention {
+    /// Steps 3 and 4 of the forward: attention of `[b, heads, t, d]` queries over
+    /// `[b, kv_heads, t, d]` keys and values (any strides with unit stride over `d`), then the
+    /// output projection; `[b, t, hidden]`, complete on every rank.
+    pub(crate) fn attend(
+        &self,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        mask: Option<&Tensor>,
+    ) -> Result<Tensor> {
+        let (b, t) = (q.size()[0], q.size()[2]);
         // 3. Causal attention; right padding sits after every real token, so no real token sees it.
         //    An explicit mask (sliding window) replaces the built-in causal one. The kernels read
         //    these strided views as they are (unit stride over d is all they need).
-        let y = Tensor::f_scaled_dot_product_attention(
-            &q,
-            &k,
-            &v,
-            mask,
-            0.0,
-            mask.is_none(),
-            None,
-            true,
-        )?;
+        let y =
+            Tensor::f_scaled_dot_product_attention(q, k, v, mask, 0.0, mask.is_none(), None, true)?;
         // 4. [b, heads, t, d] -> [b, t, heads*d] -> row-parallel projection and all-reduce.
-        let y = y.f_transpose(1, 2)?.f_reshape([b, t, heads * d])?;
+        let y = y
+            .f_transpose(1, 2)?
+            .f_reshape([b, t, self.heads * self.head_dim])?;
         self.o_proj.forward(&y)
     }
 }
 
 /// Pre-norm decoder layer: `x + attn(norm(x))`, then `x + mlp(norm(x))`.
-struct DecoderLayer {
+struct DecoderLayer<A> {
     input_layernorm: RmsNorm,
-    self_attn: Attention,
+    self_attn: A,
     post_attention_layernorm: RmsNorm,
     mlp: Mlp,
 }
 
-impl DecoderLayer {
-    fn load(ctx: &LoadCtx, prefix: &str, cfg: &ModelConfig) -> Result<Self> {
+impl<A: SelfAttention> DecoderLayer<A> {
+    fn load(ctx: &LoadCtx, prefix: &str, cfg: &LlamaConfig) -> Result<Self> {
         let (h, eps) = (cfg.hidden_size, cfg.rms_norm_eps);
         Ok(DecoderLayer {
             input_layernorm: RmsNorm::load(ctx, &format!("{prefix}.input_layernorm"), h, eps)?,
-            self_attn: Attention::load(ctx, &format!("{prefix}.self_attn"), cfg)?,
+            self_attn: A::load(ctx, &format!("{prefix}.self_attn"), cfg)?,
             post_attention_layernorm: RmsNorm::load(
                 ctx,
                 &format!("{prefix}.post_attention_layernorm"),
                 h,
                 eps,
             )?,
-            mlp: Mlp::load(ctx, &format!("{prefix}.mlp"), cfg)?,
+            mlp: Mlp::load(
+                ctx,
+                &format!("{prefix}.mlp"),
+                cfg.hidden_size,
+                cfg.intermediate_size,
+                cfg.mlp_bias,
+            )?,
         })
     }
 
@@ -146,18 +288,18 @@ impl DecoderLayer {
     }
 }
 
-/// The decoder stack up to the final norm.
-pub struct Model {
+/// The decoder stack up to the final norm, with Llama's attention or another family's.
+pub(crate) struct Model<A = Attention> {
     embed_tokens: VocabParallelEmbedding,
-    layers: Vec<DecoderLayer>,
+    layers: Vec<DecoderLayer<A>>,
     norm: RmsNorm,
     rotary: Rotary,
     kind: Kind,
 }
 
-impl Model {
+impl<A: SelfAttention> Model<A> {
     /// Loads this rank's slice of every weight.
-    pub fn load(ctx: &LoadCtx, cfg: &ModelConfig) -> Result<Self> {
+    pub fn load(ctx: &LoadCtx, cfg: &LlamaConfig) -> Result<Self> {
         let layers = (0..cfg.num_layers)
             .map(|i| DecoderLayer::load(ctx, &format!("model.layers.{i}"), cfg))
             .collect::<Result<_>>()?;
@@ -170,13 +312,11 @@ impl Model {
             )?,
             layers,
             norm: RmsNorm::load(ctx, "model.norm", cfg.hidden_size, cfg.rms_norm_eps)?,
-            rotary: Rotary::new(cfg, ctx.device)?,
+            rotary: Rotary::new(cfg.head_dim, &cfg.rope, ctx.device)?,
             kind: ctx.kind,
         })
     }
-}
 
-impl Model {
     /// The forward with an optional boolean `[t, t]` attention mask (true = attend) in place of
     /// the causal one; Mistral's sliding window uses it.
     pub(crate) fn forward_masked(
@@ -199,8 +339,65 @@ impl Model {
     }
 }
 
-impl DecoderModel for Model {
+impl<A: SelfAttention> DecoderModel for Model<A> {
     fn forward(&self, input_ids: &Tensor, points: &[CapturePoint]) -> Result<Vec<Tensor>> {
         self.forward_masked(input_ids, points, None)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn llama(extra: serde_json::Value) -> Result<LlamaConfig> {
+        LlamaConfig::from_raw("LlamaForCausalLM", &ConfigFile::for_test(extra).decoder()?)
+    }
+
+    #[test]
+    fn defaults_head_dim_kv_heads_and_eps_from_the_other_fields() {
+        let c = llama(serde_json::json!({"num_key_value_heads": null})).unwrap();
+        assert_eq!((c.head_dim, c.num_kv_heads, c.rms_norm_eps), (8, 8, 1e-6));
+        assert_eq!(c.rope.theta, 10000.0);
+    }
+
+    #[test]
+    fn rejects_what_the_model_cannot_run_naming_the_architecture() {
+        let e = |extra| llama(extra).unwrap_err().to_string();
+        assert_eq!(
+            e(serde_json::json!({"hidden_act": "gelu"})),
+            "unsupported model config: LlamaForCausalLM: hidden_act = \"gelu\"; only \"silu\" is implemented"
+        );
+        assert!(e(serde_json::json!({"num_key_value_heads": 3}))
+            .contains("not a multiple of num_key_value_heads = 3"));
+        assert!(e(serde_json::json!({"head_dim": 7})).contains("head_dim = 7 must be even"));
+        assert!(
+            e(serde_json::json!({"rope_scaling": {"rope_type": "yarn"}}))
+                .contains("rope_type \"yarn\"")
+        );
+    }
+
+    #[test]
+    fn attention_bias_covers_q_k_v_and_o_and_mlp_bias_the_mlp() {
+        let c = parse(&ConfigFile::for_test(
+            serde_json::json!({"attention_bias": true}),
+        ))
+        .unwrap();
+        let names: Vec<String> = crate::fixtures::layer_biases(&*c, 0);
+        assert_eq!(
+            names,
+            [
+                "model.layers.0.self_attn.q_proj.bias",
+                "model.layers.0.self_attn.k_proj.bias",
+                "model.layers.0.self_attn.v_proj.bias",
+                "model.layers.0.self_attn.o_proj.bias"
+            ]
+        );
+        let c = parse(&ConfigFile::for_test(serde_json::json!({"mlp_bias": true}))).unwrap();
+        let biases = crate::dry_run::tensors_read(&*c)
+            .unwrap()
+            .into_iter()
+            .filter(|s| s.name.ends_with(".bias"))
+            .count();
+        assert_eq!(biases, 2 * 3);
     }
 }

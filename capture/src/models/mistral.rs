@@ -1,35 +1,35 @@
-//! `MistralForCausalLM`: the Llama computation (see `llama.rs`, whose layers it loads) with
+//! `MistralForCausalLM`: the Llama computation (see `llama.rs`, whose model it wraps) with
 //! sliding-window attention: token i attends to j only when `i - window < j <= i`.
 //! Sequences no longer than the window are plain causal and take the fused causal path.
 use hslake_schemas::CapturePoint;
 use tch::{Device, Kind, Tensor};
 
-use super::{llama, DecoderModel};
-use crate::config::ModelConfig;
+use super::hf_config::ConfigFile;
+use super::llama::{self, LlamaConfig};
+use super::{DecoderModel, ModelConfig};
 use crate::error::Result;
-use crate::tp::LoadCtx;
 
-/// Same checkpoint layout as Llama (Mistral has no biases).
-pub fn tensor_shapes(cfg: &ModelConfig) -> Vec<(String, Vec<usize>)> {
-    llama::tensor_shapes(cfg)
+/// `MistralForCausalLM`: `sliding_window` from the config; no biases.
+pub(crate) fn parse(file: &ConfigFile) -> Result<Box<dyn ModelConfig>> {
+    let raw = file.decoder()?;
+    Ok(Box::new(LlamaConfig {
+        sliding_window: raw.sliding_window,
+        model: |ctx, cfg| {
+            Ok(Box::new(Model {
+                inner: llama::Model::load(ctx, cfg)?,
+                window: cfg.sliding_window,
+                device: ctx.device,
+            }))
+        },
+        ..LlamaConfig::from_raw("MistralForCausalLM", &raw)?
+    }))
 }
 
 /// The Llama stack plus the window.
-pub struct Model {
+struct Model {
     inner: llama::Model,
     window: Option<usize>,
     device: Device,
-}
-
-impl Model {
-    /// Loads this rank's slice of every weight.
-    pub fn load(ctx: &LoadCtx, cfg: &ModelConfig) -> Result<Self> {
-        Ok(Model {
-            inner: llama::Model::load(ctx, cfg)?,
-            window: cfg.sliding_window,
-            device: ctx.device,
-        })
-    }
 }
 
 /// `[t, t]` boolean: true where query i may attend key j.

@@ -1,72 +1,51 @@
-//! Decoder families, one file each, read top-down: attention, decoder layer, model.
-//! Every model runs prefill only (no KV cache, no LM head) and returns the residual
-//! stream at the requested capture points.
-use std::rc::Rc;
-
+//! Decoder families, one file each, read top-down: config, attention, decoder layer, model.
+//! Each family owns its validated config (parsed from `config.json` by the entry the
+//! [`registry`] holds for it) and its loading; every model runs prefill only (no KV cache, no
+//! LM head) and returns the residual stream at the requested capture points.
 use hslake_schemas::CapturePoint;
-use tch::{Device, Kind, Tensor};
+use tch::Tensor;
 
-use crate::comm::Communicator;
-use crate::config::{Architecture, ModelConfig};
 use crate::error::{CaptureError, Result};
-use crate::layers::NormKernel;
-use crate::tp::LoadCtx;
-use crate::weights::Weights;
+use crate::load::LoadCtx;
 
-pub mod llama;
-pub mod mistral;
-pub mod qwen2;
-pub mod qwen3;
+mod hf_config;
+mod llama;
+mod mistral;
+mod qwen2;
+mod qwen3;
+pub(crate) mod registry;
+
+/// What the rest of the capture needs to know of a checkpoint's model: its architecture's
+/// name and the sizes the dataset schema and the input checks depend on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ModelInfo {
+    /// The Hugging Face class name recorded in the manifest (e.g. `LlamaForCausalLM`).
+    pub architecture: &'static str,
+    /// Width of the residual stream (of every captured tensor's rows).
+    pub hidden_size: usize,
+    /// Decoder layers.
+    pub num_layers: usize,
+    /// Vocabulary size (token ids must be below it).
+    pub vocab_size: usize,
+}
+
+/// An architecture's validated runtime config: what the engine asks of it, and its loader.
+pub(crate) trait ModelConfig: Send + Sync + std::fmt::Debug {
+    /// Name and sizes.
+    fn info(&self) -> ModelInfo;
+
+    /// Refuses a tensor-parallel size the model's heads and widths cannot be split into.
+    fn check_tp(&self, tp: usize) -> Result<()>;
+
+    /// This rank's slice of the model, every weight read through `ctx` (a checkpoint, or a
+    /// dry run that only checks what would be read).
+    fn load(&self, ctx: &LoadCtx) -> Result<Box<dyn DecoderModel>>;
+}
 
 /// A loaded decoder (this rank's slice of it).
-pub trait DecoderModel {
+pub(crate) trait DecoderModel {
     /// Prefill over right-padded `[b, t]` int64 ids; one `[b, t, hidden]` tensor per point, in order.
     fn forward(&self, input_ids: &Tensor, points: &[CapturePoint]) -> Result<Vec<Tensor>>;
-}
-
-/// Every tensor the architecture reads, with its full (unsharded) shape.
-pub fn tensor_shapes(cfg: &ModelConfig) -> Vec<(String, Vec<usize>)> {
-    match cfg.architecture {
-        Architecture::Llama => llama::tensor_shapes(cfg),
-        Architecture::Mistral => mistral::tensor_shapes(cfg),
-        Architecture::Qwen2 => qwen2::tensor_shapes(cfg),
-        Architecture::Qwen3 => qwen3::tensor_shapes(cfg),
-    }
-}
-
-/// Checks names and shapes of every tensor the model needs against the checkpoint's headers,
-/// before anything is loaded or computed.
-pub fn check_checkpoint(cfg: &ModelConfig, weights: &Weights) -> Result<()> {
-    for (name, shape) in tensor_shapes(cfg) {
-        weights.check(&name, &shape)?;
-    }
-    Ok(())
-}
-
-/// Loads this rank's slice of the model.
-pub fn load(
-    cfg: &ModelConfig,
-    weights: &Weights,
-    comm: Rc<dyn Communicator>,
-    device: Device,
-    kind: Kind,
-    norm: NormKernel,
-) -> Result<Box<dyn DecoderModel>> {
-    cfg.check_tp(comm.world_size())?;
-    check_checkpoint(cfg, weights)?;
-    let ctx = LoadCtx {
-        weights,
-        comm,
-        device,
-        kind,
-        norm,
-    };
-    Ok(match cfg.architecture {
-        Architecture::Llama => Box::new(llama::Model::load(&ctx, cfg)?),
-        Architecture::Mistral => Box::new(mistral::Model::load(&ctx, cfg)?),
-        Architecture::Qwen2 => Box::new(qwen2::Model::load(&ctx, cfg)?),
-        Architecture::Qwen3 => Box::new(qwen3::Model::load(&ctx, cfg)?),
-    })
 }
 
 /// Which layer outputs to keep during one forward, and where each goes in the result.

@@ -8,30 +8,8 @@ use memmap2::Mmap;
 use safetensors::{Dtype, SafeTensors};
 use tch::{Device, Kind, Tensor};
 
-use crate::error::{CaptureError, Result};
-
-/// Which part of a weight a rank holds.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Shard {
-    /// The whole tensor (replicated on every rank).
-    Full,
-    /// Rank `rank` of `world` contiguous, equal parts of dimension `dim`.
-    Split {
-        /// Dimension split across ranks (0 = rows of a `[out, in]` weight).
-        dim: usize,
-        /// This rank.
-        rank: usize,
-        /// Number of ranks.
-        world: usize,
-    },
-    /// Rows `start..end` of dimension 0 (uneven splits such as a vocabulary).
-    Rows {
-        /// First row.
-        start: usize,
-        /// One past the last row.
-        end: usize,
-    },
-}
+use crate::error::{CaptureError, Result, TensorProblem};
+use crate::load::{Shard, TensorSource};
 
 struct MappedFile {
     path: PathBuf,
@@ -41,13 +19,13 @@ struct MappedFile {
 }
 
 /// A checkpoint directory's tensors, located by name, readable by slice.
-pub struct Weights {
+pub(crate) struct Checkpoint {
     dir: PathBuf,
     files: Vec<MappedFile>,
     by_name: HashMap<String, usize>,
 }
 
-impl Weights {
+impl Checkpoint {
     /// Maps `model.safetensors`, or every file named by `model.safetensors.index.json`.
     pub fn open(dir: &Path) -> Result<Self> {
         let index = dir.join("model.safetensors.index.json");
@@ -110,16 +88,16 @@ impl Weights {
                 infos,
             });
         }
-        Ok(Weights {
+        Ok(Checkpoint {
             dir: dir.to_path_buf(),
             files,
             by_name,
         })
     }
 
-    fn info(&self, name: &str) -> Result<(&MappedFile, &safetensors::tensor::TensorInfo)> {
-        let missing = || CaptureError::MissingTensor {
-            name: name.to_string(),
+    /// The checkpoint's problems as one error that names the directory and its files.
+    pub fn error(&self, problems: Vec<TensorProblem>) -> CaptureError {
+        CaptureError::Checkpoint {
             dir: self.dir.clone(),
             files: self
                 .files
@@ -132,58 +110,63 @@ impl Weights {
                 })
                 .collect::<Vec<_>>()
                 .join(", "),
-        };
-        let file = &self.files[*self.by_name.get(name).ok_or_else(missing)?];
-        let info = file.infos.get(name).ok_or_else(missing)?;
-        Ok((file, info))
+            problems,
+        }
     }
 
-    /// Checks that `name` exists with the full shape `expected` and a loadable dtype, reading no data.
-    pub fn check(&self, name: &str, expected: &[usize]) -> Result<()> {
-        let (_, info) = self.info(name)?;
+    fn info(&self, name: &str) -> Option<(&MappedFile, &safetensors::tensor::TensorInfo)> {
+        let file = &self.files[*self.by_name.get(name)?];
+        Some((file, file.infos.get(name)?))
+    }
+
+    /// Checks that `name` exists with the full shape `expected` and a loadable dtype, reading
+    /// no data; returns that dtype.
+    pub fn check(
+        &self,
+        name: &str,
+        expected: &[usize],
+    ) -> std::result::Result<Kind, TensorProblem> {
+        let (_, info) = self.info(name).ok_or_else(|| TensorProblem::Missing {
+            name: name.to_string(),
+        })?;
         if info.shape != expected {
-            return Err(CaptureError::WrongShape {
+            return Err(TensorProblem::WrongShape {
                 name: name.into(),
                 expected: expected.to_vec(),
                 got: info.shape.clone(),
             });
         }
-        kind_of(name, info.dtype)?;
-        Ok(())
+        kind_of(name, info.dtype)
     }
+}
 
-    /// Copies this rank's slice of `name` (full shape `expected`) to `device` as `kind`.
-    pub fn load(
+impl TensorSource for Checkpoint {
+    /// Copies this rank's slice of `name` out of the map to `device` as `kind`.
+    fn tensor(
         &self,
         name: &str,
-        expected: &[usize],
+        shape: &[usize],
         shard: Shard,
         device: Device,
         kind: Kind,
     ) -> Result<Tensor> {
-        self.check(name, expected)?;
-        let (file, info) = self.info(name)?;
-        let stored = kind_of(name, info.dtype)?;
+        let problem = |p| self.error(vec![p]);
+        let stored = self.check(name, shape).map_err(problem)?;
+        let local = shard.local_shape(name, shape).map_err(problem)?;
+        let (file, info) = self
+            .info(name)
+            .ok_or_else(|| problem(TensorProblem::Missing { name: name.into() }))?;
         let es = stored.elt_size_in_bytes();
         let bytes =
             &file.map[file.data_start + info.data_offsets.0..file.data_start + info.data_offsets.1];
-        let shape = &info.shape;
-        let (local_shape, data): (Vec<usize>, std::borrow::Cow<[u8]>) = match shard {
-            Shard::Full => (shape.clone(), bytes.into()),
+        let data: std::borrow::Cow<[u8]> = match shard {
+            Shard::Full => bytes.into(),
             Shard::Rows { start, end } => {
                 let row = shape[1..].iter().product::<usize>() * es;
-                let mut s = shape.clone();
-                s[0] = end - start;
-                (s, bytes[start * row..end * row].into())
+                bytes[start * row..end * row].into()
             }
-            Shard::Split { dim, rank, world } => {
-                let n = shape[dim];
-                if !n.is_multiple_of(world) {
-                    return Err(CaptureError::Option(format!(
-                        "tensor {name:?}: dimension {dim} of size {n} does not split into {world} equal parts"
-                    )));
-                }
-                let part = n / world;
+            Shard::Split { dim, rank, .. } => {
+                let (n, part) = (shape[dim], local[dim]);
                 // Everything after `dim` is one contiguous block per index of `dim`; everything
                 // before it repeats that layout, so a slice is `outer` runs of `part` blocks.
                 let inner = shape[dim + 1..].iter().product::<usize>() * es;
@@ -193,23 +176,28 @@ impl Weights {
                     let base = (o * n + rank * part) * inner;
                     out.extend_from_slice(&bytes[base..base + part * inner]);
                 }
-                let mut s = shape.clone();
-                s[dim] = part;
-                (s, out.into())
+                out.into()
             }
         };
-        let dims: Vec<i64> = local_shape.iter().map(|&d| d as i64).collect();
+        let dims: Vec<i64> = local.iter().map(|&d| d as i64).collect();
         let t = Tensor::f_from_data_size(&data, &dims, stored)?;
         Ok(t.f_to_device(device)?.f_to_kind(kind)?)
     }
+
+    fn concat(&self, mut parts: Vec<Tensor>) -> Result<Tensor> {
+        Ok(match parts.len() {
+            1 => parts.remove(0),
+            _ => Tensor::f_cat(&parts, 0)?,
+        })
+    }
 }
 
-fn kind_of(name: &str, dtype: Dtype) -> Result<Kind> {
+fn kind_of(name: &str, dtype: Dtype) -> std::result::Result<Kind, TensorProblem> {
     match dtype {
         Dtype::BF16 => Ok(Kind::BFloat16),
         Dtype::F16 => Ok(Kind::Half),
         Dtype::F32 => Ok(Kind::Float),
-        other => Err(CaptureError::WrongDtype {
+        other => Err(TensorProblem::WrongDtype {
             name: name.into(),
             dtype: format!("{other:?}"),
         }),
@@ -248,13 +236,13 @@ mod tests {
         let d = tempfile::tempdir().unwrap();
         let v: Vec<f32> = (0..24).map(|x| x as f32).collect();
         write(d.path(), "model.safetensors", &[("w", vec![4, 6], v)]);
-        let w = Weights::open(d.path()).unwrap();
+        let w = Checkpoint::open(d.path()).unwrap();
         let full = w
-            .load("w", &[4, 6], Shard::Full, Device::Cpu, Kind::Float)
+            .tensor("w", &[4, 6], Shard::Full, Device::Cpu, Kind::Float)
             .unwrap();
         for rank in 0..2 {
             let rows = w
-                .load(
+                .tensor(
                     "w",
                     &[4, 6],
                     Shard::Split {
@@ -268,7 +256,7 @@ mod tests {
                 .unwrap();
             assert_eq!(values(&rows), values(&full.narrow(0, 2 * rank as i64, 2)));
             let cols = w
-                .load(
+                .tensor(
                     "w",
                     &[4, 6],
                     Shard::Split {
@@ -287,7 +275,7 @@ mod tests {
             );
         }
         let rows = w
-            .load(
+            .tensor(
                 "w",
                 &[4, 6],
                 Shard::Rows { start: 3, end: 4 },
@@ -311,17 +299,17 @@ mod tests {
             r#"{"metadata": {}, "weight_map": {"x": "a.safetensors", "y": "b.safetensors"}}"#,
         )
         .unwrap();
-        let w = Weights::open(d.path()).unwrap();
+        let w = Checkpoint::open(d.path()).unwrap();
         assert_eq!(
             values(
-                &w.load("y", &[1], Shard::Full, Device::Cpu, Kind::Float)
+                &w.tensor("y", &[1], Shard::Full, Device::Cpu, Kind::Float)
                     .unwrap()
             ),
             vec![3.0]
         );
         assert_eq!(
             values(
-                &w.load("x", &[2], Shard::Full, Device::Cpu, Kind::Float)
+                &w.tensor("x", &[2], Shard::Full, Device::Cpu, Kind::Float)
                     .unwrap()
             ),
             vec![1.0, 2.0]
@@ -329,23 +317,28 @@ mod tests {
     }
 
     #[test]
-    fn names_missing_tensor_and_wrong_shape() {
+    fn names_missing_tensor_wrong_shape_and_the_checkpoint_files() {
         let d = tempfile::tempdir().unwrap();
         write(
             d.path(),
             "model.safetensors",
             &[("w", vec![2, 2], vec![0.0; 4])],
         );
-        let w = Weights::open(d.path()).unwrap();
-        let e = w.check("v", &[2, 2]).unwrap_err().to_string();
-        assert!(
-            e.contains("missing tensor \"v\"") && e.contains("model.safetensors"),
-            "{e}"
+        let w = Checkpoint::open(d.path()).unwrap();
+        assert_eq!(
+            w.check("v", &[2, 2]),
+            Err(TensorProblem::Missing { name: "v".into() })
         );
-        let e = w.check("w", &[2, 3]).unwrap_err().to_string();
+        let e = w
+            .tensor("w", &[2, 3], Shard::Full, Device::Cpu, Kind::Float)
+            .unwrap_err()
+            .to_string();
         assert_eq!(
             e,
-            "tensor \"w\" has shape [2, 2], expected [2, 3] from config.json"
+            format!(
+                "checkpoint {} (model.safetensors): tensor \"w\" has shape [2, 2], expected [2, 3] from config.json",
+                d.path().display()
+            )
         );
     }
 }

@@ -1,0 +1,277 @@
+//! The pre-flight checkpoint check: the model's own `load`, run against a tensor source that
+//! checks each requested tensor's name, full shape, dtype and TP split against the
+//! checkpoint's headers and answers with a placeholder that holds no data. What is checked is
+//! exactly what a real load reads, so there is no second list of tensors to keep in step.
+use std::cell::RefCell;
+use std::rc::Rc;
+
+use tch::{Device, Kind, Tensor};
+
+use crate::checkpoint::Checkpoint;
+use crate::comm::Communicator;
+use crate::error::{CaptureError, Result, TensorProblem};
+use crate::load::{LoadCtx, NormKernel, Shard, TensorSource};
+use crate::models::ModelConfig;
+
+/// A tensor a model reads: its checkpoint name and full (unsharded) shape.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct TensorSpec {
+    /// Checkpoint name.
+    pub name: String,
+    /// Full shape.
+    pub shape: Vec<usize>,
+}
+
+/// Loads `cfg`'s model as rank 0 of `tp` against `checkpoint`'s headers, reading no tensor
+/// data: every tensor the load asks for is checked, and all problems come back in one error.
+pub(crate) fn check_checkpoint(
+    cfg: &dyn ModelConfig,
+    checkpoint: &Checkpoint,
+    tp: usize,
+    kind: Kind,
+) -> Result<Vec<TensorSpec>> {
+    let dry = DryRun {
+        checkpoint: Some(checkpoint),
+        read: RefCell::default(),
+        problems: RefCell::default(),
+    };
+    dry.load(cfg, tp, kind)?;
+    let problems = dry.problems.into_inner();
+    if !problems.is_empty() {
+        return Err(checkpoint.error(problems));
+    }
+    Ok(dry.read.into_inner())
+}
+
+/// Every tensor `cfg`'s model reads at TP 1, with its full shape: what a checkpoint must hold.
+#[cfg(test)]
+pub(crate) fn tensors_read(cfg: &dyn ModelConfig) -> Result<Vec<TensorSpec>> {
+    let dry = DryRun {
+        checkpoint: None,
+        read: RefCell::default(),
+        problems: RefCell::default(),
+    };
+    dry.load(cfg, 1, Kind::Float)?;
+    Ok(dry.read.into_inner())
+}
+
+/// A tensor source that records and checks requests and reads nothing.
+struct DryRun<'a> {
+    /// Headers to check against; none when only recording.
+    checkpoint: Option<&'a Checkpoint>,
+    read: RefCell<Vec<TensorSpec>>,
+    problems: RefCell<Vec<TensorProblem>>,
+}
+
+impl DryRun<'_> {
+    fn load(&self, cfg: &dyn ModelConfig, tp: usize, kind: Kind) -> Result<()> {
+        let ctx = LoadCtx {
+            source: self,
+            comm: Rc::new(NoCollectives { world: tp }),
+            device: Device::Cpu,
+            kind,
+            norm: NormKernel::Exact,
+        };
+        cfg.load(&ctx).map(drop)
+    }
+}
+
+/// A tensor of `shape` that shares one element: shape-correct for views, free of memory.
+fn placeholder(shape: &[usize], kind: Kind) -> Result<Tensor> {
+    let dims: Vec<i64> = shape.iter().map(|&d| d as i64).collect();
+    Ok(Tensor::f_zeros([0i64; 0], (kind, Device::Cpu))?.f_expand(dims.as_slice(), false)?)
+}
+
+impl TensorSource for DryRun<'_> {
+    fn tensor(
+        &self,
+        name: &str,
+        shape: &[usize],
+        shard: Shard,
+        _device: Device,
+        kind: Kind,
+    ) -> Result<Tensor> {
+        self.read.borrow_mut().push(TensorSpec {
+            name: name.to_string(),
+            shape: shape.to_vec(),
+        });
+        let checked = match self.checkpoint {
+            Some(c) => c.check(name, shape).map(drop),
+            None => Ok(()),
+        };
+        // A problem is noted and the load goes on with the expected shape, so that one run
+        // finds every problem.
+        let local = checked
+            .and_then(|()| shard.local_shape(name, shape))
+            .unwrap_or_else(|p| {
+                self.problems.borrow_mut().push(p);
+                shape.to_vec()
+            });
+        placeholder(&local, kind)
+    }
+
+    fn concat(&self, parts: Vec<Tensor>) -> Result<Tensor> {
+        let sizes: Vec<Vec<i64>> = parts.iter().map(|t| t.size()).collect();
+        let first = sizes
+            .first()
+            .ok_or_else(|| CaptureError::Pipeline("model load stacks no tensors".into()))?;
+        if sizes
+            .iter()
+            .any(|s| s.len() != first.len() || s[1..] != first[1..])
+        {
+            return Err(CaptureError::Pipeline(format!(
+                "model load stacks tensors of shapes {sizes:?}, which differ beyond dimension 0"
+            )));
+        }
+        let mut shape: Vec<usize> = first.iter().map(|&d| d as usize).collect();
+        shape[0] = sizes.iter().map(|s| s[0] as usize).sum();
+        placeholder(&shape, parts[0].kind())
+    }
+}
+
+/// The communicator of a dry run: the TP size the shards are cut for, and no collective
+/// (loading never communicates).
+struct NoCollectives {
+    world: usize,
+}
+
+impl Communicator for NoCollectives {
+    fn rank(&self) -> usize {
+        0
+    }
+    fn world_size(&self) -> usize {
+        self.world
+    }
+    fn all_reduce_sum(&self, _t: &mut Tensor) -> Result<()> {
+        Err(CaptureError::Pipeline(
+            "a dry-run load tried to communicate; loading must not run collectives".into(),
+        ))
+    }
+    fn abort(&self) {}
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fixtures::{write_model, TINY_LLAMA};
+    use crate::models::registry;
+    use safetensors::tensor::TensorView;
+
+    #[test]
+    fn placeholders_have_the_slice_shape_and_no_memory_of_their_own() {
+        let dry = DryRun {
+            checkpoint: None,
+            read: RefCell::default(),
+            problems: RefCell::default(),
+        };
+        let split = Shard::Split {
+            dim: 0,
+            rank: 0,
+            world: 4,
+        };
+        let a = dry
+            .tensor("a", &[8, 6], split, Device::Cpu, Kind::BFloat16)
+            .unwrap();
+        assert_eq!(
+            (a.size(), a.stride(), a.kind()),
+            (vec![2, 6], vec![0, 0], Kind::BFloat16)
+        );
+        let b = dry
+            .tensor("b", &[4, 6], split, Device::Cpu, Kind::BFloat16)
+            .unwrap();
+        let ab = dry.concat(vec![a, b]).unwrap();
+        assert_eq!((ab.size(), ab.stride()), (vec![3, 6], vec![0, 0]));
+        let names: Vec<String> = dry.read.into_inner().into_iter().map(|s| s.name).collect();
+        assert_eq!(names, ["a", "b"]);
+    }
+
+    #[test]
+    fn a_405b_shaped_model_is_listed_without_allocating_it() {
+        // Llama-3.1-405B's shapes: ~800 GB of bf16 if the dry run held any weight.
+        let config = r#"{"architectures": ["LlamaForCausalLM"], "hidden_size": 16384,
+            "intermediate_size": 53248, "num_hidden_layers": 126, "num_attention_heads": 128,
+            "num_key_value_heads": 8, "vocab_size": 128256}"#;
+        let d = tempfile::tempdir().unwrap();
+        std::fs::write(d.path().join("config.json"), config).unwrap();
+        let specs = tensors_read(&*registry::read_config(d.path()).unwrap()).unwrap();
+        // Embedding and final norm, and per layer 2 norms, q/k/v/o and gate/up/down.
+        assert_eq!(specs.len(), 2 + 126 * 9);
+        let total: usize = specs
+            .iter()
+            .map(|s| s.shape.iter().product::<usize>())
+            .sum();
+        assert!(total > 400_000_000_000, "{total} parameters");
+    }
+
+    /// The tiny Llama's checkpoint rewritten with `edit` applied to its tensor list.
+    fn edited(dir: &std::path::Path, edit: impl Fn(&mut Vec<(String, Vec<usize>)>)) -> Checkpoint {
+        write_model(dir, TINY_LLAMA, None);
+        let cfg = registry::read_config(dir).unwrap();
+        let mut tensors: Vec<(String, Vec<usize>)> = tensors_read(&*cfg)
+            .unwrap()
+            .into_iter()
+            .map(|s| (s.name, s.shape))
+            .collect();
+        edit(&mut tensors);
+        let bytes: Vec<Vec<u8>> = tensors
+            .iter()
+            .map(|(_, s)| vec![0u8; 4 * s.iter().product::<usize>()])
+            .collect();
+        let views: Vec<(String, TensorView)> = tensors
+            .iter()
+            .zip(&bytes)
+            .map(|((n, s), b)| {
+                (
+                    n.clone(),
+                    TensorView::new(safetensors::Dtype::F32, s.clone(), b).unwrap(),
+                )
+            })
+            .collect();
+        safetensors::serialize_to_file(views, None, &dir.join("model.safetensors")).unwrap();
+        Checkpoint::open(dir).unwrap()
+    }
+
+    #[test]
+    fn every_problem_is_reported_with_its_tensor_and_expected_shape() {
+        let d = tempfile::tempdir().unwrap();
+        let checkpoint = edited(d.path(), |t| {
+            t.retain(|(n, _)| n != "model.layers.1.self_attn.k_proj.weight");
+            for (n, s) in t.iter_mut() {
+                if n == "model.layers.0.mlp.down_proj.weight" {
+                    *s = vec![16, 30];
+                }
+            }
+        });
+        let cfg = registry::read_config(d.path()).unwrap();
+        let e = check_checkpoint(&*cfg, &checkpoint, 1, Kind::Float)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("does not fit config.json: 2 tensor problems"),
+            "{e}"
+        );
+        assert!(
+            e.contains("\n  tensor \"model.layers.0.mlp.down_proj.weight\" has shape [16, 30], expected [16, 32] from config.json"),
+            "{e}"
+        );
+        assert!(
+            e.contains("\n  missing tensor \"model.layers.1.self_attn.k_proj.weight\""),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn a_tp_size_that_cuts_a_weight_unevenly_is_a_problem_of_that_weight() {
+        let d = tempfile::tempdir().unwrap();
+        let checkpoint = edited(d.path(), |_| {});
+        let cfg = registry::read_config(d.path()).unwrap();
+        assert!(check_checkpoint(&*cfg, &checkpoint, 2, Kind::Float).is_ok());
+        let e = check_checkpoint(&*cfg, &checkpoint, 3, Kind::Float)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("tensor \"model.layers.0.self_attn.q_proj.weight\": dimension 0 of size 16 does not split into 3 equal parts"),
+            "{e}"
+        );
+    }
+}

@@ -1,0 +1,184 @@
+//! Preparing a job before any batch runs: every input record checked, the dataset opened or
+//! created with this model's schema and provenance, what an earlier run committed left out,
+//! and the rest planned into batches. Nothing is created before the inputs have been checked.
+use std::collections::{BTreeMap, HashSet};
+use std::path::Path;
+
+use hslake_schemas::{DatasetSchema, LAYER_CONVENTION};
+use hslake_store::{Dataset, DatasetReader, Provenance};
+
+use super::options::{CaptureJob, EngineOptions};
+use super::summary::CaptureSummary;
+use crate::batch::plan_batches;
+use crate::error::{CaptureError, Result};
+use crate::input::{read_inputs, InputLimits, InputSample};
+use crate::models::ModelInfo;
+
+/// A job whose inputs and dataset are checked, ready for the engine it was prepared for.
+pub struct PreparedJob {
+    pub(super) engine: EngineOptions,
+    pub(super) job: CaptureJob,
+    pub(super) dataset: Dataset,
+    /// Samples still to capture.
+    pub(super) todo: Vec<InputSample>,
+    /// Indices into `todo`, one list per batch.
+    pub(super) batches: Vec<Vec<usize>>,
+    /// The summary's fields known before the run.
+    pub(super) summary: CaptureSummary,
+}
+
+impl PreparedJob {
+    /// Samples the job will capture.
+    pub fn samples(&self) -> u64 {
+        self.todo.len() as u64
+    }
+
+    /// Tokens the job will capture.
+    pub fn tokens(&self) -> u64 {
+        self.todo.iter().map(|s| s.input_ids.len() as u64).sum()
+    }
+}
+
+/// The runtime the store's async calls run on: the caller's.
+pub(super) fn runtime() -> Result<tokio::runtime::Handle> {
+    tokio::runtime::Handle::try_current().map_err(|_| {
+        CaptureError::Option(
+            "the capture engine needs a tokio runtime: call it from a blocking thread of one \
+             (e.g. tokio::task::spawn_blocking)"
+                .into(),
+        )
+    })
+}
+
+impl CaptureJob {
+    /// Checks the job against `model` run under `engine`: options, every input record, and
+    /// the dataset (opened, or created with this model's schema). Blocks; needs a tokio
+    /// runtime (call it from `spawn_blocking`).
+    pub fn prepare(&self, model: &ModelInfo, engine: &EngineOptions) -> Result<PreparedJob> {
+        self.check()?;
+        let io = runtime()?;
+        let schema = DatasetSchema::new(
+            model_name(&engine.model_dir),
+            model.architecture,
+            model.hidden_size,
+            model.num_layers,
+            model.vocab_size,
+            engine.dtype,
+            self.points.clone(),
+        )?;
+        let limits = InputLimits {
+            vocab_size: model.vocab_size,
+            max_seq_len: self.max_seq_len,
+            overlong: self.overlong,
+        };
+        let inputs = read_inputs(&self.input, limits)?;
+        let provenance = provenance(model, engine, self, inputs.ids_from_input, &schema);
+        let dataset = io.block_on(Dataset::open_or_create(&self.output, schema, provenance))?;
+        let committed = io.block_on(committed_ids(&dataset, self))?;
+        let todo: Vec<InputSample> = inputs
+            .samples
+            .into_iter()
+            .filter(|s| !committed.contains(&s.sample_id))
+            .collect();
+        let skipped_committed = committed.len() as u64;
+        if skipped_committed > 0 {
+            tracing::info!(
+                "resuming: {skipped_committed} samples already committed, {} to go",
+                todo.len()
+            );
+        }
+        let batches = plan_batches(&todo, self.max_tokens_per_batch);
+        tracing::info!(
+            "capturing {} samples in {} batches: {} {} on {:?} x{} ({})",
+            todo.len(),
+            batches.len(),
+            model.architecture,
+            engine.dtype.name(),
+            engine.device,
+            engine.tp,
+            self.points
+                .iter()
+                .map(|p| p.column())
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+        Ok(PreparedJob {
+            engine: engine.clone(),
+            job: self.clone(),
+            dataset,
+            todo,
+            batches,
+            summary: CaptureSummary {
+                dataset: self.output.clone(),
+                skipped_committed,
+                truncated: inputs.truncated,
+                skipped_overlong: inputs.skipped_overlong,
+                ..Default::default()
+            },
+        })
+    }
+}
+
+/// The sample ids the dataset already holds; a non-empty dataset is refused without `resume`.
+async fn committed_ids(dataset: &Dataset, job: &CaptureJob) -> Result<HashSet<u64>> {
+    let reader = DatasetReader::open(dataset, None).await?;
+    let held = reader.manifest().num_samples();
+    if held == 0 {
+        return Ok(HashSet::new());
+    }
+    if !job.resume {
+        return Err(CaptureError::Option(format!(
+            "{} already holds {held} samples; pass --resume to continue it (committed samples are skipped)",
+            job.output
+        )));
+    }
+    Ok(reader.sample_ids().await?.into_iter().collect())
+}
+
+/// What the manifest records of how the states were made.
+fn provenance(
+    model: &ModelInfo,
+    engine: &EngineOptions,
+    job: &CaptureJob,
+    ids_from_input: bool,
+    schema: &DatasetSchema,
+) -> Provenance {
+    let mut extra = BTreeMap::new();
+    extra.insert(
+        "model_dir".to_string(),
+        serde_json::json!(engine.model_dir.display().to_string()),
+    );
+    extra.insert(
+        "input".to_string(),
+        serde_json::json!(job.input.display().to_string()),
+    );
+    extra.insert(
+        "sample_id".to_string(),
+        serde_json::json!(if ids_from_input {
+            "the input's integer id"
+        } else {
+            "0-based record index of the input"
+        }),
+    );
+    Provenance {
+        model: schema.model.clone(),
+        architecture: model.architecture.to_string(),
+        dtype: engine.dtype.name().to_string(),
+        tp_size: Some(engine.tp),
+        layers: job.points.clone(),
+        layer_convention: LAYER_CONVENTION.to_string(),
+        software: format!(
+            "hslake-capture {} (tch 0.24, libtorch 2.11)",
+            env!("CARGO_PKG_VERSION")
+        ),
+        extra,
+    }
+}
+
+/// The model's name for the manifest: the checkpoint directory's name.
+fn model_name(dir: &Path) -> String {
+    std::fs::canonicalize(dir)
+        .ok()
+        .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
+        .unwrap_or_else(|| dir.display().to_string())
+}

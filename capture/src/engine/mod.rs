@@ -1,0 +1,766 @@
+//! The long-lived capture engine: a checked model loaded once on one thread per rank, which
+//! then runs any number of jobs. A job error (bad input, a dataset that does not match, a
+//! store failure) fails that job and leaves the engine usable; a rank error (a failed
+//! collective, out of memory) is reported and marks the engine broken, and nothing waits on
+//! a lost rank for longer than [`RANK_GRACE`].
+//!
+//! One job, stage by stage: the engine feeds each padded batch to every rank (bounded
+//! queues), rank 0 hands captured states to a splitter through a queue of `queue_depth`
+//! batches, the splitter spreads samples over `writers` store writers, and each writer
+//! compresses, appends and commits under the job's commit policy.
+use std::rc::Rc;
+use std::sync::atomic::AtomicBool;
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender, SyncSender};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tch::Device;
+
+use crate::batch::PaddedBatch;
+use crate::comm::{Communicator, LocalComm, SingleRank};
+use crate::cuda::PinnedBuffer;
+use crate::error::{CaptureError, Result};
+use crate::models::ModelInfo;
+use crate::nccl::{self, NcclComm};
+
+mod check;
+mod commit;
+mod feed;
+mod host;
+mod job;
+mod options;
+mod progress;
+mod rank;
+mod splitter;
+mod summary;
+mod writer;
+
+pub use check::CheckedModel;
+pub use commit::CommitPolicy;
+pub use job::PreparedJob;
+pub use options::{CaptureJob, DeviceKind, EngineOptions};
+pub use progress::{CancelToken, NoProgress, ProgressSink};
+pub use summary::CaptureSummary;
+
+use feed::{feed, Feed};
+use host::{BufferPool, HostBatch};
+use rank::{CommInit, RankEvent, RankJob, RankOutput, RankReport, RankSetup};
+use splitter::{split_batches, SampleRows};
+use writer::{run_writer, WriterDone, WriterSetup};
+
+/// How long the engine waits for the other ranks once one has failed.
+pub const RANK_GRACE: Duration = Duration::from_secs(30);
+
+/// A model loaded on its rank threads, ready to run capture jobs one at a time.
+pub struct Engine {
+    options: EngineOptions,
+    info: ModelInfo,
+    load_secs: f64,
+    /// One job queue per rank; dropping them ends the rank threads.
+    jobs: Vec<Sender<RankJob>>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+    reports: Receiver<RankReport>,
+    /// Raised by the first rank that fails.
+    rank_failed: Arc<AtomicBool>,
+    /// Why the engine cannot run jobs any more.
+    broken: Option<String>,
+}
+
+impl Engine {
+    /// Checks the model ([`CheckedModel::check`]) and loads it ([`Engine::load`]).
+    pub fn start(options: EngineOptions) -> Result<Engine> {
+        Engine::load(CheckedModel::check(options)?)
+    }
+
+    /// Starts one thread per rank, each joining the group and loading its slice; returns once
+    /// every rank has loaded (or with the first failure).
+    pub fn load(checked: CheckedModel) -> Result<Engine> {
+        let comms = comm_inits(checked.options.device, checked.options.tp)?;
+        Engine::spawn(checked, comms)
+    }
+
+    /// [`Engine::load`] with the given way for each rank to join its group.
+    pub(crate) fn spawn(checked: CheckedModel, comms: Vec<CommInit>) -> Result<Engine> {
+        let t = Instant::now();
+        let (report_tx, reports) = mpsc::channel();
+        let rank_failed = Arc::new(AtomicBool::new(false));
+        let mut engine = Engine {
+            options: checked.options.clone(),
+            info: checked.info.clone(),
+            load_secs: 0.0,
+            jobs: vec![],
+            threads: vec![],
+            reports,
+            rank_failed: rank_failed.clone(),
+            broken: None,
+        };
+        for (rank, comm) in comms.into_iter().enumerate() {
+            let setup = RankSetup {
+                rank,
+                config: checked.config.clone(),
+                checkpoint: checked.checkpoint.clone(),
+                device: match checked.options.device {
+                    DeviceKind::Cpu => Device::Cpu,
+                    DeviceKind::Cuda => Device::Cuda(rank),
+                },
+                kind: checked.kind,
+                norm: checked.options.norm,
+            };
+            let (jobs_tx, jobs_rx) = mpsc::channel();
+            match rank::spawn(setup, comm, jobs_rx, report_tx.clone(), rank_failed.clone()) {
+                Ok(thread) => {
+                    engine.jobs.push(jobs_tx);
+                    engine.threads.push(thread);
+                }
+                Err(e) => return Err(engine.fail(e)),
+            }
+        }
+        drop((report_tx, checked));
+        let (_, errors) = engine.await_ranks(engine.jobs.len(), |event| match event {
+            RankEvent::Loaded => Ok(()),
+            _ => Err(CaptureError::Pipeline(
+                "a rank answered before loading".into(),
+            )),
+        });
+        if let Some(e) = root_cause(errors) {
+            return Err(engine.fail(e));
+        }
+        engine.load_secs = t.elapsed().as_secs_f64();
+        tracing::info!(
+            "loaded {} on {:?} x{} in {:.1}s",
+            engine.info.architecture,
+            engine.options.device,
+            engine.options.tp,
+            engine.load_secs
+        );
+        Ok(engine)
+    }
+
+    /// The loaded model's architecture and sizes.
+    pub fn model(&self) -> &ModelInfo {
+        &self.info
+    }
+
+    /// The options the engine was started with.
+    pub fn options(&self) -> &EngineOptions {
+        &self.options
+    }
+
+    /// Seconds the model took to load.
+    pub fn load_secs(&self) -> f64 {
+        self.load_secs
+    }
+
+    /// Why the engine cannot run jobs any more, if a rank has failed.
+    pub fn broken(&self) -> Option<&str> {
+        self.broken.as_deref()
+    }
+
+    /// [`CaptureJob::prepare`] for this engine's model.
+    pub fn prepare(&self, job: &CaptureJob) -> Result<PreparedJob> {
+        job.prepare(&self.info, &self.options)
+    }
+
+    /// Prepares and runs one job; see [`Engine::run_prepared`].
+    pub fn run(
+        &mut self,
+        job: &CaptureJob,
+        progress: &dyn ProgressSink,
+        cancel: &CancelToken,
+    ) -> Result<CaptureSummary> {
+        self.usable()?;
+        let prepared = self.prepare(job)?;
+        self.run_prepared(prepared, progress, cancel)
+    }
+
+    /// Runs one prepared job to its end, or until `cancel` (then the batches already handed
+    /// to the ranks finish, every writer commits, and the summary says `cancelled`). Blocks;
+    /// needs a tokio runtime (call it from `spawn_blocking`).
+    pub fn run_prepared(
+        &mut self,
+        job: PreparedJob,
+        progress: &dyn ProgressSink,
+        cancel: &CancelToken,
+    ) -> Result<CaptureSummary> {
+        self.usable()?;
+        if job.engine != self.options {
+            return Err(CaptureError::Option(format!(
+                "this job was prepared for {:?}, not for this engine ({:?})",
+                job.engine, self.options
+            )));
+        }
+        let io = job::runtime()?;
+        progress.started(job.samples(), job.tokens());
+        let mut summary = self.run_stages(&io, &job, progress, cancel)?;
+        summary.version = io.block_on(job.dataset.latest_version())?;
+        Ok(summary)
+    }
+
+    /// The job's threads (writers, splitter) around the ranks' work, and the summary.
+    fn run_stages(
+        &mut self,
+        io: &tokio::runtime::Handle,
+        job: &PreparedJob,
+        progress: &dyn ProgressSink,
+        cancel: &CancelToken,
+    ) -> Result<CaptureSummary> {
+        let opts = &job.job;
+        let (hidden, dtype) = (self.info.hidden_size, self.options.dtype);
+        // Raised when a writer or the splitter fails (the job's own error), or when the ranks
+        // are lost and the splitter must stop waiting for them.
+        let (writers_failed, ranks_lost) = (CancelToken::new(), CancelToken::new());
+        let mut summary = job.summary.clone();
+        summary.load_secs = self.load_secs;
+        let mut errors = vec![];
+        let mut rank0 = None;
+        let start = Instant::now();
+        std::thread::scope(|s| -> Result<()> {
+            let mut writer_txs = vec![];
+            let mut writer_threads = vec![];
+            for i in 0..opts.writers {
+                // Two samples per writer: the bounded batch queue ahead of the splitter is the
+                // buffer that absorbs bursts; more here only hides a writer that cannot keep up.
+                let (tx, rx) = mpsc::sync_channel::<SampleRows>(2);
+                writer_txs.push(tx);
+                let setup = WriterSetup {
+                    io,
+                    dataset: &job.dataset,
+                    options: opts.writer_options,
+                    policy: opts.commit,
+                    dtype,
+                    hidden,
+                };
+                let failed = &writers_failed;
+                let thread = std::thread::Builder::new()
+                    .name(format!("hslake-writer-{i}"))
+                    .spawn_scoped(s, move || {
+                        flag_error(failed, run_writer(setup, rx, progress))
+                    })
+                    .map_err(|e| CaptureError::Pipeline(format!("cannot start a writer: {e}")))?;
+                writer_threads.push(thread);
+            }
+            let (host_tx, host_rx) = mpsc::sync_channel::<HostBatch>(opts.queue_depth);
+            let (recycle_tx, recycle_rx) = mpsc::channel::<Vec<PinnedBuffer>>();
+            let (failed, lost) = (&writers_failed, &ranks_lost);
+            let splitter = std::thread::Builder::new()
+                .name("hslake-splitter".into())
+                .spawn_scoped(s, move || {
+                    flag_error(failed, split_batches(host_rx, lost, writer_txs, recycle_tx))
+                })
+                .map_err(|e| CaptureError::Pipeline(format!("cannot start the splitter: {e}")))?;
+
+            let pool = self.buffer_pool(job, recycle_rx);
+            let (feeds, dispatched) = self.dispatch(job, host_tx, pool);
+            let outcome = feed(
+                job,
+                &feeds,
+                &mut summary,
+                cancel,
+                &writers_failed,
+                &self.rank_failed,
+            );
+            summary.cancelled = outcome == Feed::Cancelled;
+            drop(feeds);
+
+            let (times, rank_errors) = self.await_ranks(dispatched, |event| match event {
+                RankEvent::JobDone(t) => Ok(t),
+                _ => Err(CaptureError::Pipeline("a rank answered out of turn".into())),
+            });
+            rank0 = times.into_iter().next().flatten();
+            if let Some(e) = root_cause(rank_errors) {
+                self.broken = Some(e.to_string());
+                ranks_lost.cancel();
+                errors.push(e);
+            } else if dispatched < self.jobs.len() {
+                let e = CaptureError::Pipeline("a rank thread is gone".into());
+                self.broken = Some(e.to_string());
+                ranks_lost.cancel();
+                errors.push(e);
+            }
+            collect(splitter.join(), "splitter", &mut errors);
+            for t in writer_threads {
+                if let Some(w) = collect(t.join(), "writer", &mut errors) {
+                    add_writer(&mut summary, w);
+                }
+            }
+            Ok(())
+        })?;
+        if let Some(e) = root_cause(errors) {
+            return Err(e);
+        }
+        let t = rank0.unwrap_or_default();
+        summary.compute_secs = t.compute.as_secs_f64();
+        summary.storage_wait_secs = t.storage_wait.as_secs_f64();
+        summary.run_secs = start.elapsed().as_secs_f64();
+        Ok(summary)
+    }
+
+    /// Rank 0's pinned buffers on CUDA: one set per batch that can be queued, in flight or
+    /// being split, each large enough for the job's largest batch.
+    fn buffer_pool(
+        &self,
+        job: &PreparedJob,
+        recycle: Receiver<Vec<PinnedBuffer>>,
+    ) -> Option<BufferPool> {
+        if self.options.device != DeviceKind::Cuda {
+            return None;
+        }
+        let largest_batch = job
+            .batches
+            .iter()
+            .map(|b| {
+                b.len()
+                    * b.iter()
+                        .map(|&i| job.todo[i].input_ids.len())
+                        .max()
+                        .unwrap_or(0)
+            })
+            .max()
+            .unwrap_or(0);
+        Some(BufferPool::new(
+            recycle,
+            job.job.queue_depth + 3,
+            job.job.points.len(),
+            largest_batch * self.info.hidden_size * self.options.dtype.size(),
+        ))
+    }
+
+    /// Gives every rank the job; returns the batch queues and how many ranks took the job
+    /// (fewer than all only when a rank thread is gone).
+    fn dispatch(
+        &self,
+        job: &PreparedJob,
+        host: SyncSender<HostBatch>,
+        mut pool: Option<BufferPool>,
+    ) -> (Vec<SyncSender<Arc<PaddedBatch>>>, usize) {
+        let mut host = Some(host);
+        let mut feeds = vec![];
+        for (rank, jobs) in self.jobs.iter().enumerate() {
+            let (tx, rx) = mpsc::sync_channel(2);
+            let output = match (rank, host.take()) {
+                (0, Some(host)) => Some(RankOutput {
+                    host,
+                    pool: pool.take(),
+                }),
+                _ => None,
+            };
+            let work = RankJob {
+                points: job.job.points.clone(),
+                batches: rx,
+                output,
+            };
+            if jobs.send(work).is_err() {
+                break;
+            }
+            feeds.push(tx);
+        }
+        let dispatched = feeds.len();
+        if dispatched < self.jobs.len() {
+            // A batch no rank can join in would hang the others' collectives.
+            feeds.clear();
+        }
+        (feeds, dispatched)
+    }
+
+    /// Waits for one report from each of `n` ranks and maps it with `accept`; once a rank has
+    /// failed, the others get [`RANK_GRACE`] to answer. Returns what was accepted, by rank,
+    /// and every error.
+    fn await_ranks<T>(
+        &self,
+        n: usize,
+        accept: impl Fn(RankEvent) -> Result<T>,
+    ) -> (Vec<Option<T>>, Vec<CaptureError>) {
+        let mut by_rank: Vec<Option<T>> = (0..self.jobs.len()).map(|_| None).collect();
+        let mut errors = vec![];
+        let mut deadline: Option<Instant> = None;
+        for _ in 0..n {
+            let report = match deadline {
+                None => self
+                    .reports
+                    .recv()
+                    .map_err(|_| RecvTimeoutError::Disconnected),
+                Some(d) => self
+                    .reports
+                    .recv_timeout(d.saturating_duration_since(Instant::now())),
+            };
+            let report = match report {
+                Ok(r) => r,
+                Err(RecvTimeoutError::Timeout) => {
+                    errors.push(CaptureError::Pipeline(format!(
+                        "ranks did not answer within {}s of a rank's failure",
+                        RANK_GRACE.as_secs()
+                    )));
+                    break;
+                }
+                Err(RecvTimeoutError::Disconnected) => {
+                    errors.push(CaptureError::Pipeline("every rank thread is gone".into()));
+                    break;
+                }
+            };
+            match report.event {
+                RankEvent::Failed(e) => {
+                    errors.push(e);
+                    deadline.get_or_insert_with(|| Instant::now() + RANK_GRACE);
+                }
+                event => match (accept(event), by_rank.get_mut(report.rank)) {
+                    (Ok(t), Some(slot)) => *slot = Some(t),
+                    (Ok(_), None) => errors.push(CaptureError::Pipeline(format!(
+                        "a report from unknown rank {}",
+                        report.rank
+                    ))),
+                    (Err(e), _) => errors.push(e),
+                },
+            }
+        }
+        (by_rank, errors)
+    }
+
+    fn usable(&self) -> Result<()> {
+        match &self.broken {
+            Some(why) => Err(CaptureError::EngineBroken(why.clone())),
+            None => Ok(()),
+        }
+    }
+
+    /// Marks the engine broken by `e` and returns it.
+    fn fail(&mut self, e: CaptureError) -> CaptureError {
+        self.broken = Some(e.to_string());
+        e
+    }
+}
+
+impl Drop for Engine {
+    fn drop(&mut self) {
+        // Closing the job queues ends every healthy rank thread; a broken engine may have a
+        // rank stuck in a collective, which nobody should wait for.
+        self.jobs.clear();
+        if self.broken.is_none() {
+            for t in self.threads.drain(..) {
+                let _ = t.join();
+            }
+        }
+    }
+}
+
+/// How each rank joins its group: alone, threads of this process, or NCCL over GPUs `0..tp`.
+fn comm_inits(device: DeviceKind, tp: usize) -> Result<Vec<CommInit>> {
+    fn joined(c: impl Communicator + 'static) -> Result<Rc<dyn Communicator>> {
+        Ok(Rc::new(c))
+    }
+    Ok(match (device, tp) {
+        (_, 1) => vec![Box::new(|| joined(SingleRank)) as CommInit],
+        (DeviceKind::Cpu, n) => LocalComm::group(n)
+            .into_iter()
+            .map(|c| Box::new(move || joined(c)) as CommInit)
+            .collect(),
+        (DeviceKind::Cuda, n) => {
+            let id = nccl::unique_id()?;
+            (0..n)
+                .map(|r| Box::new(move || joined(NcclComm::init(id, r, n)?)) as CommInit)
+                .collect()
+        }
+    })
+}
+
+/// Raises `flag` when `r` is an error, so the feeder stops; passes `r` on.
+fn flag_error<T>(flag: &CancelToken, r: Result<T>) -> Result<T> {
+    if r.is_err() {
+        flag.cancel();
+    }
+    r
+}
+
+/// A joined thread's value, its error (or panic) added to `errors`.
+fn collect<T>(
+    r: std::thread::Result<Result<T>>,
+    what: &str,
+    errors: &mut Vec<CaptureError>,
+) -> Option<T> {
+    match r {
+        Ok(Ok(v)) => Some(v),
+        Ok(Err(e)) => {
+            errors.push(e);
+            None
+        }
+        Err(_) => {
+            errors.push(CaptureError::Pipeline(format!("{what} thread panicked")));
+            None
+        }
+    }
+}
+
+/// The error worth reporting: the first that is not another stage's "stopped early" echo.
+fn root_cause(mut errors: Vec<CaptureError>) -> Option<CaptureError> {
+    if errors.is_empty() {
+        return None;
+    }
+    let root = errors
+        .iter()
+        .position(|e| !matches!(e, CaptureError::Pipeline(_)))
+        .unwrap_or(0);
+    Some(errors.swap_remove(root))
+}
+
+fn add_writer(summary: &mut CaptureSummary, w: WriterDone) {
+    summary.samples += w.samples;
+    summary.tokens += w.tokens;
+    summary.raw_bytes += w.raw_bytes;
+    summary.written_bytes += w.written_bytes;
+    summary.skipped_nonfinite += w.skipped;
+    summary.version = summary.version.max(w.last_version.unwrap_or(0));
+}
+
+#[cfg(test)]
+mod tests {
+    use std::cell::Cell;
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    use hslake_schemas::{CapturePoint, DType, FinitePolicy};
+    use tch::Tensor;
+
+    use super::*;
+    use crate::fixtures::{assert_close, values, write_inputs, write_model, TINY_LLAMA};
+
+    fn engine_options(dir: &std::path::Path, tp: usize) -> EngineOptions {
+        let mut o = EngineOptions::new(dir.join("m"));
+        o.dtype = DType::F32;
+        o.tp = tp;
+        o
+    }
+
+    fn job(dir: &std::path::Path, input: &str, out: &str) -> CaptureJob {
+        let url = format!("file://{}", dir.join(out).display());
+        let points = vec![CapturePoint::LayerOutput(0), CapturePoint::FinalNorm];
+        let mut j = CaptureJob::new(dir.join(input), url, points);
+        j.max_tokens_per_batch = 40;
+        j
+    }
+
+    /// Runs blocking engine calls as an engine's owner would: off the async workers.
+    async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
+        tokio::task::spawn_blocking(f).await.unwrap()
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn one_loaded_engine_runs_job_after_job() {
+        let d = tempfile::tempdir().unwrap();
+        let dir = d.path().to_path_buf();
+        write_model(&dir.join("m"), TINY_LLAMA, None);
+        write_inputs(&dir.join("all.jsonl"), 10);
+        write_inputs(&dir.join("first6.jsonl"), 6);
+        let (a, b, c) = blocking(move || {
+            let mut engine = Engine::start(engine_options(&dir, 2)).unwrap();
+            let run = |engine: &mut Engine, input, out| {
+                engine
+                    .run(&job(&dir, input, out), &NoProgress, &CancelToken::new())
+                    .unwrap()
+            };
+            let a = run(&mut engine, "all.jsonl", "a");
+            let b = run(&mut engine, "first6.jsonl", "b");
+            let c = run(&mut engine, "all.jsonl", "c");
+            (a, b, c)
+        })
+        .await;
+        assert_eq!((a.samples, b.samples, c.samples), (10, 6, 10));
+        assert_eq!(a.load_secs, c.load_secs, "the model was loaded once");
+        let url = |out: &str| format!("file://{}", d.path().join(out).display());
+        let (va, vb, vc) = (
+            values(&url("a")).await,
+            values(&url("b")).await,
+            values(&url("c")).await,
+        );
+        assert_close(&va, &vc);
+        let first6 = va
+            .iter()
+            .filter(|(id, _)| **id < 6)
+            .map(|(k, v)| (*k, v.clone()))
+            .collect();
+        assert_close(&first6, &vb);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_job_error_leaves_the_engine_usable() {
+        let d = tempfile::tempdir().unwrap();
+        let dir = d.path().to_path_buf();
+        write_model(&dir.join("m"), TINY_LLAMA, None);
+        write_inputs(&dir.join("good.jsonl"), 4);
+        std::fs::write(
+            dir.join("bad.jsonl"),
+            "{\"input_ids\": [1]}\n{\"input_ids\": [99]}\n",
+        )
+        .unwrap();
+        let errors = blocking(move || {
+            let mut engine = Engine::start(engine_options(&dir, 2)).unwrap();
+            let mut errors = vec![];
+            let mut run = |j: CaptureJob| engine.run(&j, &NoProgress, &CancelToken::new());
+            errors.push(run(job(&dir, "bad.jsonl", "ds")).unwrap_err().to_string());
+            run(job(&dir, "good.jsonl", "ds")).unwrap();
+            // The same dataset asked to hold other capture points.
+            let mut other = job(&dir, "good.jsonl", "ds");
+            other.points = vec![CapturePoint::LayerOutput(1)];
+            errors.push(run(other).unwrap_err().to_string());
+            let again = run(job(&dir, "good.jsonl", "again")).unwrap();
+            assert_eq!(again.samples, 4);
+            errors
+        })
+        .await;
+        assert!(errors[0].contains("line 2: token id 99"), "{}", errors[0]);
+        assert!(errors[1].contains("schema"), "{}", errors[1]);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_store_refusal_mid_run_fails_that_job_and_not_the_engine() {
+        let d = tempfile::tempdir().unwrap();
+        let dir = d.path().to_path_buf();
+        // NaN final norm weights: every final_norm state is NaN, which the writer refuses.
+        write_model(&dir.join("m"), TINY_LLAMA, Some("model.norm.weight"));
+        write_inputs(&dir.join("in.jsonl"), 30);
+        let (refused, kept) = blocking(move || {
+            let mut engine = Engine::start(engine_options(&dir, 2)).unwrap();
+            let refused = engine
+                .run(
+                    &job(&dir, "in.jsonl", "refused"),
+                    &NoProgress,
+                    &CancelToken::new(),
+                )
+                .unwrap_err()
+                .to_string();
+            assert!(engine.broken().is_none());
+            let mut record = job(&dir, "in.jsonl", "kept");
+            record.writer_options.finite_policy = FinitePolicy::Record;
+            let kept = engine
+                .run(&record, &NoProgress, &CancelToken::new())
+                .unwrap();
+            (refused, kept)
+        })
+        .await;
+        assert!(refused.contains("NaN"), "{refused}");
+        assert_eq!(kept.samples, 30);
+    }
+
+    /// A rank of an in-process group whose `fail_at`-th all-reduce fails.
+    struct FailingComm {
+        inner: LocalComm,
+        fail_at: usize,
+        calls: Cell<usize>,
+    }
+
+    impl Communicator for FailingComm {
+        fn rank(&self) -> usize {
+            self.inner.rank()
+        }
+        fn world_size(&self) -> usize {
+            self.inner.world_size()
+        }
+        fn all_reduce_sum(&self, t: &mut Tensor) -> Result<()> {
+            self.calls.set(self.calls.get() + 1);
+            if self.calls.get() == self.fail_at {
+                return Err(CaptureError::Comm {
+                    rank: self.rank(),
+                    message: "injected failure".into(),
+                });
+            }
+            self.inner.all_reduce_sum(t)
+        }
+        fn abort(&self) {
+            self.inner.abort()
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_failing_rank_breaks_the_engine_and_nothing_hangs() {
+        let d = tempfile::tempdir().unwrap();
+        let dir = d.path().to_path_buf();
+        write_model(&dir.join("m"), TINY_LLAMA, None);
+        write_inputs(&dir.join("in.jsonl"), 10);
+        let (first, second) = blocking(move || {
+            let checked = CheckedModel::check(engine_options(&dir, 2)).unwrap();
+            let comms = LocalComm::group(2)
+                .into_iter()
+                .map(|c| {
+                    // Rank 1 fails in the job's third batch (each batch all-reduces 5 times).
+                    let fail_at = if c.rank() == 1 { 12 } else { 0 };
+                    Box::new(move || {
+                        Ok(Rc::new(FailingComm {
+                            inner: c,
+                            fail_at,
+                            calls: Cell::new(0),
+                        }) as Rc<dyn Communicator>)
+                    }) as CommInit
+                })
+                .collect();
+            let mut engine = Engine::spawn(checked, comms).unwrap();
+            let mut j = job(&dir, "in.jsonl", "ds");
+            j.max_tokens_per_batch = 1;
+            let first = engine
+                .run(&j, &NoProgress, &CancelToken::new())
+                .unwrap_err();
+            assert!(engine.broken().is_some());
+            let second = engine
+                .run(&j, &NoProgress, &CancelToken::new())
+                .unwrap_err();
+            (first.to_string(), second.to_string())
+        })
+        .await;
+        assert_eq!(first, "communicator (rank 1): injected failure");
+        assert!(second.starts_with("the capture engine is broken by an earlier failure (communicator (rank 1): injected failure)"), "{second}");
+    }
+
+    /// Counts events, and cancels after the first sample.
+    #[derive(Default)]
+    struct CancelAfterFirst {
+        cancel: CancelToken,
+        started: AtomicU64,
+        samples: AtomicU64,
+        commits: AtomicU64,
+    }
+
+    impl ProgressSink for CancelAfterFirst {
+        fn started(&self, samples: u64, _tokens: u64) {
+            self.started.store(samples, Ordering::Relaxed);
+        }
+        fn sample_done(&self, _tokens: u64) {
+            self.samples.fetch_add(1, Ordering::Relaxed);
+            self.cancel.cancel();
+        }
+        fn committed(&self, _version: u64) {
+            self.commits.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn cancel_commits_the_batches_in_flight_and_resume_captures_the_rest() {
+        let d = tempfile::tempdir().unwrap();
+        let dir = d.path().to_path_buf();
+        write_model(&dir.join("m"), TINY_LLAMA, None);
+        write_inputs(&dir.join("in.jsonl"), 200);
+        let (cancelled, sink, rest) = blocking(move || {
+            let mut engine = Engine::start(engine_options(&dir, 1)).unwrap();
+            // One sample per batch: 200 batches, far more than the queues hold.
+            let mut j = job(&dir, "in.jsonl", "ds");
+            j.max_tokens_per_batch = 1;
+            let sink = CancelAfterFirst::default();
+            let cancelled = engine.run(&j, &sink, &sink.cancel.clone()).unwrap();
+            j.resume = true;
+            let rest = engine.run(&j, &NoProgress, &CancelToken::new()).unwrap();
+            (cancelled, sink, rest)
+        })
+        .await;
+        assert!(cancelled.cancelled);
+        assert!(
+            0 < cancelled.samples && cancelled.samples < 200,
+            "{}",
+            cancelled.samples
+        );
+        assert_eq!(sink.started.load(Ordering::Relaxed), 200);
+        assert_eq!(sink.samples.load(Ordering::Relaxed), cancelled.samples);
+        assert!(sink.commits.load(Ordering::Relaxed) >= 1);
+        assert!(!rest.cancelled);
+        assert_eq!(
+            (rest.skipped_committed, rest.samples),
+            (cancelled.samples, 200 - cancelled.samples)
+        );
+        let url = format!("file://{}", d.path().join("ds").display());
+        assert_eq!(values(&url).await.len(), 200);
+    }
+}

@@ -1,0 +1,140 @@
+//! What an engine is started with (the model and how it runs) and what one job asks of it
+//! (which samples, into which dataset, what to capture, how to write), with their checks.
+use std::path::PathBuf;
+
+use hslake_schemas::{CapturePoint, DType};
+use hslake_store::WriterOptions;
+use tch::Kind;
+
+use super::commit::CommitPolicy;
+use crate::error::{CaptureError, Result};
+use crate::input::Overlong;
+use crate::load::NormKernel;
+
+/// Where the forward runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeviceKind {
+    /// CPU; tensor parallelism through the in-process back end.
+    Cpu,
+    /// CUDA GPUs `0..tp`; tensor parallelism through NCCL.
+    Cuda,
+}
+
+impl std::str::FromStr for DeviceKind {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s {
+            "cpu" => Ok(DeviceKind::Cpu),
+            "cuda" | "gpu" => Ok(DeviceKind::Cuda),
+            _ => Err(format!("unknown device {s:?}; expected cpu or cuda")),
+        }
+    }
+}
+
+/// The model an engine loads and how it runs it; fixed for the engine's life.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EngineOptions {
+    /// Hugging Face checkpoint directory (config.json + safetensors).
+    pub model_dir: PathBuf,
+    /// Tensor-parallel size.
+    pub tp: usize,
+    /// CPU or CUDA.
+    pub device: DeviceKind,
+    /// Compute (and stored) dtype: bf16, f16 or f32.
+    pub dtype: DType,
+    /// How RMS norms are computed on CUDA.
+    pub norm: NormKernel,
+}
+
+impl EngineOptions {
+    /// Defaults (TP 1 on the CPU in bf16, fast norms) for the model in `model_dir`.
+    pub fn new(model_dir: PathBuf) -> Self {
+        EngineOptions {
+            model_dir,
+            tp: 1,
+            device: DeviceKind::Cpu,
+            dtype: DType::Bf16,
+            norm: NormKernel::Fast,
+        }
+    }
+
+    /// The libtorch dtype the model computes in; refuses sizes and dtypes it cannot run.
+    pub(crate) fn compute_kind(&self) -> Result<Kind> {
+        if self.tp == 0 {
+            return Err(CaptureError::Option("--tp must be > 0".into()));
+        }
+        match self.dtype {
+            DType::Bf16 => Ok(Kind::BFloat16),
+            DType::F16 => Ok(Kind::Half),
+            DType::F32 => Ok(Kind::Float),
+            other => Err(CaptureError::Option(format!(
+                "compute dtype {} is not supported; use bf16, f16 or f32",
+                other.name()
+            ))),
+        }
+    }
+}
+
+/// One capture job: which samples, into which dataset, what to capture and how to write it.
+#[derive(Debug, Clone)]
+pub struct CaptureJob {
+    /// Tokenized samples (JSONL or Parquet).
+    pub input: PathBuf,
+    /// Dataset URL (file://, s3://, memory://).
+    pub output: String,
+    /// Capture points, in column order.
+    pub points: Vec<CapturePoint>,
+    /// Token budget of one padded batch (`batch * longest`).
+    pub max_tokens_per_batch: usize,
+    /// Longest sample kept whole.
+    pub max_seq_len: Option<usize>,
+    /// What to do with longer samples.
+    pub overlong: Overlong,
+    /// Continue a dataset that already holds samples, skipping those.
+    pub resume: bool,
+    /// When each writer commits.
+    pub commit: CommitPolicy,
+    /// Parallel store writers (compression runs on these threads).
+    pub writers: usize,
+    /// Captured batches that may wait for the writers before the forward blocks.
+    pub queue_depth: usize,
+    /// Shard layout and compression.
+    pub writer_options: WriterOptions,
+}
+
+impl CaptureJob {
+    /// Defaults for everything but the three required inputs.
+    pub fn new(input: PathBuf, output: String, points: Vec<CapturePoint>) -> Self {
+        CaptureJob {
+            input,
+            output,
+            points,
+            max_tokens_per_batch: 16384,
+            max_seq_len: None,
+            overlong: Overlong::Truncate,
+            resume: false,
+            commit: CommitPolicy::default(),
+            writers: 1,
+            queue_depth: 4,
+            writer_options: WriterOptions::default(),
+        }
+    }
+
+    /// Refuses sizes that cannot work.
+    pub(crate) fn check(&self) -> Result<()> {
+        if self.max_tokens_per_batch == 0 || self.writers == 0 || self.queue_depth == 0 {
+            return Err(CaptureError::Option(
+                "--max-tokens-per-batch, writers and queue depth must be > 0".into(),
+            ));
+        }
+        if self.max_seq_len == Some(0) {
+            return Err(CaptureError::Option("--max-seq-len must be > 0".into()));
+        }
+        if self.points.is_empty() {
+            return Err(CaptureError::Option(
+                "nothing to capture: give --layers and/or --final-norm".into(),
+            ));
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,54 @@
+//! How a running job reports progress and is told to stop: a callback the caller implements
+//! (the CLI draws a bar, the daemon records job state) and a cancel token. The library itself
+//! draws nothing.
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+/// Receives a job's progress; called from the engine's writer threads, so it must be `Sync`.
+/// Every method has a default that ignores the event.
+pub trait ProgressSink: Sync {
+    /// The job is about to capture `samples` samples of `tokens` tokens in all (what is left
+    /// after resume and length limits).
+    fn started(&self, samples: u64, tokens: u64) {
+        let _ = (samples, tokens);
+    }
+
+    /// One sample of `tokens` tokens was handed to the store (written or, under the finite
+    /// policy, skipped).
+    fn sample_done(&self, tokens: u64) {
+        let _ = tokens;
+    }
+
+    /// A writer committed `version`, which holds everything it wrote so far.
+    fn committed(&self, version: u64) {
+        let _ = version;
+    }
+}
+
+/// A sink that ignores every event.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct NoProgress;
+
+impl ProgressSink for NoProgress {}
+
+/// Asks a running job to stop: the batches already handed to the ranks finish, every writer
+/// commits, and the job returns its summary marked cancelled. Clones share one flag.
+#[derive(Debug, Clone, Default)]
+pub struct CancelToken(Arc<AtomicBool>);
+
+impl CancelToken {
+    /// A token nobody has cancelled yet.
+    pub fn new() -> Self {
+        CancelToken::default()
+    }
+
+    /// Requests the stop; idempotent, callable from any thread (e.g. a Ctrl-C handler).
+    pub fn cancel(&self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
+
+    /// Whether a stop was requested.
+    pub fn is_cancelled(&self) -> bool {
+        self.0.load(Ordering::Relaxed)
+    }
+}

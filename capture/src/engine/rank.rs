@@ -1,0 +1,242 @@
+//! One thread per tensor-parallel rank, alive as long as its engine: it joins the group,
+//! loads its slice of the model once, then runs the batches of each job it is given. Rank 0
+//! alone keeps results (every rank holds the complete residual stream): it copies them to
+//! pinned host memory on a side stream and hands them to the job's splitter.
+use std::rc::Rc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{Receiver, Sender, SyncSender};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use hslake_schemas::CapturePoint;
+use tch::{Device, Kind, Tensor};
+
+use super::host::{BufferPool, HostBatch};
+use crate::batch::PaddedBatch;
+use crate::checkpoint::Checkpoint;
+use crate::comm::Communicator;
+use crate::cuda::{CopyStream, PendingCopy, PinnedBuffer};
+use crate::error::{CaptureError, Result};
+use crate::load::{LoadCtx, NormKernel};
+use crate::models::{DecoderModel, ModelConfig};
+
+/// Joins the rank's group; runs on the rank's own thread (NCCL communicators stay there).
+pub(crate) type CommInit = Box<dyn FnOnce() -> Result<Rc<dyn Communicator>> + Send>;
+
+/// Everything a rank thread needs to load its slice of the model.
+pub(super) struct RankSetup {
+    /// This rank.
+    pub rank: usize,
+    /// The model's config (its loader).
+    pub config: Arc<dyn ModelConfig>,
+    /// The weights, shared by every rank until each has loaded.
+    pub checkpoint: Arc<Checkpoint>,
+    /// Where the weights go.
+    pub device: Device,
+    /// The compute dtype.
+    pub kind: Kind,
+    /// How RMS norms are computed.
+    pub norm: NormKernel,
+}
+
+/// One job's work for one rank.
+pub(super) struct RankJob {
+    /// What to capture.
+    pub points: Vec<CapturePoint>,
+    /// The batches, in the same order on every rank; closed when the job has no more.
+    pub batches: Receiver<Arc<PaddedBatch>>,
+    /// Rank 0's way to the writers; `None` on the other ranks.
+    pub output: Option<RankOutput>,
+}
+
+/// Where rank 0 puts captured states.
+pub(super) struct RankOutput {
+    /// The splitter's queue.
+    pub host: SyncSender<HostBatch>,
+    /// Pinned buffers to copy into (CUDA runs).
+    pub pool: Option<BufferPool>,
+}
+
+/// Time rank 0 spent on one job.
+#[derive(Debug, Default, Clone, Copy)]
+pub(super) struct RankTimes {
+    /// Forward and device-to-host copies.
+    pub compute: Duration,
+    /// Blocked because the writers' queue (or every pinned buffer) was full.
+    pub storage_wait: Duration,
+}
+
+/// What a rank tells its engine.
+pub(super) enum RankEvent {
+    /// Its slice of the model is loaded.
+    Loaded,
+    /// It ran every batch of the current job.
+    JobDone(RankTimes),
+    /// It failed and has stopped; its communicator is aborted.
+    Failed(CaptureError),
+}
+
+/// A [`RankEvent`] and the rank it comes from.
+pub(super) struct RankReport {
+    /// The rank.
+    pub rank: usize,
+    /// What happened.
+    pub event: RankEvent,
+}
+
+/// Starts the rank's thread: it joins its group through `comm`, loads, reports, then runs
+/// jobs from `jobs` until that closes.
+/// `failed` is raised as soon as any rank fails, before its report.
+pub(super) fn spawn(
+    setup: RankSetup,
+    comm: CommInit,
+    jobs: Receiver<RankJob>,
+    reports: Sender<RankReport>,
+    failed: Arc<AtomicBool>,
+) -> Result<std::thread::JoinHandle<()>> {
+    let rank = setup.rank;
+    std::thread::Builder::new()
+        .name(format!("hslake-rank-{rank}"))
+        .spawn(move || {
+            let report = |event: RankEvent| {
+                if matches!(event, RankEvent::Failed(_)) {
+                    failed.store(true, Ordering::Release);
+                }
+                // The engine may be gone; then nobody needs to hear it.
+                let _ = reports.send(RankReport { rank, event });
+            };
+            let body = std::panic::AssertUnwindSafe(|| serve(setup, comm, jobs, &report));
+            if std::panic::catch_unwind(body).is_err() {
+                report(RankEvent::Failed(CaptureError::Pipeline(format!(
+                    "rank {rank} thread panicked"
+                ))));
+            }
+        })
+        .map_err(|e| CaptureError::Pipeline(format!("cannot start rank thread {rank}: {e}")))
+}
+
+/// The rank thread's life: join, load, serve jobs.
+fn serve(setup: RankSetup, comm: CommInit, jobs: Receiver<RankJob>, report: &dyn Fn(RankEvent)) {
+    let _no_grad = tch::no_grad_guard();
+    let comm = match comm() {
+        Ok(c) => c,
+        Err(e) => return report(RankEvent::Failed(e)),
+    };
+    let device = setup.device;
+    let loaded = load(&setup, comm.clone());
+    // The mapped checkpoint is released as soon as every rank holds its slice.
+    drop(setup.checkpoint);
+    let (model, copier) = match loaded {
+        Ok(m) => m,
+        Err(e) => {
+            comm.abort();
+            return report(RankEvent::Failed(e));
+        }
+    };
+    report(RankEvent::Loaded);
+    for job in jobs {
+        match run_job(&*model, copier.as_ref(), device, job) {
+            Ok(times) => report(RankEvent::JobDone(times)),
+            Err(e) => {
+                // No other rank may wait forever in a collective with this one.
+                comm.abort();
+                return report(RankEvent::Failed(e));
+            }
+        }
+    }
+}
+
+/// This rank's slice of the model, and rank 0's side stream for host copies on CUDA.
+fn load(
+    setup: &RankSetup,
+    comm: Rc<dyn Communicator>,
+) -> Result<(Box<dyn DecoderModel>, Option<CopyStream>)> {
+    let ctx = LoadCtx {
+        source: &*setup.checkpoint,
+        comm,
+        device: setup.device,
+        kind: setup.kind,
+        norm: setup.norm,
+    };
+    let model = setup.config.load(&ctx)?;
+    let copier = match setup.device {
+        Device::Cuda(d) if setup.rank == 0 => Some(CopyStream::new(d)?),
+        _ => None,
+    };
+    if let Device::Cuda(d) = setup.device {
+        tch::Cuda::synchronize(d as i64);
+    }
+    Ok((model, copier))
+}
+
+/// A batch whose host copy is in flight.
+type InFlight = (PendingCopy, Arc<PaddedBatch>, Option<Vec<PinnedBuffer>>);
+
+/// Runs every batch of one job. Rank 0 keeps going when the writers have stopped (a job
+/// error they report themselves): the other ranks' collectives need it, it just keeps nothing.
+fn run_job(
+    model: &dyn DecoderModel,
+    copier: Option<&CopyStream>,
+    device: Device,
+    job: RankJob,
+) -> Result<RankTimes> {
+    let mut times = RankTimes::default();
+    let (mut host, mut pool) = match job.output {
+        Some(o) => (Some(o.host), o.pool),
+        None => (None, None),
+    };
+    let mut pending: Option<InFlight> = None;
+    for batch in job.batches.iter() {
+        let t = Instant::now();
+        let ids = Tensor::f_from_slice(&batch.ids)?
+            .f_view([batch.rows, batch.cols])?
+            .f_to_device(device)?;
+        let states = model.forward(&ids, &job.points)?;
+        if host.is_none() {
+            continue;
+        }
+        let (copy, buffers) = match (copier, pool.as_mut()) {
+            (Some(c), Some(p)) => match p.take(&mut times.storage_wait)? {
+                Some(set) => (c.start(states, &set)?, Some(set)),
+                None => {
+                    host = None;
+                    continue;
+                }
+            },
+            _ => (PendingCopy::ready(states), None),
+        };
+        times.compute += t.elapsed();
+        // Wait for the previous batch's copy only now, so it overlapped with this forward.
+        if let Some(prev) = pending.replace((copy, batch, buffers)) {
+            hand_off(prev, &mut host, &mut times)?;
+        }
+    }
+    if let Some(prev) = pending.take() {
+        hand_off(prev, &mut host, &mut times)?;
+    }
+    Ok(times)
+}
+
+/// Waits for a batch's host copy and queues it for the splitter (unless the writers are gone).
+fn hand_off(
+    (copy, input, buffers): InFlight,
+    host: &mut Option<SyncSender<HostBatch>>,
+    times: &mut RankTimes,
+) -> Result<()> {
+    let t = Instant::now();
+    let states = copy.wait()?;
+    times.compute += t.elapsed();
+    let t = Instant::now();
+    if let Some(h) = host.as_ref() {
+        let batch = HostBatch {
+            input,
+            states,
+            buffers,
+        };
+        if h.send(batch).is_err() {
+            *host = None;
+        }
+    }
+    times.storage_wait += t.elapsed();
+    Ok(())
+}

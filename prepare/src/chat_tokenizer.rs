@@ -1,0 +1,365 @@
+//! One model's chat template and tokenizer, turning a conversation into `input_ids` and a loss
+//! mask equal to transformers' `apply_chat_template(..., tokenize=True)`.
+use std::path::Path;
+
+use minijinja::value::Value;
+use tokenizers::Tokenizer;
+
+use crate::conversation::{Conversation, Role};
+use crate::error::{PrepareError, RecordError, Result};
+use crate::mask::{char_spans, token_mask, turn_spans, MaskMethod};
+use crate::template::{read_template_source, ChatTemplate};
+
+/// Which tokens the loss applies to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum LossOn {
+    /// The tokens the assistant wrote, its end-of-turn token included.
+    #[default]
+    Assistant,
+    /// Every token.
+    All,
+}
+
+impl std::str::FromStr for LossOn {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "assistant" => Ok(LossOn::Assistant),
+            "all" => Ok(LossOn::All),
+            _ => Err(format!(
+                "unknown loss scope {s:?}; expected assistant or all"
+            )),
+        }
+    }
+}
+
+/// A tokenized conversation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Tokenized {
+    /// Token ids.
+    pub input_ids: Vec<u32>,
+    /// 1 where the loss applies, per token.
+    pub loss_mask: Vec<u8>,
+}
+
+/// A model's chat template and tokenizer, loaded once and shared by every thread.
+pub struct ChatTokenizer {
+    template: ChatTemplate,
+    tokenizer: Tokenizer,
+    end_of_turn: Vec<String>,
+    loss_on: LossOn,
+}
+
+/// The variables a template gets beyond the conversation (e.g. `enable_thinking`).
+pub type TemplateKwargs = serde_json::Map<String, serde_json::Value>;
+
+fn model_err(path: &Path, message: impl Into<String>) -> PrepareError {
+    PrepareError::Model {
+        path: path.to_path_buf(),
+        message: message.into(),
+    }
+}
+
+// The strings that end an assistant turn: the tokenizer's eos_token and every eos_token_id of
+// generation_config.json (Llama 3 lists several, <|eot_id|> among them).
+fn end_of_turn_strings(
+    model_dir: &Path,
+    tokenizer: &Tokenizer,
+    eos: Option<&str>,
+) -> Result<Vec<String>> {
+    let mut out: Vec<String> = eos.map(str::to_string).into_iter().collect();
+    let gen_path = model_dir.join("generation_config.json");
+    if let Ok(bytes) = std::fs::read(&gen_path) {
+        let v: serde_json::Value = serde_json::from_slice(&bytes)
+            .map_err(|e| model_err(&gen_path, format!("not valid JSON: {e}")))?;
+        let ids: Vec<u64> = match v.get("eos_token_id") {
+            Some(serde_json::Value::Number(n)) => n.as_u64().into_iter().collect(),
+            Some(serde_json::Value::Array(a)) => a.iter().filter_map(|x| x.as_u64()).collect(),
+            _ => vec![],
+        };
+        for id in ids {
+            let tok = u32::try_from(id)
+                .ok()
+                .and_then(|id| tokenizer.id_to_token(id))
+                .ok_or_else(|| {
+                    model_err(
+                        &gen_path,
+                        format!("eos_token_id {id} is not in the tokenizer's vocabulary"),
+                    )
+                })?;
+            if !out.contains(&tok) {
+                out.push(tok);
+            }
+        }
+    }
+    Ok(out)
+}
+
+impl ChatTokenizer {
+    /// Loads `tokenizer.json` and the chat template of a Hugging Face model directory.
+    pub fn from_model_dir(
+        model_dir: &Path,
+        loss_on: LossOn,
+        kwargs: &TemplateKwargs,
+    ) -> Result<Self> {
+        let tok_path = model_dir.join("tokenizer.json");
+        if !tok_path.exists() {
+            return Err(model_err(
+                model_dir,
+                "no tokenizer.json (a fast tokenizer is needed)",
+            ));
+        }
+        let tokenizer = Tokenizer::from_file(&tok_path)
+            .map_err(|e| model_err(&tok_path, format!("cannot load tokenizer: {e}")))?;
+        let source = read_template_source(model_dir)?;
+        let template = ChatTemplate::new(&source, kwargs)?;
+        let eos = source
+            .special_tokens
+            .iter()
+            .find(|(k, _)| k == "eos_token")
+            .map(|(_, v)| v.as_str());
+        let end_of_turn = end_of_turn_strings(model_dir, &tokenizer, eos)?;
+        if loss_on == LossOn::Assistant
+            && !template.has_generation_markers()
+            && end_of_turn.is_empty()
+        {
+            return Err(model_err(model_dir, "the chat template has no {% generation %} markers and the model names no end-of-turn token (eos_token in tokenizer_config.json or eos_token_id in generation_config.json), so the assistant's tokens cannot be told apart"));
+        }
+        Ok(ChatTokenizer {
+            template,
+            tokenizer,
+            end_of_turn,
+            loss_on,
+        })
+    }
+
+    /// How the loss mask is found for this template.
+    pub fn mask_method(&self) -> MaskMethod {
+        if self.template.has_generation_markers() {
+            MaskMethod::GenerationMarkers
+        } else {
+            MaskMethod::TurnByTurn
+        }
+    }
+
+    /// Which tokens get loss.
+    pub fn loss_on(&self) -> LossOn {
+        self.loss_on
+    }
+
+    /// Size of the tokenizer's vocabulary, added tokens included.
+    pub fn vocab_size(&self) -> usize {
+        self.tokenizer.get_vocab_size(true)
+    }
+
+    /// The end-of-turn strings the turn-by-turn method looks for.
+    pub fn end_of_turn(&self) -> &[String] {
+        &self.end_of_turn
+    }
+
+    /// The template text of the whole conversation (no generation prompt).
+    pub fn render(&self, conv: &Conversation) -> Result<String, RecordError> {
+        let values = ChatTemplate::message_values(&conv.messages)?;
+        Ok(self.template.render(&values, false)?.text)
+    }
+
+    /// Renders and tokenizes a conversation; the mask follows [`ChatTokenizer::loss_on`].
+    pub fn tokenize(&self, conv: &Conversation) -> Result<Tokenized, RecordError> {
+        if conv.messages.is_empty() {
+            return Err(RecordError::Empty);
+        }
+        if self.loss_on == LossOn::Assistant && !conv.has_assistant() {
+            return Err(RecordError::NoAssistant);
+        }
+        let values = ChatTemplate::message_values(&conv.messages)?;
+        let rendered = self.template.render(&values, false)?;
+        let spans = match (self.loss_on, self.mask_method()) {
+            (LossOn::All, _) => vec![],
+            (LossOn::Assistant, MaskMethod::GenerationMarkers) => rendered.generation_spans.clone(),
+            (LossOn::Assistant, MaskMethod::TurnByTurn) => {
+                self.turn_char_spans(&rendered.text, conv, &values)?
+            }
+        };
+        // transformers: tokenizer(rendered, add_special_tokens=False), offsets in characters.
+        let enc = self
+            .tokenizer
+            .encode_char_offsets(rendered.text.as_str(), false)
+            .map_err(|e| RecordError::Tokenize(e.to_string()))?;
+        let loss_mask = match self.loss_on {
+            LossOn::All => vec![1; enc.get_ids().len()],
+            LossOn::Assistant => token_mask(enc.get_offsets(), &spans),
+        };
+        Ok(Tokenized {
+            input_ids: enc.get_ids().to_vec(),
+            loss_mask,
+        })
+    }
+
+    fn turn_char_spans(
+        &self,
+        full: &str,
+        conv: &Conversation,
+        values: &[Value],
+    ) -> Result<Vec<(usize, usize)>, RecordError> {
+        let roles: Vec<Role> = conv.messages.iter().map(|m| m.role).collect();
+        let spans = turn_spans(full, &roles, &self.end_of_turn, |i, prompt| {
+            match (i, prompt) {
+                // No history: nothing rendered (transformers refuses to render an empty conversation).
+                (0, false) => Ok(String::new()),
+                _ => Ok(self.template.render(&values[..i], prompt)?.text),
+            }
+        })?;
+        Ok(char_spans(full, &spans))
+    }
+}
+
+/// A tiny model directory for tests: a whitespace word-level tokenizer with ChatML specials.
+#[cfg(test)]
+pub(crate) mod test_model {
+    use std::path::{Path, PathBuf};
+
+    /// The words of the vocabulary; a word's id is its index.
+    pub const WORDS: &[&str] = &[
+        "[UNK]",
+        "<|im_start|>",
+        "<|im_end|>",
+        "system",
+        "user",
+        "assistant",
+        "hi",
+        "hello",
+        "there",
+        "q",
+        "a",
+    ];
+
+    /// ChatML without generation markers.
+    pub const CHATML: &str = "{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>' + '\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}";
+
+    /// The same text with the assistant's content and end-of-turn token in a generation block.
+    pub const CHATML_MARKED: &str = "{% for m in messages %}{% if m['role'] == 'assistant' %}{{ '<|im_start|>assistant\\n' }}{% generation %}{{ m['content'] + '<|im_end|>' }}{% endgeneration %}{{ '\\n' }}{% else %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>' + '\\n' }}{% endif %}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}";
+
+    /// Writes the model with `template` under `dir`.
+    pub fn write(dir: &Path, template: &str) -> PathBuf {
+        let vocab: serde_json::Map<String, serde_json::Value> = WORDS
+            .iter()
+            .enumerate()
+            .map(|(i, w)| (w.to_string(), i.into()))
+            .collect();
+        let added: Vec<serde_json::Value> = (0..3)
+            .map(|i| serde_json::json!({"id": i, "content": WORDS[i], "single_word": false, "lstrip": false, "rstrip": false, "normalized": false, "special": true}))
+            .collect();
+        let tok = serde_json::json!({
+            "version": "1.0", "truncation": null, "padding": null, "added_tokens": added,
+            "normalizer": null, "pre_tokenizer": {"type": "Whitespace"}, "post_processor": null, "decoder": null,
+            "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "[UNK]"}
+        });
+        std::fs::write(dir.join("tokenizer.json"), tok.to_string()).unwrap();
+        std::fs::write(
+            dir.join("tokenizer_config.json"),
+            r#"{"eos_token": "<|im_end|>"}"#,
+        )
+        .unwrap();
+        std::fs::write(dir.join("chat_template.jinja"), template).unwrap();
+        dir.to_path_buf()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::conversation::Message;
+
+    fn tokenizer(template: &str, loss_on: LossOn) -> (tempfile::TempDir, ChatTokenizer) {
+        let dir = tempfile::tempdir().unwrap();
+        let model = test_model::write(dir.path(), template);
+        let tok = ChatTokenizer::from_model_dir(&model, loss_on, &Default::default()).unwrap();
+        (dir, tok)
+    }
+
+    fn conv(turns: &[(Role, &str)]) -> Conversation {
+        Conversation {
+            id: None,
+            messages: turns.iter().map(|(r, c)| Message::new(*r, *c)).collect(),
+        }
+    }
+
+    #[test]
+    fn turn_by_turn_and_generation_markers_give_the_same_mask() {
+        let (_d1, plain) = tokenizer(test_model::CHATML, LossOn::Assistant);
+        let (_d2, marked) = tokenizer(test_model::CHATML_MARKED, LossOn::Assistant);
+        assert_eq!(plain.mask_method(), MaskMethod::TurnByTurn);
+        assert_eq!(marked.mask_method(), MaskMethod::GenerationMarkers);
+        let c = conv(&[
+            (Role::System, "hi"),
+            (Role::User, "q"),
+            (Role::Assistant, "hello there"),
+            (Role::User, "q"),
+            (Role::Assistant, ""),
+        ]);
+        let a = plain.tokenize(&c).unwrap();
+        assert_eq!(a, marked.tokenize(&c).unwrap());
+        // system hi | user q | assistant [hello there <|im_end|>] | user q | assistant [<|im_end|>]
+        assert_eq!(
+            a.input_ids,
+            [1, 3, 6, 2, 1, 4, 9, 2, 1, 5, 7, 8, 2, 1, 4, 9, 2, 1, 5, 2]
+        );
+        assert_eq!(
+            a.loss_mask,
+            [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 0, 0, 0, 0, 0, 0, 1]
+        );
+    }
+
+    #[test]
+    fn all_tokens_get_loss_with_loss_on_all() {
+        let (_d, tok) = tokenizer(test_model::CHATML, LossOn::All);
+        let t = tok.tokenize(&conv(&[(Role::User, "q")])).unwrap();
+        assert_eq!(t.loss_mask, [1; 4]);
+    }
+
+    #[test]
+    fn refuses_conversations_without_an_assistant_turn() {
+        let (_d, tok) = tokenizer(test_model::CHATML, LossOn::Assistant);
+        assert_eq!(
+            tok.tokenize(&conv(&[(Role::User, "q")])).unwrap_err(),
+            RecordError::NoAssistant
+        );
+        assert_eq!(tok.tokenize(&conv(&[])).unwrap_err(), RecordError::Empty);
+    }
+
+    #[test]
+    fn takes_end_of_turn_tokens_from_generation_config() {
+        let dir = tempfile::tempdir().unwrap();
+        let model = test_model::write(dir.path(), test_model::CHATML);
+        std::fs::write(
+            model.join("generation_config.json"),
+            r#"{"eos_token_id": [2, 0]}"#,
+        )
+        .unwrap();
+        let tok =
+            ChatTokenizer::from_model_dir(&model, LossOn::Assistant, &Default::default()).unwrap();
+        assert_eq!(tok.end_of_turn(), ["<|im_end|>", "[UNK]"]);
+        std::fs::write(
+            model.join("generation_config.json"),
+            r#"{"eos_token_id": 99}"#,
+        )
+        .unwrap();
+        let e = ChatTokenizer::from_model_dir(&model, LossOn::Assistant, &Default::default())
+            .err()
+            .unwrap();
+        assert!(
+            e.to_string()
+                .contains("eos_token_id 99 is not in the tokenizer's vocabulary"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn names_a_model_without_tokenizer_json() {
+        let dir = tempfile::tempdir().unwrap();
+        let e = ChatTokenizer::from_model_dir(dir.path(), LossOn::Assistant, &Default::default())
+            .err()
+            .unwrap();
+        assert!(e.to_string().contains("no tokenizer.json"), "{e}");
+    }
+}

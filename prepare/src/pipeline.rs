@@ -1,0 +1,342 @@
+//! Conversations to samples: chunks of records tokenized in parallel (rayon), written in input
+//! order, every refused record named and counted.
+use std::collections::{BTreeMap, HashMap};
+use std::path::Path;
+
+use rayon::prelude::*;
+
+use crate::chat_tokenizer::{ChatTokenizer, LossOn};
+use crate::error::{PrepareError, RecordError, Result};
+use crate::mask::MaskMethod;
+use crate::output::Sample;
+use crate::source::{read_conversations, ConversationRecord};
+
+/// What to do with a sample longer than `max_seq_len` (as `hslake capture --overlong`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Overlong {
+    /// Keep its first `max_seq_len` tokens.
+    #[default]
+    Truncate,
+    /// Leave it out.
+    Skip,
+}
+
+impl std::str::FromStr for Overlong {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "truncate" => Ok(Overlong::Truncate),
+            "skip" => Ok(Overlong::Skip),
+            _ => Err(format!(
+                "unknown overlong policy {s:?}; expected truncate or skip"
+            )),
+        }
+    }
+}
+
+/// Settings of a run.
+#[derive(Debug, Clone)]
+pub struct PrepareOptions {
+    /// Longest sample kept as is.
+    pub max_seq_len: Option<usize>,
+    /// What to do with longer ones.
+    pub overlong: Overlong,
+    /// Stop at the first refused record instead of counting it.
+    pub strict: bool,
+    /// Records tokenized together (one parallel step).
+    pub chunk_size: usize,
+}
+
+impl Default for PrepareOptions {
+    fn default() -> Self {
+        PrepareOptions {
+            max_seq_len: None,
+            overlong: Overlong::Truncate,
+            strict: false,
+            chunk_size: 1024,
+        }
+    }
+}
+
+/// What a run did.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Summary {
+    /// Records read.
+    pub conversations: u64,
+    /// Samples written.
+    pub samples: u64,
+    /// Tokens written.
+    pub tokens: u64,
+    /// Tokens with loss.
+    pub loss_tokens: u64,
+    /// Samples cut to `max_seq_len`.
+    pub truncated: u64,
+    /// Refused records by reason.
+    pub dropped: BTreeMap<&'static str, u64>,
+    /// How the mask was found.
+    pub mask_method: MaskMethod,
+    /// Which tokens got loss.
+    pub loss_on: LossOn,
+}
+
+impl Summary {
+    fn new(tok: &ChatTokenizer) -> Self {
+        Summary {
+            conversations: 0,
+            samples: 0,
+            tokens: 0,
+            loss_tokens: 0,
+            truncated: 0,
+            dropped: BTreeMap::new(),
+            mask_method: tok.mask_method(),
+            loss_on: tok.loss_on(),
+        }
+    }
+
+    /// Records refused, all reasons together.
+    pub fn dropped_total(&self) -> u64 {
+        self.dropped.values().sum()
+    }
+
+    /// Loss tokens over all tokens (0 when nothing was written).
+    pub fn loss_fraction(&self) -> f64 {
+        if self.tokens == 0 {
+            0.0
+        } else {
+            self.loss_tokens as f64 / self.tokens as f64
+        }
+    }
+}
+
+/// Tokenizes `records` in order, handing each sample to `emit` and each refused record (its
+/// location and reason) to `on_drop`; `progress` gets the number of records done so far.
+/// `input` names the input in errors.
+pub fn prepare<I>(
+    input: &Path,
+    records: I,
+    tok: &ChatTokenizer,
+    opts: &PrepareOptions,
+    mut emit: impl FnMut(Sample) -> Result<()>,
+    mut on_drop: impl FnMut(&str, &RecordError),
+    progress: impl Fn(u64),
+) -> Result<Summary>
+where
+    I: Iterator<Item = Result<ConversationRecord>>,
+{
+    let mut summary = Summary::new(tok);
+    let mut seen: HashMap<u64, String> = HashMap::new();
+    let mut records = records.peekable();
+    let chunk_size = opts.chunk_size.max(1);
+    while records.peek().is_some() {
+        let chunk: Vec<ConversationRecord> =
+            records.by_ref().take(chunk_size).collect::<Result<_>>()?;
+        let results: Vec<Result<_, RecordError>> = chunk
+            .par_iter()
+            .map(|r| {
+                r.conversation
+                    .as_ref()
+                    .map_err(Clone::clone)
+                    .and_then(|c| tok.tokenize(c))
+            })
+            .collect();
+        for (record, result) in chunk.iter().zip(results) {
+            summary.conversations += 1;
+            let id = record.sample_id();
+            let outcome = result.and_then(|mut t| {
+                if let Some(first) = seen.get(&id) {
+                    return Err(RecordError::DuplicateId {
+                        id,
+                        first: first.clone(),
+                    });
+                }
+                if let Some(max) = opts.max_seq_len.filter(|&m| t.input_ids.len() > m) {
+                    match opts.overlong {
+                        Overlong::Skip => {
+                            return Err(RecordError::TooLong {
+                                len: t.input_ids.len(),
+                                max,
+                            })
+                        }
+                        Overlong::Truncate => {
+                            t.input_ids.truncate(max);
+                            t.loss_mask.truncate(max);
+                            summary.truncated += 1;
+                        }
+                    }
+                }
+                Ok(t)
+            });
+            match outcome {
+                Ok(t) => {
+                    seen.insert(id, record.location.clone());
+                    summary.samples += 1;
+                    summary.tokens += t.input_ids.len() as u64;
+                    summary.loss_tokens += t.loss_mask.iter().map(|&m| m as u64).sum::<u64>();
+                    emit(Sample {
+                        id,
+                        input_ids: t.input_ids,
+                        loss_mask: t.loss_mask,
+                    })?;
+                }
+                Err(reason) => {
+                    if opts.strict {
+                        return Err(PrepareError::Record {
+                            path: input.to_path_buf(),
+                            location: record.location.clone(),
+                            source: reason,
+                        });
+                    }
+                    *summary.dropped.entry(reason.kind()).or_default() += 1;
+                    on_drop(&record.location, &reason);
+                }
+            }
+        }
+        progress(summary.conversations);
+    }
+    Ok(summary)
+}
+
+/// Reads a conversations file whole into samples: the call `hslake capture` makes to take
+/// conversations directly. Refused records are logged by location and counted in the summary.
+pub fn prepare_file(
+    path: &Path,
+    tok: &ChatTokenizer,
+    opts: &PrepareOptions,
+) -> Result<(Vec<Sample>, Summary)> {
+    let mut samples = vec![];
+    let summary = prepare(
+        path,
+        read_conversations(path)?,
+        tok,
+        opts,
+        |s| {
+            samples.push(s);
+            Ok(())
+        },
+        |location, reason| tracing::warn!(input = %path.display(), %location, %reason, "conversation left out"),
+        |_| {},
+    )?;
+    Ok((samples, summary))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::chat_tokenizer::test_model;
+    use crate::conversation::{Conversation, Message, Role};
+
+    fn record(index: u64, id: Option<u64>, answer: &str) -> Result<ConversationRecord> {
+        let messages = vec![
+            Message::new(Role::User, "q"),
+            Message::new(Role::Assistant, answer),
+        ];
+        Ok(ConversationRecord {
+            index,
+            location: format!("line {}", index + 1),
+            conversation: Ok(Conversation { id, messages }),
+        })
+    }
+
+    fn run(
+        records: Vec<Result<ConversationRecord>>,
+        opts: PrepareOptions,
+    ) -> (Result<Summary>, Vec<Sample>, Vec<String>) {
+        let dir = tempfile::tempdir().unwrap();
+        let model = test_model::write(dir.path(), test_model::CHATML);
+        let tok =
+            ChatTokenizer::from_model_dir(&model, LossOn::Assistant, &Default::default()).unwrap();
+        let (mut samples, mut dropped) = (vec![], vec![]);
+        let summary = prepare(
+            Path::new("in.jsonl"),
+            records.into_iter(),
+            &tok,
+            &opts,
+            |s| {
+                samples.push(s);
+                Ok(())
+            },
+            |loc, reason| dropped.push(format!("{loc}: {reason}")),
+            |_| {},
+        );
+        (summary, samples, dropped)
+    }
+
+    #[test]
+    fn keeps_input_order_across_parallel_chunks() {
+        let records = (0..50)
+            .map(|i| record(i, None, if i % 2 == 0 { "a" } else { "hello there" }))
+            .collect();
+        let (summary, samples, _) = run(
+            records,
+            PrepareOptions {
+                chunk_size: 7,
+                ..Default::default()
+            },
+        );
+        let summary = summary.unwrap();
+        assert_eq!(
+            samples.iter().map(|s| s.id).collect::<Vec<_>>(),
+            (0..50).collect::<Vec<_>>()
+        );
+        assert_eq!((summary.conversations, summary.samples), (50, 50));
+        // 8 tokens with 2 of loss, or 9 with 3.
+        assert_eq!(
+            (summary.tokens, summary.loss_tokens),
+            (25 * 8 + 25 * 9, 25 * 2 + 25 * 3)
+        );
+    }
+
+    #[test]
+    fn counts_duplicates_and_overlong_records_by_reason() {
+        let records = vec![
+            record(0, Some(5), "a"),
+            record(1, Some(5), "a"),
+            record(2, Some(6), "hello there"),
+        ];
+        let opts = PrepareOptions {
+            max_seq_len: Some(8),
+            overlong: Overlong::Skip,
+            ..Default::default()
+        };
+        let (summary, samples, dropped) = run(records, opts);
+        let summary = summary.unwrap();
+        assert_eq!(samples.len(), 1);
+        assert_eq!(
+            dropped,
+            [
+                "line 2: duplicate id 5 (first at line 1)",
+                "line 3: 9 tokens, longer than --max-seq-len 8"
+            ]
+        );
+        assert_eq!(summary.dropped.get("duplicate id"), Some(&1));
+        assert_eq!(summary.dropped.get("longer than --max-seq-len"), Some(&1));
+    }
+
+    #[test]
+    fn truncates_overlong_samples_with_their_masks() {
+        let opts = PrepareOptions {
+            max_seq_len: Some(7),
+            ..Default::default()
+        };
+        let (summary, samples, _) = run(vec![record(0, None, "hello there")], opts);
+        assert_eq!(summary.unwrap().truncated, 1);
+        assert_eq!(samples[0].input_ids, [1, 4, 9, 2, 1, 5, 7]);
+        assert_eq!(samples[0].loss_mask, [0, 0, 0, 0, 0, 0, 1]);
+    }
+
+    #[test]
+    fn strict_fails_on_the_first_bad_record_with_its_location() {
+        let mut bad = record(1, None, "a").unwrap();
+        bad.conversation = Err(RecordError::Empty);
+        let opts = PrepareOptions {
+            strict: true,
+            ..Default::default()
+        };
+        let (summary, samples, _) = run(vec![record(0, None, "a"), Ok(bad)], opts);
+        assert_eq!(
+            summary.unwrap_err().to_string(),
+            "in.jsonl: line 2: empty conversation: no messages"
+        );
+        assert_eq!(samples.len(), 1);
+    }
+}

@@ -1,0 +1,217 @@
+//! Limits that keep one query from taking the process down: a memory pool of its own with a
+//! fixed size, and a wall-clock deadline. Both turn into [`QueryError::Limit`], which names the
+//! limit and the setting that changes it.
+use std::future::Future;
+use std::num::NonZeroUsize;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use datafusion::arrow::datatypes::SchemaRef;
+use datafusion::arrow::record_batch::RecordBatch;
+use datafusion::error::DataFusionError;
+use datafusion::execution::memory_pool::{
+    human_readable_size, GreedyMemoryPool, MemoryPool, TrackConsumersPool, UnboundedMemoryPool,
+};
+use datafusion::execution::{RecordBatchStream, SendableRecordBatchStream};
+use datafusion::physical_plan::EmptyRecordBatchStream;
+use futures::{Stream, StreamExt};
+
+use crate::QueryError;
+
+/// Command-line flag setting [`QueryLimits::memory_per_query`].
+pub const MEMORY_FLAG: &str = "--query-memory";
+/// Command-line flag setting [`QueryLimits::timeout`].
+pub const TIMEOUT_FLAG: &str = "--query-timeout";
+
+/// What one query may use. `None` leaves that resource unbounded.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct QueryLimits {
+    /// Bytes the query's operators may reserve (joins, aggregates, sorts); past it the query
+    /// stops (operators that can spill to disk do so first).
+    pub memory_per_query: Option<usize>,
+    /// Wall-clock time from the start of execution to the last batch.
+    pub timeout: Option<Duration>,
+}
+
+impl QueryLimits {
+    /// Limits for `concurrent` queries running at once on this machine: together they may use
+    /// half of its memory (the rest is for the process itself, result buffers and the page
+    /// cache); no time limit.
+    pub fn for_machine(concurrent: usize) -> Self {
+        let memory = machine_memory().unwrap_or(DEFAULT_MACHINE_MEMORY);
+        QueryLimits {
+            memory_per_query: Some(memory_share(memory, concurrent)),
+            timeout: None,
+        }
+    }
+
+    /// A fresh memory pool for one query: its own, so one query's use never counts against
+    /// another's, and the biggest consumers are named when it runs out.
+    pub fn memory_pool(&self) -> Arc<dyn MemoryPool> {
+        match self.memory_per_query {
+            Some(bytes) => Arc::new(TrackConsumersPool::new(
+                GreedyMemoryPool::new(bytes),
+                NonZeroUsize::new(3).unwrap_or(NonZeroUsize::MIN),
+            )),
+            None => Arc::new(UnboundedMemoryPool::default()),
+        }
+    }
+
+    /// `stream` with the deadline applied and memory errors named as this limit.
+    pub fn guard(&self, stream: SendableRecordBatchStream) -> SendableRecordBatchStream {
+        Box::pin(LimitedStream {
+            schema: stream.schema(),
+            inner: stream,
+            deadline: self.timeout.map(|t| (Box::pin(tokio::time::sleep(t)), t)),
+            memory: self.memory_per_query,
+            done: false,
+        })
+    }
+
+    /// The error for a query whose operators asked for more memory than the pool holds.
+    pub fn memory_error(&self, detail: &str) -> QueryError {
+        QueryError::Limit {
+            what: "query stopped: it needs more memory than one query may use".into(),
+            limit: match self.memory_per_query {
+                Some(b) => format!("{} per query", human_readable_size(b)),
+                None => "the memory pool".into(),
+            },
+            setting: MEMORY_FLAG.into(),
+            detail: format!("; {}", detail.trim()),
+        }
+    }
+}
+
+/// Memory assumed when the machine's cannot be read (non-Linux).
+const DEFAULT_MACHINE_MEMORY: u64 = 8 << 30;
+
+/// The share of `memory` one of `concurrent` queries gets: half the memory, split evenly.
+pub fn memory_share(memory: u64, concurrent: usize) -> usize {
+    let share = memory / 2 / concurrent.max(1) as u64;
+    usize::try_from(share).unwrap_or(usize::MAX)
+}
+
+/// Memory this process may use: the machine's total, or the cgroup's limit when lower.
+pub fn machine_memory() -> Option<u64> {
+    let total = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|t| meminfo_total(&t));
+    let cgroup = std::fs::read_to_string("/sys/fs/cgroup/memory.max")
+        .ok()
+        .and_then(|t| t.trim().parse::<u64>().ok());
+    match (total, cgroup) {
+        (Some(t), Some(c)) => Some(t.min(c)),
+        (t, c) => t.or(c),
+    }
+}
+
+/// `MemTotal` of a `/proc/meminfo` text, in bytes.
+fn meminfo_total(text: &str) -> Option<u64> {
+    let line = text.lines().find(|l| l.starts_with("MemTotal:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}
+
+/// A record-batch stream that ends with a limit error once its deadline passes, dropping the
+/// query's own stream (which aborts the tasks it spawned), and that renames memory-pool
+/// errors as the per-query memory limit.
+struct LimitedStream {
+    schema: SchemaRef,
+    inner: SendableRecordBatchStream,
+    deadline: Option<(Pin<Box<tokio::time::Sleep>>, Duration)>,
+    memory: Option<usize>,
+    done: bool,
+}
+
+impl LimitedStream {
+    fn stop(&mut self, e: QueryError) -> Poll<Option<Result<RecordBatch, DataFusionError>>> {
+        self.done = true;
+        self.inner = Box::pin(EmptyRecordBatchStream::new(self.schema.clone()));
+        Poll::Ready(Some(Err(DataFusionError::External(Box::new(e)))))
+    }
+}
+
+impl Stream for LimitedStream {
+    type Item = Result<RecordBatch, DataFusionError>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        if self.done {
+            return Poll::Ready(None);
+        }
+        if let Some((sleep, limit)) = self.deadline.as_mut() {
+            if sleep.as_mut().poll(cx).is_ready() {
+                let e = timeout_error(*limit);
+                return self.stop(e);
+            }
+        }
+        match self.inner.poll_next_unpin(cx) {
+            Poll::Ready(Some(Err(e))) => {
+                if let DataFusionError::ResourcesExhausted(detail) = e.find_root() {
+                    let limits = QueryLimits {
+                        memory_per_query: self.memory,
+                        timeout: None,
+                    };
+                    let e = limits.memory_error(detail);
+                    return self.stop(e);
+                }
+                self.done = true;
+                Poll::Ready(Some(Err(e)))
+            }
+            Poll::Ready(None) => {
+                self.done = true;
+                Poll::Ready(None)
+            }
+            other => other,
+        }
+    }
+}
+
+impl RecordBatchStream for LimitedStream {
+    fn schema(&self) -> SchemaRef {
+        self.schema.clone()
+    }
+}
+
+/// The error for a query that ran past its time limit.
+pub fn timeout_error(limit: Duration) -> QueryError {
+    QueryError::Limit {
+        what: "query stopped: it ran longer than one query may run".into(),
+        limit: format!("{} s", limit.as_secs_f64()),
+        setting: TIMEOUT_FLAG.into(),
+        detail: String::new(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_memtotal_in_bytes() {
+        let text = "MemTotal:       24576000 kB\nMemFree:        1000 kB\n";
+        assert_eq!(meminfo_total(text), Some(24576000 * 1024));
+        assert_eq!(meminfo_total("MemFree: 3 kB\n"), None);
+    }
+
+    #[test]
+    fn concurrent_queries_share_half_the_memory() {
+        assert_eq!(memory_share(24 << 30, 4), 3 << 30);
+        assert_eq!(memory_share(8 << 30, 0), 4 << 30);
+    }
+
+    #[test]
+    fn memory_error_names_the_limit_and_the_flag() {
+        let limits = QueryLimits {
+            memory_per_query: Some(3 << 30),
+            timeout: None,
+        };
+        let e = limits
+            .memory_error("Failed to allocate additional 1 MB")
+            .to_string();
+        assert!(e.contains("3.0 GB per query"), "{e}");
+        assert!(e.contains("--query-memory"), "{e}");
+        assert!(e.ends_with("Failed to allocate additional 1 MB"), "{e}");
+    }
+}

@@ -1,0 +1,81 @@
+//! `hslake debug`: checks and measurements for GPU machines (hidden from the help): the NCCL
+//! back end on GPU 0, and the throughput of our forward alone.
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::bail;
+use hslake_capture::debug::{nccl_check, prefill, PrefillOptions};
+use hslake_capture::{DeviceKind, EngineOptions, NormKernel};
+use hslake_schemas::{CapturePoint, DType};
+
+/// The debug subcommands.
+#[derive(clap::Subcommand)]
+pub enum Debug {
+    /// NCCL back end with one rank on GPU 0: init, and an all-reduce per dtype compared with its input.
+    NcclCheck,
+    /// Prefill-only throughput of our forward on random token ids (no host copy, no write).
+    Prefill(PrefillArgs),
+}
+
+/// Arguments of `hslake debug prefill`.
+#[derive(clap::Args)]
+pub struct PrefillArgs {
+    /// Checkpoint directory.
+    #[arg(long)]
+    model: PathBuf,
+    /// Sequences per batch.
+    #[arg(long, default_value_t = 8)]
+    batch: i64,
+    /// Tokens per sequence.
+    #[arg(long, default_value_t = 2048)]
+    seq: i64,
+    /// Timed iterations (after two warm-up ones).
+    #[arg(long, default_value_t = 5)]
+    iters: usize,
+    /// Layers whose outputs the forward returns (kept on the device).
+    #[arg(long, value_delimiter = ',', default_value = "2,16,29,31")]
+    layers: Vec<CapturePoint>,
+    /// RMS norm kernel: fast or exact.
+    #[arg(long, default_value = "fast")]
+    norm: NormKernel,
+    /// Where the forward runs: cuda (GPU 0) or cpu.
+    #[arg(long, default_value = "cuda")]
+    device: DeviceKind,
+    /// Compute dtype: bf16, f16 or f32.
+    #[arg(long, default_value = "bf16")]
+    dtype: DType,
+}
+
+/// Runs one debug subcommand and prints what it found.
+pub fn run(d: Debug) -> anyhow::Result<ExitCode> {
+    match d {
+        Debug::NcclCheck => {
+            let report = nccl_check()?;
+            println!("nccl version code {}", report.version);
+            for (kind, same) in &report.identity {
+                println!(
+                    "nccl all-reduce {kind} world=1 on 2^20 elements: identical to input = {same}"
+                );
+            }
+            if let Some((kind, _)) = report.identity.iter().find(|(_, same)| !same) {
+                bail!("all-reduce over one rank changed the values ({kind})");
+            }
+        }
+        Debug::Prefill(a) => {
+            let mut engine = EngineOptions::new(a.model);
+            engine.device = a.device;
+            engine.dtype = a.dtype;
+            engine.norm = a.norm;
+            let report = prefill(&PrefillOptions {
+                engine,
+                batch: a.batch,
+                seq: a.seq,
+                iters: a.iters,
+                points: a.layers,
+            })?;
+            println!("ours load secs {:.1}", report.load_secs);
+            println!("ours prefill tokens/s {:.0}", report.tokens_per_sec);
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
