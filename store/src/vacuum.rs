@@ -123,9 +123,7 @@ fn deletable(rel: &str) -> bool {
     let parts: Vec<&str> = rel.split('/').collect();
     match parts.as_slice() {
         [dir, _] => *dir == DATA_DIR,
-        [a, b, name] => {
-            format!("{a}/{b}") == VERSIONS_DIR && parse_manifest_name(name).is_none()
-        }
+        [a, b, name] => format!("{a}/{b}") == VERSIONS_DIR && parse_manifest_name(name).is_none(),
         _ => false,
     }
 }
@@ -146,9 +144,8 @@ fn linked_folder(loc: &Location) -> Option<std::path::PathBuf> {
         p = p.join(part);
         dirs.push(p.clone());
     }
-    dirs.into_iter().find(|d| {
-        std::fs::symlink_metadata(d).is_ok_and(|m| m.file_type().is_symlink())
-    })
+    dirs.into_iter()
+        .find(|d| std::fs::symlink_metadata(d).is_ok_and(|m| m.file_type().is_symlink()))
 }
 
 #[cfg(test)]

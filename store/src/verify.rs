@@ -322,8 +322,10 @@ fn check_batch(
         seen.ids.push((id, row0 + r as u64));
         let n = seq.value(r) as usize;
         seen.tokens += n as u128;
-        seen.raw_bytes +=
-            n as u128 * schema.hidden_size as u128 * schema.dtype.size() as u128 * cols.len() as u128;
+        seen.raw_bytes += n as u128
+            * schema.hidden_size as u128
+            * schema.dtype.size() as u128
+            * cols.len() as u128;
         let (nt, nm) = (toks.value_length(r) as usize, mask.value_length(r) as usize);
         if nt != n || nm != n {
             problem(

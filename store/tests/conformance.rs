@@ -450,7 +450,11 @@ async fn commit_refuses_sample_ids_the_head_holds(b: Backend) {
             .contains("3 sample id(s) are already in version 1 (e.g. 3, 4, 5)"),
         "{err}"
     );
-    assert_eq!(ds.versions().await.unwrap(), vec![0, 1], "nothing committed");
+    assert_eq!(
+        ds.versions().await.unwrap(),
+        vec![0, 1],
+        "nothing committed"
+    );
     assert_eq!(counts(&ds).await.0, 6);
     w.abort().await.unwrap();
     // Ids within one commit must be distinct as well.
@@ -483,10 +487,9 @@ async fn racing_writers_into_a_new_dataset_hold_each_sample_once(b: Backend) {
     let results = futures::future::join_all(writers.iter_mut().map(|w| w.commit())).await;
     let ok = results.iter().filter(|r| r.is_ok()).count();
     assert_eq!(ok, 1, "{results:?}");
-    assert!(results.iter().any(|r| matches!(
-        r,
-        Err(StoreError::DuplicateSamples { count: 8, .. })
-    )));
+    assert!(results
+        .iter()
+        .any(|r| matches!(r, Err(StoreError::DuplicateSamples { count: 8, .. }))));
     assert_eq!(counts(&ds).await.0, 8);
     assert!(verify(&ds, None, |_| {}).await.unwrap().is_clean());
 }
@@ -527,7 +530,10 @@ async fn commit_refuses_shards_deleted_before_it_lands(b: Backend) {
     }
     // A vacuum without grace sees the closed, not yet committed shards as debris.
     let swept = vacuum(&ds, Duration::ZERO, false).await.unwrap();
-    assert!(!swept.deleted.is_empty(), "shards were closed before the commit");
+    assert!(
+        !swept.deleted.is_empty(),
+        "shards were closed before the commit"
+    );
     let err = w.commit().await.unwrap_err();
     assert!(matches!(err, StoreError::ShardMissing { .. }), "{err}");
     assert!(err.to_string().contains("not in storage"), "{err}");
@@ -555,7 +561,12 @@ async fn non_canonical_shard_paths_read_verify_and_survive_vacuum(b: Backend) {
     let m = ds.manifest(None).await.unwrap();
     let mut json: serde_json::Value = serde_json::from_slice(&m.to_json()).unwrap();
     json["version"] = (m.version + 1).into();
-    for (i, s) in json["shards"].as_array_mut().unwrap().iter_mut().enumerate() {
+    for (i, s) in json["shards"]
+        .as_array_mut()
+        .unwrap()
+        .iter_mut()
+        .enumerate()
+    {
         let p = s["path"].as_str().unwrap().to_string();
         let odd = if i % 2 == 0 {
             p.replacen("data/", "data//", 1)
@@ -568,7 +579,10 @@ async fn non_canonical_shard_paths_read_verify_and_survive_vacuum(b: Backend) {
     let report = verify(&ds, None, |_| {}).await.unwrap();
     let text: Vec<String> = report.problems.iter().map(|p| p.to_string()).collect();
     assert_eq!(text.len(), m.shards.len(), "{text:#?}");
-    assert!(text.iter().all(|p| p.contains("is not canonical")), "{text:#?}");
+    assert!(
+        text.iter().all(|p| p.contains("is not canonical")),
+        "{text:#?}"
+    );
     let rep = vacuum(&ds, Duration::ZERO, false).await.unwrap();
     assert!(rep.deleted.is_empty(), "{:?}", rep.deleted);
     let r = DatasetReader::open(&ds, None).await.unwrap();
@@ -598,9 +612,21 @@ async fn verify_reports_duplicates_and_counts_that_disagree(b: Backend) {
     let report = verify(&ds, None, |_| {}).await.unwrap();
     let text: Vec<String> = report.problems.iter().map(|p| p.to_string()).collect();
     let has = |what: &str| text.iter().any(|p| p.contains(what));
-    assert!(has(&format!("shard {} is named more than once", m.shards[0].path)), "{text:#?}");
+    assert!(
+        has(&format!(
+            "shard {} is named more than once",
+            m.shards[0].path
+        )),
+        "{text:#?}"
+    );
     assert!(has("sample 0 is held again by"), "{text:#?}");
-    assert!(has(&format!("tokens, the manifest says {}", m.shards[1].tokens + 1)), "{text:#?}");
+    assert!(
+        has(&format!(
+            "tokens, the manifest says {}",
+            m.shards[1].tokens + 1
+        )),
+        "{text:#?}"
+    );
     assert!(has("raw_bytes, the manifest says 1"), "{text:#?}");
 }
 
@@ -619,7 +645,11 @@ async fn vacuum_deletes_only_the_datasets_own_debris(b: Backend) {
     .unwrap();
     write_synth(&nested, 0..10, 1, 100).await;
     let store = ds.object_store();
-    let kept = ["other-team/precious.bin", "data/sub/keep.bin", "_hslake/jobs/state.json"];
+    let kept = [
+        "other-team/precious.bin",
+        "data/sub/keep.bin",
+        "_hslake/jobs/state.json",
+    ];
     for rel in kept.iter().chain(&["data/orphan.parquet"]) {
         store
             .put(&ds.object_path(rel), PutPayload::from_static(b"x"))
@@ -666,7 +696,11 @@ async fn vacuum_never_follows_symbolic_links(b: Backend) {
     std::fs::write(victim.join("a"), b"precious").unwrap();
     std::os::unix::fs::symlink(&victim, root.join("data/link")).unwrap();
     let rep = vacuum(&ds, Duration::ZERO, false).await.unwrap();
-    assert!(victim.join("a").exists(), "deleted through a link: {:?}", rep.deleted);
+    assert!(
+        victim.join("a").exists(),
+        "deleted through a link: {:?}",
+        rep.deleted
+    );
     assert!(rep.deleted.is_empty(), "{:?}", rep.deleted);
     // A data folder that is itself a link is refused outright.
     let url2 = fresh_url(b).unwrap();

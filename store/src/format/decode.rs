@@ -364,7 +364,14 @@ impl TensorColumn {
             check_tokens(col.value(r), kind, w[1].saturating_sub(w[0]))
                 .map_err(|e| e.at(&self.at(r, column)))?;
         }
-        let mut decoded = vec![0u8; offsets.last().copied().unwrap_or(0).saturating_mul(row_bytes)];
+        let mut decoded = vec![
+            0u8;
+            offsets
+                .last()
+                .copied()
+                .unwrap_or(0)
+                .saturating_mul(row_bytes)
+        ];
         for (r, w) in offsets.windows(2).enumerate() {
             let dst = &mut decoded[w[0] * row_bytes..w[1] * row_bytes];
             decode_value_into(col.value(r), kind, w[1] - w[0], dst)

@@ -33,7 +33,9 @@ impl Location {
 
     /// The dataset's folder, for a dataset on local disk.
     pub fn local_dir(&self) -> Option<std::path::PathBuf> {
-        self.url.strip_prefix("file://").map(std::path::PathBuf::from)
+        self.url
+            .strip_prefix("file://")
+            .map(std::path::PathBuf::from)
     }
 
     /// The dataset-relative name of a full object path, if it lies under the root.
@@ -122,8 +124,10 @@ pub fn parse(url: &str) -> Result<Location> {
                 (ClientConfigKey::ConnectTimeout, policy.connect_timeout),
             ] {
                 if let Some(d) = d {
-                    builder = builder
-                        .with_config(AmazonS3ConfigKey::Client(key), format!("{}ms", d.as_millis()));
+                    builder = builder.with_config(
+                        AmazonS3ConfigKey::Client(key),
+                        format!("{}ms", d.as_millis()),
+                    );
                 }
             }
             let store = builder.build().map_err(|e| invalid(e.to_string()))?;
@@ -221,16 +225,31 @@ mod tests {
     #[test]
     fn s3_policy_reads_the_environment_and_names_bad_values() {
         let env = |pairs: &'static [(&'static str, &'static str)]| {
-            move |k: &str| pairs.iter().find(|(n, _)| *n == k).map(|(_, v)| v.to_string())
+            move |k: &str| {
+                pairs
+                    .iter()
+                    .find(|(n, _)| *n == k)
+                    .map(|(_, v)| v.to_string())
+            }
         };
         let p = s3_policy(env(&[])).unwrap();
-        assert_eq!((p.retry.max_retries, p.retry.retry_timeout), (3, Duration::from_secs(15)));
+        assert_eq!(
+            (p.retry.max_retries, p.retry.retry_timeout),
+            (3, Duration::from_secs(15))
+        );
         assert_eq!(p.timeout, None);
-        let p = s3_policy(env(&[("HSLAKE_S3_RETRIES", "0"), ("HSLAKE_S3_TIMEOUT", "2.5")])).unwrap();
+        let p = s3_policy(env(&[
+            ("HSLAKE_S3_RETRIES", "0"),
+            ("HSLAKE_S3_TIMEOUT", "2.5"),
+        ]))
+        .unwrap();
         assert_eq!(p.retry.max_retries, 0);
         assert_eq!(p.timeout, Some(Duration::from_millis(2500)));
         let err = s3_policy(env(&[("HSLAKE_S3_RETRIES", "many")])).unwrap_err();
-        assert!(err.contains("HSLAKE_S3_RETRIES=\"many\": expected a whole number"), "{err}");
+        assert!(
+            err.contains("HSLAKE_S3_RETRIES=\"many\": expected a whole number"),
+            "{err}"
+        );
         let err = s3_policy(env(&[("HSLAKE_S3_CONNECT_TIMEOUT", "-1")])).unwrap_err();
         assert!(err.contains("expected a number of seconds"), "{err}");
     }

@@ -39,4 +39,3 @@ pub fn check(shown: &str, s: &ShardEntry, bytes: &[u8]) -> Result<()> {
     }
     Ok(())
 }
-

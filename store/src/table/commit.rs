@@ -15,7 +15,9 @@ use hslake_schemas::{DatasetSchema, FORMAT_VERSION};
 use object_store::{ObjectStoreExt, PutMode, PutOptions, PutPayload};
 
 use crate::io::location::Location;
-use crate::table::manifest::{canonical_shard_path, manifest_path, Manifest, Provenance, ShardEntry};
+use crate::table::manifest::{
+    canonical_shard_path, manifest_path, Manifest, Provenance, ShardEntry,
+};
 use crate::table::sample_ids::{self, SHOWN_DUPLICATES};
 use crate::table::versions;
 use crate::{Result, StoreError};
@@ -256,8 +258,14 @@ impl<'a> Committer<'a> {
                 version: Some(head.version),
             });
         }
-        futures::stream::iter(change.shards)
+        // Futures made up front: a stream mapping borrowed entries through a closure trips
+        // rustc's higher-ranked `Send` check in spawned callers.
+        let heads: Vec<_> = change
+            .shards
+            .iter()
             .map(|s| check_present(self.loc, s))
+            .collect();
+        futures::stream::iter(heads)
             .buffer_unordered(PARALLEL_HEADS)
             .try_collect::<()>()
             .await?;
@@ -471,9 +479,15 @@ mod tests {
         assert!(err.to_string().contains("not canonical"), "{err}");
         let err = check_change_paths("memory://x", &[shard("../a.parquet")]).unwrap_err();
         assert!(err.to_string().contains("../a.parquet"), "{err}");
-        let err = check_change_paths("memory://x", &[shard("data/a.parquet"), shard("data/a.parquet")])
-            .unwrap_err();
-        assert!(matches!(err, StoreError::DuplicateShard { version: None, .. }), "{err}");
+        let err = check_change_paths(
+            "memory://x",
+            &[shard("data/a.parquet"), shard("data/a.parquet")],
+        )
+        .unwrap_err();
+        assert!(
+            matches!(err, StoreError::DuplicateShard { version: None, .. }),
+            "{err}"
+        );
         assert!(check_change_paths("memory://x", &[shard("data/a.parquet")]).is_ok());
     }
 

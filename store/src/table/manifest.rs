@@ -33,7 +33,9 @@ pub fn canonical_shard_path(raw: &str) -> std::result::Result<String, String> {
         return Err("has a '.' or '..' part; expected data/<name>".into());
     }
     if parts.len() < 2 || parts[0] != DATA_DIR {
-        return Err(format!("is not under {DATA_DIR}/; expected {DATA_DIR}/<name>"));
+        return Err(format!(
+            "is not under {DATA_DIR}/; expected {DATA_DIR}/<name>"
+        ));
     }
     Ok(parts.join("/"))
 }
@@ -198,7 +200,8 @@ impl Manifest {
             .map_err(|e| StoreError::corrupt(path, format!("bad manifest: {e}")))?;
         m.schema.check()?;
         for (i, s) in m.shards.iter_mut().enumerate() {
-            let bad = |why: String| StoreError::corrupt(path, format!("shard {i} ({}): {why}", s.path));
+            let bad =
+                |why: String| StoreError::corrupt(path, format!("shard {i} ({}): {why}", s.path));
             let canon = canonical_shard_path(&s.path).map_err(|why| bad(format!("path {why}")))?;
             check_counts(s).map_err(bad)?;
             if canon != s.path {
@@ -244,10 +247,26 @@ mod tests {
 
     #[test]
     fn canonical_shard_paths_drop_empty_parts_and_refuse_escapes() {
-        for raw in ["data/a.parquet", "data//a.parquet", "/data/a.parquet", "data/a.parquet/"] {
-            assert_eq!(canonical_shard_path(raw).unwrap(), "data/a.parquet", "{raw}");
+        for raw in [
+            "data/a.parquet",
+            "data//a.parquet",
+            "/data/a.parquet",
+            "data/a.parquet/",
+        ] {
+            assert_eq!(
+                canonical_shard_path(raw).unwrap(),
+                "data/a.parquet",
+                "{raw}"
+            );
         }
-        for raw in ["data/../x", "./data/a", "a.parquet", "other/a.parquet", "data", ""] {
+        for raw in [
+            "data/../x",
+            "./data/a",
+            "a.parquet",
+            "other/a.parquet",
+            "data",
+            "",
+        ] {
             assert!(canonical_shard_path(raw).is_err(), "{raw}");
         }
     }
@@ -278,7 +297,10 @@ mod tests {
         assert_eq!(m.shards[0].path, "data/a.parquet");
         assert_eq!(m.noncanonical_paths, ["data//a.parquet"]);
         assert_eq!((m.num_samples(), m.num_tokens()), (4, 2));
-        assert_eq!(m.commit_id, None, "manifests of older writers have no commit id");
+        assert_eq!(
+            m.commit_id, None,
+            "manifests of older writers have no commit id"
+        );
     }
 
     #[test]

@@ -66,7 +66,11 @@ async fn read_ids(loc: &Location, entry: &ShardEntry, shown: &str) -> Result<Vec
         .build()
         .map_err(|e| StoreError::pq(shown, e))?;
     let mut ids = vec![];
-    while let Some(b) = stream.try_next().await.map_err(|e| StoreError::pq(shown, e))? {
+    while let Some(b) = stream
+        .try_next()
+        .await
+        .map_err(|e| StoreError::pq(shown, e))?
+    {
         let col = b
             .column_by_name("sample_id")
             .and_then(|c| c.as_primitive_opt::<UInt64Type>())
@@ -109,8 +113,8 @@ pub fn common(want: &[u64], held: &[u64]) -> Vec<u64> {
 
 /// The sorted ids of the shards a commit adds.
 pub async fn change_ids(loc: &Location, shards: &[ShardEntry]) -> Result<Vec<u64>> {
-    let parts: Vec<Arc<[u64]>> = futures::stream::iter(shards)
-        .map(|s| shard_ids(loc, s))
+    let reads: Vec<_> = shards.iter().map(|s| shard_ids(loc, s)).collect();
+    let parts: Vec<Arc<[u64]>> = futures::stream::iter(reads)
         .buffered(PARALLEL_READS)
         .try_collect()
         .await?;
@@ -125,12 +129,14 @@ pub async fn held_by(loc: &Location, head: &[ShardEntry], want: &[u64]) -> Resul
     let (Some(&lo), Some(&hi)) = (want.first(), want.last()) else {
         return Ok(vec![]);
     };
-    let candidates = head
+    let reads: Vec<_> = head
         .iter()
-        .filter(|s| s.rows > 0 && s.min_sample_id <= hi && s.max_sample_id >= lo);
-    let found: Vec<Vec<u64>> = futures::stream::iter(candidates)
-        .map(|s| async move { Ok::<_, StoreError>(common(want, &shard_ids(loc, s).await?)) })
+        .filter(|s| s.rows > 0 && s.min_sample_id <= hi && s.max_sample_id >= lo)
+        .map(|s| shard_ids(loc, s))
+        .collect();
+    let found: Vec<Vec<u64>> = futures::stream::iter(reads)
         .buffer_unordered(PARALLEL_READS)
+        .map_ok(|ids| common(want, &ids))
         .try_collect()
         .await?;
     let mut out: Vec<u64> = found.into_iter().flatten().collect();
