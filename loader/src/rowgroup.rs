@@ -2,7 +2,7 @@
 //! decoded once so that batch assembly can slice it without further checks.
 use arrow_array::cast::AsArray;
 use arrow_array::types::{Int32Type, UInt64Type, UInt8Type};
-use arrow_array::{Array, Int32Array, RecordBatch, UInt64Array, UInt8Array};
+use arrow_array::{Int32Array, RecordBatch, UInt64Array, UInt8Array};
 use hslake_schemas::{CapturePoint, DType};
 use hslake_store::format::decode::{DecodedColumn, TensorColumn};
 use hslake_store::StoreError;

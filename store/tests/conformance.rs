@@ -714,6 +714,112 @@ async fn vacuum_never_follows_symbolic_links(b: Backend) {
     assert!(victim.join("a").exists());
 }
 
+/// Rewrite one shard with `edit` applied to its batches, and plant a manifest naming the
+/// rewritten file with its true size and checksum (as a tampered or buggy writer would).
+async fn rewrite_first_shard(
+    ds: &Dataset,
+    edit: impl Fn(arrow_array::RecordBatch) -> arrow_array::RecordBatch,
+) -> serde_json::Value {
+    use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+    let m = ds.manifest(None).await.unwrap();
+    let path = ds.object_path(&m.shards[0].path);
+    let store = ds.object_store();
+    let bytes = store.get(&path).await.unwrap().bytes().await.unwrap();
+    let reader = ParquetRecordBatchReaderBuilder::try_new(bytes)
+        .unwrap()
+        .build()
+        .unwrap();
+    let batches: Vec<_> = reader.map(|b| edit(b.unwrap())).collect();
+    let mut out = vec![];
+    let mut w = parquet::arrow::ArrowWriter::try_new(&mut out, batches[0].schema(), None).unwrap();
+    for b in &batches {
+        w.write(b).unwrap();
+    }
+    w.close().unwrap();
+    let row_groups: Vec<u64> = batches.iter().map(|b| b.num_rows() as u64).collect();
+    let mut json: serde_json::Value = serde_json::from_slice(&m.to_json()).unwrap();
+    json["version"] = (m.version + 1).into();
+    json["shards"][0]["bytes"] = (out.len() as u64).into();
+    json["shards"][0]["crc32c"] = crc32c::crc32c(&out).into();
+    json["shards"][0]["row_groups"] = serde_json::to_value(&row_groups).unwrap();
+    store.put(&path, PutPayload::from(out)).await.unwrap();
+    plant(ds, &json).await;
+    json
+}
+
+async fn untrusted_sizes_get_named_errors_not_aborts(b: Backend) {
+    let Some(url) = fresh_url(b) else { return };
+    let ds = Dataset::create(&url, schema(DType::Bf16, 16, &[2]), Provenance::default())
+        .await
+        .unwrap();
+    write_synth(&ds, 0..6, 1, 100).await;
+    let head = ds.manifest(None).await.unwrap();
+    let base: serde_json::Value = serde_json::from_slice(&head.to_json()).unwrap();
+    // A hidden size of 2^40: verify and reading a sample report, neither allocates for it.
+    let mut json = base.clone();
+    json["version"] = (head.version + 1).into();
+    json["schema"]["hidden_size"] = (1u64 << 40).into();
+    plant(&ds, &json).await;
+    let report = verify(&ds, None, |_| {}).await.unwrap();
+    assert!(!report.is_clean());
+    let r = DatasetReader::open(&ds, None).await.unwrap();
+    let err = r.get_sample(0).await.unwrap_err();
+    assert!(err.to_string().contains("1099511627776"), "{err}");
+    // A row count far beyond what the file can hold is refused by name.
+    let mut json = base.clone();
+    json["version"] = (head.version + 2).into();
+    json["shards"][0]["rows"] = 1_000_000_000_000u64.into();
+    json["shards"][0]["row_groups"] = serde_json::json!([1_000_000_000_000u64]);
+    plant(&ds, &json).await;
+    let err = ds.manifest(None).await.unwrap_err();
+    assert!(
+        err.to_string().contains("rows cannot fit in a file of"),
+        "{err}"
+    );
+    // A planted manifest with the largest version makes commits fail by name, not panic.
+    let mut json = base.clone();
+    json["version"] = u64::MAX.into();
+    plant(&ds, &json).await;
+    let gen = SynthModel::new(head.schema.clone(), (3, 12), 2);
+    let mut w = DatasetWriter::new(&ds, small_opts()).await.unwrap();
+    w.append(&gen.sample(100)).await.unwrap();
+    let err = w.commit().await.unwrap_err();
+    assert!(
+        err.to_string().contains("no version can follow it"),
+        "{err}"
+    );
+}
+
+async fn a_row_claiming_u32_max_tokens_is_reported_by_verify(b: Backend) {
+    use arrow_array::{Array, UInt32Array};
+    let Some(url) = fresh_url(b) else { return };
+    let ds = Dataset::create(&url, schema(DType::Bf16, 16, &[2]), Provenance::default())
+        .await
+        .unwrap();
+    write_synth(&ds, 0..6, 1, 100).await;
+    rewrite_first_shard(&ds, |batch| {
+        let i = batch.schema().index_of("seq_len").unwrap();
+        let old = batch
+            .column(i)
+            .as_any()
+            .downcast_ref::<UInt32Array>()
+            .unwrap();
+        let mut v: Vec<u32> = old.values().to_vec();
+        v[0] = u32::MAX;
+        let mut cols = batch.columns().to_vec();
+        cols[i] = std::sync::Arc::new(UInt32Array::from(v));
+        arrow_array::RecordBatch::try_new(batch.schema(), cols).unwrap()
+    })
+    .await;
+    let report = verify(&ds, None, |_| {}).await.unwrap();
+    let text: Vec<String> = report.problems.iter().map(|p| p.to_string()).collect();
+    assert!(
+        text.iter()
+            .any(|p| p.contains("row 0") && p.contains("4294967295")),
+        "{text:#?}"
+    );
+}
+
 macro_rules! suite {
     ($($name:ident),* $(,)?) => {
         mod memory { $( #[tokio::test] async fn $name() { super::$name(super::Backend::Memory).await } )* }
@@ -742,4 +848,6 @@ suite!(
     vacuum_deletes_only_the_datasets_own_debris,
     vacuum_refuses_the_root_of_a_store,
     vacuum_never_follows_symbolic_links,
+    untrusted_sizes_get_named_errors_not_aborts,
+    a_row_claiming_u32_max_tokens_is_reported_by_verify,
 );
