@@ -6,7 +6,9 @@
 //! One proxy serves the whole test binary (the S3 client takes its endpoint from
 //! `AWS_ENDPOINT`, a process-wide setting), so the tests take turns.
 use std::collections::BTreeSet;
-use std::sync::{Mutex, MutexGuard, OnceLock};
+use std::sync::OnceLock;
+
+use tokio::sync::{Mutex, MutexGuard};
 
 use hslake_fault_proxy::{Fault, FaultProxy, Rule, RuleSet};
 use hslake_schemas::{CapturePoint, DType, DatasetSchema};
@@ -23,9 +25,9 @@ struct Proxy {
 }
 
 /// The proxy, and the turn of the calling test; `None` when no S3 test server is configured.
-fn setup() -> Option<(&'static Proxy, MutexGuard<'static, ()>)> {
+async fn setup() -> Option<(&'static Proxy, MutexGuard<'static, ()>)> {
     static PROXY: OnceLock<Option<Proxy>> = OnceLock::new();
-    static TURN: Mutex<()> = Mutex::new(());
+    static TURN: Mutex<()> = Mutex::const_new(());
     let proxy = PROXY.get_or_init(|| {
         let Ok(upstream) = std::env::var("HSLAKE_TEST_S3_ENDPOINT") else {
             eprintln!(
@@ -42,7 +44,7 @@ fn setup() -> Option<(&'static Proxy, MutexGuard<'static, ()>)> {
         Some(Proxy { proxy })
     });
     let proxy = proxy.as_ref()?;
-    let turn = TURN.lock().unwrap_or_else(|e| e.into_inner());
+    let turn = TURN.lock().await;
     proxy.proxy.clear_rules();
     proxy.proxy.reset_counters();
     Some((proxy, turn))
@@ -118,7 +120,9 @@ async fn ids(ds: &Dataset) -> Vec<u64> {
 
 #[tokio::test]
 async fn a_commit_whose_response_is_lost_reports_success_and_commits_once() {
-    let Some((p, _turn)) = setup() else { return };
+    let Some((p, _turn)) = setup().await else {
+        return;
+    };
     let url = fresh_url();
     let ds = Dataset::create(&url, schema(), Provenance::default())
         .await
@@ -142,7 +146,9 @@ async fn a_commit_whose_response_is_lost_reports_success_and_commits_once() {
 
 #[tokio::test]
 async fn a_create_whose_response_is_lost_is_recognised() {
-    let Some((p, _turn)) = setup() else { return };
+    let Some((p, _turn)) = setup().await else {
+        return;
+    };
     let url = fresh_url();
     rules(
         p,
@@ -160,7 +166,9 @@ async fn a_create_whose_response_is_lost_is_recognised() {
 
 #[tokio::test]
 async fn a_shard_upload_whose_response_is_lost_is_committed_once() {
-    let Some((p, _turn)) = setup() else { return };
+    let Some((p, _turn)) = setup().await else {
+        return;
+    };
     let url = fresh_url();
     let ds = Dataset::create(&url, schema(), Provenance::default())
         .await
@@ -181,7 +189,9 @@ async fn a_shard_upload_whose_response_is_lost_is_committed_once() {
 
 #[tokio::test]
 async fn a_copy_whose_puts_lose_their_responses_completes() {
-    let Some((p, _turn)) = setup() else { return };
+    let Some((p, _turn)) = setup().await else {
+        return;
+    };
     let src = Dataset::create(
         &format!("memory://faults-{}", uuid::Uuid::new_v4().simple()),
         schema(),
@@ -248,7 +258,9 @@ async fn write_until_committed(ds: Dataset, mine: Vec<u64>) -> u32 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn four_writers_under_random_503s_and_resets_hold_every_sample_once() {
-    let Some((p, _turn)) = setup() else { return };
+    let Some((p, _turn)) = setup().await else {
+        return;
+    };
     let url = fresh_url();
     let ds = Dataset::create(&url, schema(), Provenance::default())
         .await
