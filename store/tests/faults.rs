@@ -12,7 +12,7 @@ use tokio::sync::{Mutex, MutexGuard};
 
 use hslake_fault_proxy::{Fault, FaultProxy, Rule, RuleSet};
 use hslake_schemas::{CapturePoint, DType, DatasetSchema};
-use hslake_store::tools::synth::SynthModel;
+use hslake_store::tools::synth::{write_dataset, SynthModel, SynthSpec};
 use hslake_store::{
     copy_dataset, verify, Dataset, DatasetReader, DatasetWriter, Provenance, StoreError,
     WriterOptions,
@@ -92,8 +92,21 @@ fn small_opts() -> WriterOptions {
     }
 }
 
+/// Install `rules`; their random draws are seeded by `HSLAKE_FAULT_SEED` (default 7).
 fn rules(p: &Proxy, rules: Vec<Rule>) {
-    p.proxy.set_rules(&RuleSet::new(rules).seed(7)).unwrap();
+    let seed = std::env::var("HSLAKE_FAULT_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(7);
+    p.proxy.set_rules(&RuleSet::new(rules).seed(seed)).unwrap();
+}
+
+/// 503s and resets (before and after the store applied the request) on 3 % of requests each.
+fn random_faults() -> Fault {
+    Fault::Random {
+        p: 0.03,
+        of: vec![Fault::slow_down(), Fault::ResetBefore, Fault::ResetAfter],
+    }
 }
 
 /// Write `ids` and commit once.
@@ -287,5 +300,34 @@ async fn four_writers_under_random_503s_and_resets_hold_every_sample_once() {
     p.proxy.clear_rules();
     assert!(faults > 0, "some faults were injected");
     assert_eq!(ids(&ds).await, (0..60).collect::<Vec<_>>());
+    assert!(verify(&ds, None, |_| {}).await.unwrap().is_clean());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_synth_under_random_503s_and_resets_completes_with_every_sample_once() {
+    let Some((p, _turn)) = setup().await else {
+        return;
+    };
+    rules(p, vec![Rule::new(random_faults())]);
+    let url = fresh_url();
+    let spec = SynthSpec {
+        samples: 40,
+        seq_len: (3, 12),
+        hidden: 16,
+        layers: vec![2],
+        final_norm: false,
+        num_layers: None,
+        vocab_size: 1000,
+        dtype: DType::Bf16,
+        seed: 3,
+        first_id: 0,
+        writer: small_opts(),
+        commit_every: 5,
+    };
+    let ds = write_dataset(&url, &spec, || {}).await.unwrap().dataset;
+    let faults = p.proxy.counters().total_faults();
+    p.proxy.clear_rules();
+    assert!(faults > 0, "some faults were injected");
+    assert_eq!(ids(&ds).await, (0..40).collect::<Vec<_>>());
     assert!(verify(&ds, None, |_| {}).await.unwrap().is_clean());
 }
