@@ -145,10 +145,12 @@ pub async fn verify(
         }
         let mut seen = Seen::default();
         check_contents(&m.schema, entry, bytes, &mut seen, &mut problem);
-        for (name, found, recorded) in [
+        // Counts of a shard that could not be read to its end would only repeat that problem.
+        let counts = [
             ("tokens", seen.tokens, entry.tokens),
             ("raw_bytes", seen.raw_bytes, entry.raw_bytes),
-        ] {
+        ];
+        for (name, found, recorded) in counts.into_iter().filter(|_| seen.complete) {
             if found != u128::from(recorded) {
                 problem(
                     None,
@@ -198,6 +200,8 @@ struct Seen {
     tokens: u128,
     /// Sum of `seq_len × hidden × element size × points`, the writer's raw tensor bytes.
     raw_bytes: u128,
+    /// Whether every row was read.
+    complete: bool,
 }
 
 /// Decode a shard and check schema, counts and every tensor's size; what it holds goes to `seen`.
@@ -264,6 +268,7 @@ fn check_contents(
             format!("holds {row0} rows, the manifest says {}", entry.rows),
         );
     }
+    seen.complete = true;
 }
 
 fn check_batch(
