@@ -1054,6 +1054,32 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_hidden_size_far_beyond_the_data_is_a_named_error_not_an_abort() {
+        let dir = std::env::temp_dir().join(format!("hslake-loader-huge-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let url = format!("file://{}", dir.display());
+        let ds = make(&url, 6).await;
+        let m = ds.manifest(None).await.unwrap();
+        let mut json: serde_json::Value = serde_json::from_slice(&m.to_json()).unwrap();
+        json["version"] = (m.version + 1).into();
+        json["schema"]["hidden_size"] = (1u64 << 40).into();
+        std::fs::write(
+            dir.join(hslake_store::manifest_path(m.version + 1)),
+            serde_json::to_vec(&json).unwrap(),
+        )
+        .unwrap();
+        // Either refused at open or when the first row group is decoded; never sized from it.
+        let err = match Loader::open(&url, cfg(2)).await {
+            Err(e) => e.to_string(),
+            Ok(l) => {
+                let mut s = l.stream(&l.initial_state()).unwrap();
+                s.next().await.expect("a result").unwrap_err().to_string()
+            }
+        };
+        assert!(err.contains("1099511627776"), "{err}");
+    }
+
+    #[tokio::test]
     async fn corrupt_shard_errors_naming_the_file_or_is_skipped_and_counted() {
         let dir = tempfile::tempdir().unwrap();
         let url = format!("file://{}", dir.path().display());

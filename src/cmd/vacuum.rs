@@ -33,6 +33,7 @@ pub async fn run(a: Args) -> Result<std::process::ExitCode> {
         deleted = r.deleted.len(),
         bytes = %super::human_bytes(r.bytes),
         kept_within_grace = r.too_recent.len(),
+        left_alone = r.left_alone.len(),
         live = r.live,
         dry_run = a.dry_run,
         "vacuum done"

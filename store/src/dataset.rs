@@ -41,15 +41,26 @@ impl Dataset {
         let ds = Dataset {
             loc: location::parse(url)?,
         };
-        match commit::put_manifest(&ds.loc, &commit::initial_manifest(schema, provenance)).await {
-            Ok(()) => {
-                tracing::info!(url = %ds.loc.url, "created dataset");
-                Ok(ds)
+        let first = commit::initial_manifest(schema, provenance);
+        let mut failures = 0;
+        loop {
+            // A put-if-absent that failed without landing (read back) is safe to repeat.
+            match commit::put_manifest_checked(&ds.loc, &first).await {
+                Ok(()) => {
+                    tracing::info!(url = %ds.loc.url, "created dataset");
+                    return Ok(ds);
+                }
+                Err(CommitError::Conflict) => {
+                    return Err(StoreError::AlreadyExists {
+                        url: ds.loc.url.clone(),
+                    })
+                }
+                Err(CommitError::Other(e)) if failures < commit::UNKNOWN_OUTCOME_RETRIES => {
+                    failures += 1;
+                    tracing::warn!(url = %ds.loc.url, error = %e, "creating the dataset failed; retrying");
+                }
+                Err(CommitError::Other(e)) => return Err(e),
             }
-            Err(CommitError::Conflict) => Err(StoreError::AlreadyExists {
-                url: ds.loc.url.clone(),
-            }),
-            Err(CommitError::Other(e)) => Err(e),
         }
     }
 

@@ -86,6 +86,49 @@ pub enum StoreError {
         /// Attempts made.
         attempts: u32,
     },
+    /// A commit that would put sample ids into the dataset a second time; nothing was committed.
+    #[error("{url}: commit refused: {count} sample id(s) {}{shown}; nothing was committed",
+        match .version { Some(v) => format!("are already in version {v}"), None => "occur more than once in the commit itself".to_string() },
+        shown = show_ids(.examples, *.count))]
+    DuplicateSamples {
+        /// The dataset URL.
+        url: String,
+        /// The version that holds them (`None`: the commit's own shards repeat them).
+        version: Option<u64>,
+        /// How many ids are duplicated.
+        count: usize,
+        /// The first few of them.
+        examples: Vec<u64>,
+    },
+    /// A commit naming a shard the head already names, or naming one twice.
+    #[error("{url}: commit refused: shard {path} {}; nothing was committed",
+        match .version { Some(v) => format!("is already in version {v}"), None => "is named twice in the commit".to_string() })]
+    DuplicateShard {
+        /// The dataset URL.
+        url: String,
+        /// The shard's path.
+        path: String,
+        /// The version that names it (`None`: the commit names it twice).
+        version: Option<u64>,
+    },
+    /// A commit naming a shard that is not in storage as its entry describes.
+    #[error("{url}/{path}: commit refused: {reason}; nothing was committed")]
+    ShardMissing {
+        /// The dataset URL.
+        url: String,
+        /// The shard's path.
+        path: String,
+        /// What was found instead, e.g. `not in storage (deleted by a vacuum with a short grace?)`.
+        reason: String,
+    },
+    /// A vacuum that could reach beyond the dataset's own files.
+    #[error("{url}: vacuum refused: {reason}")]
+    VacuumRefused {
+        /// The dataset URL.
+        url: String,
+        /// Why.
+        reason: String,
+    },
     /// A sample id that no shard holds.
     #[error("{url}: sample {sample_id} is not in version {version}")]
     SampleNotFound {
@@ -170,6 +213,13 @@ impl StoreError {
             reason: reason.into(),
         }
     }
+}
+
+/// ` (e.g. 1, 2, 3)`, with `…` where more than those shown exist.
+fn show_ids(examples: &[u64], count: usize) -> String {
+    let list: Vec<String> = examples.iter().map(u64::to_string).collect();
+    let more = if count > examples.len() { ", …" } else { "" };
+    format!(" (e.g. {}{more})", list.join(", "))
 }
 
 /// Result of store operations.

@@ -1,5 +1,7 @@
-//! Checking a version end to end: every shard's size, checksum, schema, row counts and the
-//! shape of every tensor, naming the file and row of each problem.
+//! Checking a version end to end: the manifest's own consistency (canonical paths, each shard
+//! named once, each sample id once), every shard's size, checksum, schema, the counts its entry
+//! records (rows, row groups, tokens, raw bytes) and the shape of every tensor, naming the
+//! file and row of each problem.
 use std::fmt;
 
 use arrow_array::cast::AsArray;
@@ -11,7 +13,8 @@ use object_store::ObjectStoreExt;
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 
 use crate::format::decode::TensorColumn;
-use crate::table::manifest::ShardEntry;
+use crate::table::manifest::{manifest_path, ShardEntry};
+use crate::table::sample_ids::SHOWN_DUPLICATES;
 use crate::{Dataset, Result, StoreError};
 
 /// One thing wrong with a dataset.
@@ -68,8 +71,28 @@ pub async fn verify(
         shards: m.shards.len(),
         ..Default::default()
     };
+    let manifest_file = format!("{}/{}", ds.url(), manifest_path(m.version));
+    for raw in &m.noncanonical_paths {
+        report.problems.push(Problem {
+            file: manifest_file.clone(),
+            row: None,
+            message: format!("shard path {raw:?} is not canonical (data/<name>); readers and vacuum read it as its canonical form"),
+        });
+    }
+    let mut seen = std::collections::HashSet::new();
+    for e in &m.shards {
+        if !seen.insert(e.path.as_str()) {
+            report.problems.push(Problem {
+                file: manifest_file.clone(),
+                row: None,
+                message: format!("shard {} is named more than once", e.path),
+            });
+        }
+    }
+    // (sample id, shard index, row) of every row read, to find ids held twice.
+    let mut ids: Vec<(u64, usize, u64)> = Vec::new();
     let store = ds.object_store();
-    for entry in &m.shards {
+    for (index, entry) in m.shards.iter().enumerate() {
         let file = format!("{}/{}", ds.url(), entry.path);
         let mut problem = |row: Option<u64>, message: String| {
             report.problems.push(Problem {
@@ -120,24 +143,80 @@ pub async fn verify(
                 ),
             );
         }
-        let found = check_contents(&m.schema, entry, bytes, &mut problem);
-        report.samples += found;
+        let mut seen = Seen::default();
+        check_contents(&m.schema, entry, bytes, &mut seen, &mut problem);
+        // Counts of a shard that could not be read to its end would only repeat that problem.
+        let counts = [
+            ("tokens", seen.tokens, entry.tokens),
+            ("raw_bytes", seen.raw_bytes, entry.raw_bytes),
+        ];
+        for (name, found, recorded) in counts.into_iter().filter(|_| seen.complete) {
+            if found != u128::from(recorded) {
+                problem(
+                    None,
+                    format!("rows hold {found} {name}, the manifest says {recorded}"),
+                );
+            }
+        }
+        report.samples += seen.ids.len() as u64;
+        ids.extend(seen.ids.into_iter().map(|(id, row)| (id, index, row)));
+    }
+    ids.sort_unstable();
+    let twice: Vec<&[(u64, usize, u64)]> = ids
+        .chunk_by(|a, b| a.0 == b.0)
+        .filter(|g| g.len() > 1)
+        .collect();
+    for g in twice.iter().take(SHOWN_DUPLICATES) {
+        let (id, first, first_row) = g[0];
+        let others: Vec<String> = g[1..]
+            .iter()
+            .map(|&(_, s, r)| format!("{} row {r}", m.shards[s].path))
+            .collect();
+        report.problems.push(Problem {
+            file: format!("{}/{}", ds.url(), m.shards[first].path),
+            row: Some(first_row),
+            message: format!("sample {id} is held again by {}", others.join(", ")),
+        });
+    }
+    if twice.len() > SHOWN_DUPLICATES {
+        report.problems.push(Problem {
+            file: manifest_file,
+            row: None,
+            message: format!(
+                "{} sample ids are held more than once in all ({SHOWN_DUPLICATES} shown above)",
+                twice.len()
+            ),
+        });
     }
     Ok(report)
 }
 
-/// Decode a shard and check schema, counts and every tensor's size; returns rows seen.
+/// What the rows of one shard hold, summed as `verify` reads them.
+#[derive(Default)]
+struct Seen {
+    /// (sample id, row) of each row.
+    ids: Vec<(u64, u64)>,
+    /// Sum of `seq_len`.
+    tokens: u128,
+    /// Sum of `seq_len × hidden × element size × points`, the writer's raw tensor bytes.
+    raw_bytes: u128,
+    /// Whether every row was read.
+    complete: bool,
+}
+
+/// Decode a shard and check schema, counts and every tensor's size; what it holds goes to `seen`.
 fn check_contents(
     schema: &DatasetSchema,
     entry: &ShardEntry,
     bytes: Bytes,
+    seen: &mut Seen,
     problem: &mut impl FnMut(Option<u64>, String),
-) -> u64 {
+) {
     let builder = match ParquetRecordBatchReaderBuilder::try_new(bytes) {
         Ok(b) => b,
         Err(e) => {
             problem(None, format!("not a readable Parquet file: {e}"));
-            return 0;
+            return;
         }
     };
     match DatasetSchema::from_arrow(builder.schema()) {
@@ -167,19 +246,19 @@ fn check_contents(
         Ok(r) => r,
         Err(e) => {
             problem(None, format!("cannot be decoded: {e}"));
-            return 0;
+            return;
         }
     };
     let mut row0 = 0u64;
     for batch in reader {
         match batch {
             Ok(b) => {
-                check_batch(schema, entry, &b, row0, problem);
+                check_batch(schema, entry, &b, row0, seen, problem);
                 row0 += b.num_rows() as u64;
             }
             Err(e) => {
                 problem(Some(row0), format!("cannot be decoded: {e}"));
-                return row0;
+                return;
             }
         }
     }
@@ -189,7 +268,7 @@ fn check_contents(
             format!("holds {row0} rows, the manifest says {}", entry.rows),
         );
     }
-    row0
+    seen.complete = true;
 }
 
 fn check_batch(
@@ -197,6 +276,7 @@ fn check_batch(
     entry: &ShardEntry,
     b: &RecordBatch,
     row0: u64,
+    seen: &mut Seen,
     problem: &mut impl FnMut(Option<u64>, String),
 ) {
     let (Some(ids), Some(seq), Some(toks), Some(mask)) = (
@@ -244,7 +324,13 @@ fn check_batch(
                 ),
             );
         }
+        seen.ids.push((id, row0 + r as u64));
         let n = seq.value(r) as usize;
+        seen.tokens += n as u128;
+        seen.raw_bytes += n as u128
+            * schema.hidden_size as u128
+            * schema.dtype.size() as u128
+            * cols.len() as u128;
         let (nt, nm) = (toks.value_length(r) as usize, mask.value_length(r) as usize);
         if nt != n || nm != n {
             problem(

@@ -14,7 +14,9 @@ use parquet::file::properties::WriterProperties;
 
 use crate::format::codec::{build_batch, EncodedSample};
 use crate::format::shard::writer_properties;
+use crate::io::whole::{check, read_whole};
 use crate::table::manifest::{ShardEntry, DATA_DIR};
+use crate::table::sample_ids;
 use crate::{Dataset, Result, StoreError};
 
 /// How a writer lays out shards.
@@ -103,6 +105,7 @@ struct OpenShard {
     min_id: u64,
     max_id: u64,
     row_groups: Vec<u64>,
+    ids: Vec<u64>,
 }
 
 /// Validate a sample against the schema, encode its tensors and compute their statistics;
@@ -233,6 +236,7 @@ impl DatasetWriter {
         for r in &rows {
             shard.min_id = shard.min_id.min(r.sample_id);
             shard.max_id = shard.max_id.max(r.sample_id);
+            shard.ids.push(r.sample_id);
         }
         shard.row_groups.push(rows.len() as u64);
         if shard.writer.bytes_written() as u64 >= self.opts.shard_target_bytes {
@@ -261,6 +265,7 @@ impl DatasetWriter {
             min_id: u64::MAX,
             max_id: 0,
             row_groups: vec![],
+            ids: vec![],
         })
     }
 
@@ -269,11 +274,7 @@ impl DatasetWriter {
             return Ok(());
         };
         let shown = format!("{}/{}", self.ds.url(), shard.rel);
-        shard
-            .writer
-            .close()
-            .await
-            .map_err(|e| StoreError::pq(&shown, e))?;
+        let closed = shard.writer.close().await;
         let (crc, bytes) = {
             let d = shard
                 .digest
@@ -281,8 +282,32 @@ impl DatasetWriter {
                 .map_err(|_| StoreError::Usage("shard digest poisoned".into()))?;
             (d.crc, d.bytes)
         };
+        if let Err(e) = closed {
+            // The upload may have landed although its response was lost: the file in storage,
+            // read back, has the bytes written or the failure stands.
+            let expected = ShardEntry {
+                path: shard.rel.clone(),
+                bytes,
+                crc32c: crc,
+                rows: 0,
+                tokens: 0,
+                raw_bytes: 0,
+                min_sample_id: 0,
+                max_sample_id: 0,
+                row_groups: vec![],
+            };
+            let landed = read_whole(self.ds.location(), &shard.rel)
+                .await
+                .and_then(|b| check(&shown, &expected, &b));
+            if landed.is_err() {
+                return Err(StoreError::pq(&shown, e));
+            }
+            tracing::info!(shard = %shown, error = %e, "shard upload reported failure but the file is there and intact (response lost)");
+        }
         self.stats.written_bytes += bytes;
         tracing::debug!(shard = %shown, rows = shard.rows, bytes, "closed shard");
+        // The commit's duplicate check needs this shard's ids: no need to read them back.
+        sample_ids::remember(self.ds.location(), &shard.rel, shard.ids);
         self.pending.push(ShardEntry {
             path: shard.rel,
             bytes,

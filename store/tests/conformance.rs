@@ -5,7 +5,7 @@ use std::io::{Read, Write};
 use std::time::Duration;
 
 use hslake_schemas::{CapturePoint, DType, DatasetSchema, FinitePolicy, Sample, TensorData};
-use hslake_store::tools::synth::SynthModel;
+use hslake_store::tools::synth::{write_dataset, SynthModel, SynthSpec};
 use hslake_store::{
     copy_dataset, vacuum, verify, Appended, Dataset, DatasetReader, DatasetWriter, Provenance,
     StoreError, WriterOptions,
@@ -418,6 +418,408 @@ async fn bad_input_gets_named_errors(b: Backend) {
     let _ = BTreeMap::<String, String>::new();
 }
 
+/// Samples and the number of shards of the newest version.
+async fn counts(ds: &Dataset) -> (u64, usize) {
+    let m = ds.manifest(None).await.unwrap();
+    (m.num_samples(), m.shards.len())
+}
+
+async fn commit_refuses_sample_ids_the_head_holds(b: Backend) {
+    let Some(url) = fresh_url(b) else { return };
+    let ds = Dataset::create(&url, schema(DType::Bf16, 8, &[1]), Provenance::default())
+        .await
+        .unwrap();
+    write_synth(&ds, 0..6, 1, 100).await;
+    let gen = SynthModel::new(ds.manifest(None).await.unwrap().schema, (3, 12), 2);
+    let mut w = DatasetWriter::new(&ds, small_opts()).await.unwrap();
+    for id in 3..40 {
+        w.append(&gen.sample(id)).await.unwrap();
+    }
+    let err = w.commit().await.unwrap_err();
+    match &err {
+        StoreError::DuplicateSamples {
+            version: Some(1),
+            count: 3,
+            examples,
+            ..
+        } => assert_eq!(examples, &[3, 4, 5]),
+        other => panic!("{other}"),
+    }
+    assert!(
+        err.to_string()
+            .contains("3 sample id(s) are already in version 1 (e.g. 3, 4, 5)"),
+        "{err}"
+    );
+    assert_eq!(
+        ds.versions().await.unwrap(),
+        vec![0, 1],
+        "nothing committed"
+    );
+    assert_eq!(counts(&ds).await.0, 6);
+    w.abort().await.unwrap();
+    // Ids within one commit must be distinct as well.
+    let mut w = DatasetWriter::new(&ds, small_opts()).await.unwrap();
+    w.append(&gen.sample(50)).await.unwrap();
+    w.append(&gen.sample(50)).await.unwrap();
+    let err = w.commit().await.unwrap_err();
+    assert!(
+        matches!(err, StoreError::DuplicateSamples { version: None, .. }),
+        "{err}"
+    );
+    assert_eq!(ds.versions().await.unwrap(), vec![0, 1]);
+}
+
+async fn racing_writers_into_a_new_dataset_hold_each_sample_once(b: Backend) {
+    let Some(url) = fresh_url(b) else { return };
+    let ds = Dataset::create(&url, schema(DType::Bf16, 8, &[1]), Provenance::default())
+        .await
+        .unwrap();
+    // Both found the dataset empty (as two captures or two `--resume`s do), both write 0..8.
+    let gen = SynthModel::new(ds.manifest(None).await.unwrap().schema, (3, 12), 2);
+    let mut writers = vec![];
+    for _ in 0..2 {
+        let mut w = DatasetWriter::new(&ds, small_opts()).await.unwrap();
+        for id in 0..8 {
+            w.append(&gen.sample(id)).await.unwrap();
+        }
+        writers.push(w);
+    }
+    let results = futures::future::join_all(writers.iter_mut().map(|w| w.commit())).await;
+    let ok = results.iter().filter(|r| r.is_ok()).count();
+    assert_eq!(ok, 1, "{results:?}");
+    assert!(results
+        .iter()
+        .any(|r| matches!(r, Err(StoreError::DuplicateSamples { count: 8, .. }))));
+    assert_eq!(counts(&ds).await.0, 8);
+    assert!(verify(&ds, None, |_| {}).await.unwrap().is_clean());
+}
+
+async fn synth_twice_with_the_same_first_id_adds_nothing_the_second_time(b: Backend) {
+    let Some(url) = fresh_url(b) else { return };
+    let spec = SynthSpec {
+        samples: 6,
+        seq_len: (4, 8),
+        hidden: 16,
+        layers: vec![0, 1],
+        final_norm: false,
+        num_layers: None,
+        vocab_size: 100,
+        dtype: DType::Bf16,
+        seed: 1,
+        first_id: 0,
+        writer: small_opts(),
+        commit_every: 0,
+    };
+    let ds = write_dataset(&url, &spec, || {}).await.unwrap().dataset;
+    let before = ds.versions().await.unwrap();
+    let err = write_dataset(&url, &spec, || {}).await.unwrap_err();
+    assert!(matches!(err, StoreError::DuplicateSamples { .. }), "{err}");
+    assert_eq!(ds.versions().await.unwrap(), before);
+    assert_eq!(counts(&ds).await.0, 6);
+}
+
+async fn commit_refuses_shards_deleted_before_it_lands(b: Backend) {
+    let Some(url) = fresh_url(b) else { return };
+    let ds = Dataset::create(&url, schema(DType::Bf16, 16, &[2]), Provenance::default())
+        .await
+        .unwrap();
+    let gen = SynthModel::new(ds.manifest(None).await.unwrap().schema, (3, 12), 2);
+    let mut w = DatasetWriter::new(&ds, small_opts()).await.unwrap();
+    for id in 0..40 {
+        w.append(&gen.sample(id)).await.unwrap();
+    }
+    // A vacuum without grace sees the closed, not yet committed shards as debris.
+    let swept = vacuum(&ds, Duration::ZERO, false).await.unwrap();
+    assert!(
+        !swept.deleted.is_empty(),
+        "shards were closed before the commit"
+    );
+    let err = w.commit().await.unwrap_err();
+    assert!(matches!(err, StoreError::ShardMissing { .. }), "{err}");
+    assert!(err.to_string().contains("not in storage"), "{err}");
+    assert_eq!(ds.versions().await.unwrap(), vec![0], "nothing committed");
+}
+
+/// Put `m` as its version's manifest, as a hand edit or a foreign tool would.
+async fn plant(ds: &Dataset, json: &serde_json::Value) {
+    let v = json["version"].as_u64().unwrap();
+    ds.object_store()
+        .put(
+            &ds.object_path(&hslake_store::manifest_path(v)),
+            PutPayload::from(serde_json::to_vec(json).unwrap()),
+        )
+        .await
+        .unwrap();
+}
+
+async fn non_canonical_shard_paths_read_verify_and_survive_vacuum(b: Backend) {
+    let Some(url) = fresh_url(b) else { return };
+    let ds = Dataset::create(&url, schema(DType::Bf16, 16, &[2]), Provenance::default())
+        .await
+        .unwrap();
+    let written = write_synth(&ds, 0..20, 1, 100).await;
+    let m = ds.manifest(None).await.unwrap();
+    let mut json: serde_json::Value = serde_json::from_slice(&m.to_json()).unwrap();
+    json["version"] = (m.version + 1).into();
+    for (i, s) in json["shards"]
+        .as_array_mut()
+        .unwrap()
+        .iter_mut()
+        .enumerate()
+    {
+        let p = s["path"].as_str().unwrap().to_string();
+        let odd = if i % 2 == 0 {
+            p.replacen("data/", "data//", 1)
+        } else {
+            format!("/{p}")
+        };
+        s["path"] = odd.into();
+    }
+    plant(&ds, &json).await;
+    let report = verify(&ds, None, |_| {}).await.unwrap();
+    let text: Vec<String> = report.problems.iter().map(|p| p.to_string()).collect();
+    assert_eq!(text.len(), m.shards.len(), "{text:#?}");
+    assert!(
+        text.iter().all(|p| p.contains("is not canonical")),
+        "{text:#?}"
+    );
+    let rep = vacuum(&ds, Duration::ZERO, false).await.unwrap();
+    assert!(rep.deleted.is_empty(), "{:?}", rep.deleted);
+    let r = DatasetReader::open(&ds, None).await.unwrap();
+    for s in &written {
+        assert_eq!(&r.get_sample(s.sample_id).await.unwrap(), s);
+    }
+    // Committing on top writes the canonical form back.
+    write_synth(&ds, 100..101, 1, 100).await;
+    assert!(verify(&ds, None, |_| {}).await.unwrap().is_clean());
+}
+
+async fn verify_reports_duplicates_and_counts_that_disagree(b: Backend) {
+    let Some(url) = fresh_url(b) else { return };
+    let ds = Dataset::create(&url, schema(DType::Bf16, 16, &[2]), Provenance::default())
+        .await
+        .unwrap();
+    write_synth(&ds, 0..20, 1, 100).await;
+    let m = ds.manifest(None).await.unwrap();
+    let mut json: serde_json::Value = serde_json::from_slice(&m.to_json()).unwrap();
+    json["version"] = (m.version + 1).into();
+    let shards = json["shards"].as_array_mut().unwrap();
+    let first = shards[0].clone();
+    shards.push(first);
+    shards[1]["tokens"] = (shards[1]["tokens"].as_u64().unwrap() + 1).into();
+    shards[1]["raw_bytes"] = 1.into();
+    plant(&ds, &json).await;
+    let report = verify(&ds, None, |_| {}).await.unwrap();
+    let text: Vec<String> = report.problems.iter().map(|p| p.to_string()).collect();
+    let has = |what: &str| text.iter().any(|p| p.contains(what));
+    assert!(
+        has(&format!(
+            "shard {} is named more than once",
+            m.shards[0].path
+        )),
+        "{text:#?}"
+    );
+    assert!(has("sample 0 is held again by"), "{text:#?}");
+    assert!(
+        has(&format!(
+            "tokens, the manifest says {}",
+            m.shards[1].tokens + 1
+        )),
+        "{text:#?}"
+    );
+    assert!(has("raw_bytes, the manifest says 1"), "{text:#?}");
+}
+
+async fn vacuum_deletes_only_the_datasets_own_debris(b: Backend) {
+    let Some(url) = fresh_url(b) else { return };
+    let ds = Dataset::create(&url, schema(DType::Bf16, 16, &[2]), Provenance::default())
+        .await
+        .unwrap();
+    write_synth(&ds, 0..10, 1, 100).await;
+    let nested = Dataset::create(
+        &format!("{url}/nested"),
+        schema(DType::Bf16, 16, &[2]),
+        Provenance::default(),
+    )
+    .await
+    .unwrap();
+    write_synth(&nested, 0..10, 1, 100).await;
+    let store = ds.object_store();
+    let kept = [
+        "other-team/precious.bin",
+        "data/sub/keep.bin",
+        "_hslake/jobs/state.json",
+    ];
+    for rel in kept.iter().chain(&["data/orphan.parquet"]) {
+        store
+            .put(&ds.object_path(rel), PutPayload::from_static(b"x"))
+            .await
+            .unwrap();
+    }
+    let rep = vacuum(&ds, Duration::ZERO, false).await.unwrap();
+    assert_eq!(rep.deleted, ["data/orphan.parquet"]);
+    for rel in kept {
+        assert!(store.head(&ds.object_path(rel)).await.is_ok(), "{rel} kept");
+    }
+    assert!(rep.left_alone.contains(&"data/sub/keep.bin".to_string()));
+    assert!(verify(&nested, None, |_| {}).await.unwrap().is_clean());
+    assert!(verify(&ds, None, |_| {}).await.unwrap().is_clean());
+}
+
+async fn vacuum_refuses_the_root_of_a_store(b: Backend) {
+    // Only S3 can put a dataset at the root of its store (a bucket); a new bucket for it.
+    let Backend::S3 = b else { return };
+    let Some(endpoint) = std::env::var("HSLAKE_TEST_S3_ENDPOINT").ok() else {
+        return;
+    };
+    let bucket = format!("hslake-root-{}", uuid::Uuid::new_v4().simple());
+    create_bucket(&endpoint, &bucket);
+    let url = format!("s3://{bucket}");
+    let ds = Dataset::create(&url, schema(DType::Bf16, 16, &[2]), Provenance::default())
+        .await
+        .unwrap();
+    let err = vacuum(&ds, Duration::ZERO, true).await.unwrap_err();
+    assert!(matches!(err, StoreError::VacuumRefused { .. }), "{err}");
+    assert!(err.to_string().contains("root of its store"), "{err}");
+}
+
+async fn vacuum_never_follows_symbolic_links(b: Backend) {
+    let Backend::Local = b else { return };
+    let Some(url) = fresh_url(b) else { return };
+    let ds = Dataset::create(&url, schema(DType::Bf16, 16, &[2]), Provenance::default())
+        .await
+        .unwrap();
+    write_synth(&ds, 0..4, 1, 100).await;
+    let root = std::path::PathBuf::from(url.strip_prefix("file://").unwrap());
+    let victim = root.parent().unwrap().join(format!("victim-{}", unique()));
+    std::fs::create_dir_all(&victim).unwrap();
+    std::fs::write(victim.join("a"), b"precious").unwrap();
+    std::os::unix::fs::symlink(&victim, root.join("data/link")).unwrap();
+    let rep = vacuum(&ds, Duration::ZERO, false).await.unwrap();
+    assert!(
+        victim.join("a").exists(),
+        "deleted through a link: {:?}",
+        rep.deleted
+    );
+    assert!(rep.deleted.is_empty(), "{:?}", rep.deleted);
+    // A data folder that is itself a link is refused outright.
+    let url2 = fresh_url(b).unwrap();
+    let ds2 = Dataset::create(&url2, schema(DType::Bf16, 16, &[2]), Provenance::default())
+        .await
+        .unwrap();
+    let root2 = std::path::PathBuf::from(url2.strip_prefix("file://").unwrap());
+    std::os::unix::fs::symlink(&victim, root2.join("data")).unwrap();
+    let err = vacuum(&ds2, Duration::ZERO, false).await.unwrap_err();
+    assert!(matches!(err, StoreError::VacuumRefused { .. }), "{err}");
+    assert!(victim.join("a").exists());
+}
+
+/// Rewrite one shard with `edit` applied to its batches, and plant a manifest naming the
+/// rewritten file with its true size and checksum (as a tampered or buggy writer would).
+async fn rewrite_first_shard(
+    ds: &Dataset,
+    edit: impl Fn(arrow_array::RecordBatch) -> arrow_array::RecordBatch,
+) -> serde_json::Value {
+    use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+    let m = ds.manifest(None).await.unwrap();
+    let path = ds.object_path(&m.shards[0].path);
+    let store = ds.object_store();
+    let bytes = store.get(&path).await.unwrap().bytes().await.unwrap();
+    let reader = ParquetRecordBatchReaderBuilder::try_new(bytes)
+        .unwrap()
+        .build()
+        .unwrap();
+    let batches: Vec<_> = reader.map(|b| edit(b.unwrap())).collect();
+    let mut out = vec![];
+    let mut w = parquet::arrow::ArrowWriter::try_new(&mut out, batches[0].schema(), None).unwrap();
+    for b in &batches {
+        w.write(b).unwrap();
+    }
+    w.close().unwrap();
+    let row_groups: Vec<u64> = batches.iter().map(|b| b.num_rows() as u64).collect();
+    let mut json: serde_json::Value = serde_json::from_slice(&m.to_json()).unwrap();
+    json["version"] = (m.version + 1).into();
+    json["shards"][0]["bytes"] = (out.len() as u64).into();
+    json["shards"][0]["crc32c"] = crc32c::crc32c(&out).into();
+    json["shards"][0]["row_groups"] = serde_json::to_value(&row_groups).unwrap();
+    store.put(&path, PutPayload::from(out)).await.unwrap();
+    plant(ds, &json).await;
+    json
+}
+
+async fn untrusted_sizes_get_named_errors_not_aborts(b: Backend) {
+    let Some(url) = fresh_url(b) else { return };
+    let ds = Dataset::create(&url, schema(DType::Bf16, 16, &[2]), Provenance::default())
+        .await
+        .unwrap();
+    write_synth(&ds, 0..6, 1, 100).await;
+    let head = ds.manifest(None).await.unwrap();
+    let base: serde_json::Value = serde_json::from_slice(&head.to_json()).unwrap();
+    // A hidden size of 2^40: verify and reading a sample report, neither allocates for it.
+    let mut json = base.clone();
+    json["version"] = (head.version + 1).into();
+    json["schema"]["hidden_size"] = (1u64 << 40).into();
+    plant(&ds, &json).await;
+    let report = verify(&ds, None, |_| {}).await.unwrap();
+    assert!(!report.is_clean());
+    let r = DatasetReader::open(&ds, None).await.unwrap();
+    let err = r.get_sample(0).await.unwrap_err();
+    assert!(err.to_string().contains("1099511627776"), "{err}");
+    // A row count far beyond what the file can hold is refused by name.
+    let mut json = base.clone();
+    json["version"] = (head.version + 2).into();
+    json["shards"][0]["rows"] = 1_000_000_000_000u64.into();
+    json["shards"][0]["row_groups"] = serde_json::json!([1_000_000_000_000u64]);
+    plant(&ds, &json).await;
+    let err = ds.manifest(None).await.unwrap_err();
+    assert!(
+        err.to_string().contains("rows cannot fit in a file of"),
+        "{err}"
+    );
+    // A planted manifest with the largest version makes commits fail by name, not panic.
+    let mut json = base.clone();
+    json["version"] = u64::MAX.into();
+    plant(&ds, &json).await;
+    let gen = SynthModel::new(head.schema.clone(), (3, 12), 2);
+    let mut w = DatasetWriter::new(&ds, small_opts()).await.unwrap();
+    w.append(&gen.sample(100)).await.unwrap();
+    let err = w.commit().await.unwrap_err();
+    assert!(
+        err.to_string().contains("no version can follow it"),
+        "{err}"
+    );
+}
+
+async fn a_row_claiming_u32_max_tokens_is_reported_by_verify(b: Backend) {
+    use arrow_array::{Array, UInt32Array};
+    let Some(url) = fresh_url(b) else { return };
+    let ds = Dataset::create(&url, schema(DType::Bf16, 16, &[2]), Provenance::default())
+        .await
+        .unwrap();
+    write_synth(&ds, 0..6, 1, 100).await;
+    rewrite_first_shard(&ds, |batch| {
+        let i = batch.schema().index_of("seq_len").unwrap();
+        let old = batch
+            .column(i)
+            .as_any()
+            .downcast_ref::<UInt32Array>()
+            .unwrap();
+        let mut v: Vec<u32> = old.values().to_vec();
+        v[0] = u32::MAX;
+        let mut cols = batch.columns().to_vec();
+        cols[i] = std::sync::Arc::new(UInt32Array::from(v));
+        arrow_array::RecordBatch::try_new(batch.schema(), cols).unwrap()
+    })
+    .await;
+    let report = verify(&ds, None, |_| {}).await.unwrap();
+    let text: Vec<String> = report.problems.iter().map(|p| p.to_string()).collect();
+    assert!(
+        text.iter()
+            .any(|p| p.contains("row 0") && p.contains("4294967295")),
+        "{text:#?}"
+    );
+}
+
 macro_rules! suite {
     ($($name:ident),* $(,)?) => {
         mod memory { $( #[tokio::test] async fn $name() { super::$name(super::Backend::Memory).await } )* }
@@ -437,4 +839,15 @@ suite!(
     one_sample_takes_one_ranged_read_once_the_footer_is_cached,
     copy_round_trips_to_another_store,
     bad_input_gets_named_errors,
+    commit_refuses_sample_ids_the_head_holds,
+    racing_writers_into_a_new_dataset_hold_each_sample_once,
+    synth_twice_with_the_same_first_id_adds_nothing_the_second_time,
+    commit_refuses_shards_deleted_before_it_lands,
+    non_canonical_shard_paths_read_verify_and_survive_vacuum,
+    verify_reports_duplicates_and_counts_that_disagree,
+    vacuum_deletes_only_the_datasets_own_debris,
+    vacuum_refuses_the_root_of_a_store,
+    vacuum_never_follows_symbolic_links,
+    untrusted_sizes_get_named_errors_not_aborts,
+    a_row_claiming_u32_max_tokens_is_reported_by_verify,
 );

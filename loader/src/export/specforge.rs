@@ -94,7 +94,7 @@ impl TrainerSink for SpecforgeSink {
                 },
             ),
         ];
-        if s.index % self.rows_per_dir == 0 {
+        if s.index.is_multiple_of(self.rows_per_dir) {
             std::fs::create_dir_all(&folder).map_err(|e| io_err(&folder, e))?;
         }
         write_atomic(&path, &torch_save_bytes(&entries))

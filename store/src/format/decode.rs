@@ -358,7 +358,20 @@ impl TensorColumn {
         column: &str,
     ) -> Result<LargeBinaryArray> {
         let row_bytes = kind.bytes(1);
-        let mut decoded = vec![0u8; offsets.last().copied().unwrap_or(0) * row_bytes];
+        // Row lengths come from the untrusted seq_len column: each value's own header must agree
+        // (and is bounded by what its frames can hold) before the chunk is sized from them.
+        for (r, w) in offsets.windows(2).enumerate() {
+            check_tokens(col.value(r), kind, w[1].saturating_sub(w[0]))
+                .map_err(|e| e.at(&self.at(r, column)))?;
+        }
+        let mut decoded = vec![
+            0u8;
+            offsets
+                .last()
+                .copied()
+                .unwrap_or(0)
+                .saturating_mul(row_bytes)
+        ];
         for (r, w) in offsets.windows(2).enumerate() {
             let dst = &mut decoded[w[0] * row_bytes..w[1] * row_bytes];
             decode_value_into(col.value(r), kind, w[1] - w[0], dst)

@@ -3,11 +3,11 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
-use object_store::aws::AmazonS3Builder;
+use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey};
 use object_store::local::LocalFileSystem;
 use object_store::memory::InMemory;
 use object_store::path::Path;
-use object_store::{ObjectStore, RetryConfig};
+use object_store::{ClientConfigKey, ObjectStore, RetryConfig};
 use url::Url;
 
 use crate::{Result, StoreError};
@@ -29,6 +29,13 @@ impl Location {
         rel.split('/')
             .filter(|p| !p.is_empty())
             .fold(self.prefix.clone(), |p, part| p.join(part))
+    }
+
+    /// The dataset's folder, for a dataset on local disk.
+    pub fn local_dir(&self) -> Option<std::path::PathBuf> {
+        self.url
+            .strip_prefix("file://")
+            .map(std::path::PathBuf::from)
     }
 
     /// The dataset-relative name of a full object path, if it lies under the root.
@@ -105,17 +112,25 @@ pub fn parse(url: &str) -> Result<Location> {
                     "bucket name {bucket:?} is shorter than 3 characters"
                 )));
             }
-            // Bounded retries: an unreachable endpoint fails within seconds instead of hanging.
-            let retry = RetryConfig {
-                max_retries: 3,
-                retry_timeout: Duration::from_secs(15),
-                ..Default::default()
-            };
-            let store = AmazonS3Builder::from_env()
+            let policy = s3_policy(|k| std::env::var(k).ok()).map_err(invalid)?;
+            log_policy_once(&policy);
+            let mut builder = AmazonS3Builder::from_env()
                 .with_bucket_name(bucket)
-                .with_retry(retry)
-                .build()
-                .map_err(|e| invalid(e.to_string()))?;
+                .with_retry(policy.retry.clone());
+            // Through `with_config`, so the client options from the environment (allow_http)
+            // stay as they are.
+            for (key, d) in [
+                (ClientConfigKey::Timeout, policy.timeout),
+                (ClientConfigKey::ConnectTimeout, policy.connect_timeout),
+            ] {
+                if let Some(d) = d {
+                    builder = builder.with_config(
+                        AmazonS3ConfigKey::Client(key),
+                        format!("{}ms", d.as_millis()),
+                    );
+                }
+            }
+            let store = builder.build().map_err(|e| invalid(e.to_string()))?;
             let prefix = Path::from(u.path().trim_matches('/'));
             let canon = format!("s3://{bucket}/{}", prefix.as_ref())
                 .trim_end_matches('/')
@@ -132,6 +147,67 @@ pub fn parse(url: &str) -> Result<Location> {
     }
 }
 
+/// How S3 requests are retried and timed out: object_store's retry settings, overridable by
+/// `HSLAKE_S3_RETRIES` (retries per request, default 3), `HSLAKE_S3_RETRY_TIMEOUT` (seconds
+/// spent retrying one request, default 15, so an unreachable endpoint fails within seconds),
+/// `HSLAKE_S3_TIMEOUT` and `HSLAKE_S3_CONNECT_TIMEOUT` (seconds per request and per connect;
+/// object_store's defaults when unset).
+#[derive(Debug, Clone)]
+pub struct S3Policy {
+    /// Retries of one request.
+    pub retry: RetryConfig,
+    /// Timeout of one request.
+    pub timeout: Option<Duration>,
+    /// Timeout of connecting.
+    pub connect_timeout: Option<Duration>,
+}
+
+/// The retry policy from environment variables read through `var`; an unparsable value is
+/// named with what was expected.
+pub fn s3_policy(var: impl Fn(&str) -> Option<String>) -> std::result::Result<S3Policy, String> {
+    let secs = |name: &str| -> std::result::Result<Option<Duration>, String> {
+        var(name)
+            .map(|v| {
+                v.trim()
+                    .parse::<f64>()
+                    .ok()
+                    .filter(|s| s.is_finite() && *s >= 0.0)
+                    .map(Duration::from_secs_f64)
+                    .ok_or_else(|| format!("{name}={v:?}: expected a number of seconds"))
+            })
+            .transpose()
+    };
+    let retries = var("HSLAKE_S3_RETRIES")
+        .map(|v| {
+            v.trim()
+                .parse::<usize>()
+                .map_err(|_| format!("HSLAKE_S3_RETRIES={v:?}: expected a whole number of retries"))
+        })
+        .transpose()?;
+    Ok(S3Policy {
+        retry: RetryConfig {
+            max_retries: retries.unwrap_or(3),
+            retry_timeout: secs("HSLAKE_S3_RETRY_TIMEOUT")?.unwrap_or(Duration::from_secs(15)),
+            ..Default::default()
+        },
+        timeout: secs("HSLAKE_S3_TIMEOUT")?,
+        connect_timeout: secs("HSLAKE_S3_CONNECT_TIMEOUT")?,
+    })
+}
+
+fn log_policy_once(p: &S3Policy) {
+    static LOGGED: OnceLock<()> = OnceLock::new();
+    LOGGED.get_or_init(|| {
+        tracing::info!(
+            retries = p.retry.max_retries,
+            retry_timeout_s = p.retry.retry_timeout.as_secs_f64(),
+            timeout_s = p.timeout.map(|d| d.as_secs_f64()),
+            connect_timeout_s = p.connect_timeout.map(|d| d.as_secs_f64()),
+            "S3 retry policy (HSLAKE_S3_RETRIES, HSLAKE_S3_RETRY_TIMEOUT, HSLAKE_S3_TIMEOUT, HSLAKE_S3_CONNECT_TIMEOUT)"
+        );
+    });
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -144,6 +220,38 @@ mod tests {
             l.path("data/a.parquet").as_ref(),
             "tmp/some/ds/data/a.parquet"
         );
+    }
+
+    #[test]
+    fn s3_policy_reads_the_environment_and_names_bad_values() {
+        let env = |pairs: &'static [(&'static str, &'static str)]| {
+            move |k: &str| {
+                pairs
+                    .iter()
+                    .find(|(n, _)| *n == k)
+                    .map(|(_, v)| v.to_string())
+            }
+        };
+        let p = s3_policy(env(&[])).unwrap();
+        assert_eq!(
+            (p.retry.max_retries, p.retry.retry_timeout),
+            (3, Duration::from_secs(15))
+        );
+        assert_eq!(p.timeout, None);
+        let p = s3_policy(env(&[
+            ("HSLAKE_S3_RETRIES", "0"),
+            ("HSLAKE_S3_TIMEOUT", "2.5"),
+        ]))
+        .unwrap();
+        assert_eq!(p.retry.max_retries, 0);
+        assert_eq!(p.timeout, Some(Duration::from_millis(2500)));
+        let err = s3_policy(env(&[("HSLAKE_S3_RETRIES", "many")])).unwrap_err();
+        assert!(
+            err.contains("HSLAKE_S3_RETRIES=\"many\": expected a whole number"),
+            "{err}"
+        );
+        let err = s3_policy(env(&[("HSLAKE_S3_CONNECT_TIMEOUT", "-1")])).unwrap_err();
+        assert!(err.contains("expected a number of seconds"), "{err}");
     }
 
     #[test]

@@ -5,3 +5,4 @@ pub mod location;
 pub mod ranged;
 
 pub use counting::{CountingStore, ReadLog};
+pub mod whole;

@@ -1,20 +1,36 @@
 //! The commit protocol, in one place. Every manifest hslake writes lands through
 //! [`put_manifest`], a put-if-absent; every new version through [`Committer::commit`]: read the
-//! head, check the change against it, build the next manifest, put it if absent, and after a
-//! conflict back off (jittered) and try again on top of the new head.
+//! head, check the change against it (schema, shard paths, shards present in storage, no
+//! sample id twice), build the next manifest, put it if absent, and after a conflict back off
+//! (jittered) and try again on top of the new head.
+//!
+//! Every manifest a commit writes carries the commit's id. A put whose outcome is unknown
+//! (timeout, reset, or a 412 on a retry of a put that did land) is resolved by reading the
+//! manifest at that version back: if it carries our id, the commit landed.
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use futures::{StreamExt, TryStreamExt};
 use hslake_schemas::{DatasetSchema, FORMAT_VERSION};
-use object_store::{PutMode, PutOptions, PutPayload};
+use object_store::{ObjectStoreExt, PutMode, PutOptions, PutPayload};
 
 use crate::io::location::Location;
-use crate::table::manifest::{manifest_path, Manifest, Provenance, ShardEntry};
+use crate::table::manifest::{
+    canonical_shard_path, manifest_path, Manifest, Provenance, ShardEntry,
+};
+use crate::table::sample_ids::{self, SHOWN_DUPLICATES};
 use crate::table::versions;
 use crate::{Result, StoreError};
 
 /// Attempts a commit makes before it gives up on contention.
 pub const ATTEMPTS: u32 = 64;
+
+/// Puts that failed with an unknown outcome and, read back, had not landed, that a commit
+/// retries before it reports the failure.
+pub const UNKNOWN_OUTCOME_RETRIES: u32 = 3;
+
+/// Shard HEAD requests a commit runs at once.
+const PARALLEL_HEADS: usize = 16;
 
 /// Why a put-if-absent did not land: the two cases a retry loop tells apart.
 #[derive(Debug)]
@@ -59,6 +75,73 @@ pub fn initial_manifest(schema: DatasetSchema, provenance: Provenance) -> Manife
         provenance,
         shards: vec![],
         properties: Default::default(),
+        commit_id: Some(new_commit_id()),
+        noncanonical_paths: vec![],
+    }
+}
+
+/// A fresh id for one commit, written into each manifest it tries to put.
+pub fn new_commit_id() -> String {
+    uuid::Uuid::new_v4().simple().to_string()
+}
+
+/// What is at a version after a put whose outcome is unknown.
+#[derive(Debug, PartialEq)]
+pub enum Outcome {
+    /// Exactly the manifest we put: the put landed.
+    Ours,
+    /// Another manifest is there.
+    Theirs,
+    /// Nothing is there: the put did not land.
+    Absent,
+}
+
+/// Read back version `version` and tell whether `json` (the bytes we put) is what landed there.
+/// Every commit writes its own commit id into its manifest, so two writers' manifests never
+/// have the same bytes.
+pub async fn outcome(loc: &Location, version: u64, json: &[u8]) -> Result<Outcome> {
+    let rel = manifest_path(version);
+    let shown = format!("{}/{rel}", loc.url);
+    let bytes = match loc.store.get(&loc.path(&rel)).await {
+        Ok(r) => r.bytes().await.map_err(|e| StoreError::os(&shown, e))?,
+        Err(object_store::Error::NotFound { .. }) => return Ok(Outcome::Absent),
+        Err(e) => return Err(StoreError::os(&shown, e)),
+    };
+    Ok(if bytes.as_ref() == json {
+        Outcome::Ours
+    } else {
+        Outcome::Theirs
+    })
+}
+
+/// [`put_manifest`], with a failure whose outcome is unknown resolved by reading the version
+/// back: a timeout or reset may hide a put that landed, and a 412 may answer object_store's
+/// retry of a put whose first response was lost. Where our own manifest is there, the put
+/// succeeded; where another is, it is a conflict; otherwise the failure stands.
+pub async fn put_manifest_checked(loc: &Location, m: &Manifest) -> Result<(), CommitError> {
+    let failure = match put_manifest(loc, m).await {
+        Ok(()) => return Ok(()),
+        Err(f) => f,
+    };
+    match outcome(loc, m.version, &m.to_json()).await {
+        Ok(Outcome::Ours) => {
+            tracing::info!(url = %loc.url, version = m.version, failure = %describe(&failure),
+                "manifest put reported failure but our manifest is there (response lost): it landed");
+            Ok(())
+        }
+        Ok(Outcome::Theirs) => Err(CommitError::Conflict),
+        Ok(Outcome::Absent) => Err(failure),
+        Err(e) => {
+            tracing::warn!(url = %loc.url, version = m.version, error = %e, "could not read back a manifest put of unknown outcome");
+            Err(failure)
+        }
+    }
+}
+
+fn describe(f: &CommitError) -> String {
+    match f {
+        CommitError::Conflict => "conflict".into(),
+        CommitError::Other(e) => e.to_string(),
     }
 }
 
@@ -88,23 +171,43 @@ impl<'a> Committer<'a> {
     /// Commit `change` as the version after the head it lands on, and return that version.
     ///
     /// Two writers can never both commit N+1: the loser's put meets a conflict, and it retries
-    /// on top of the new head, up to [`ATTEMPTS`] times.
+    /// on top of the new head, up to [`ATTEMPTS`] times. A put whose response was lost is
+    /// recognised by its commit id, so a commit lands once or not at all.
     pub async fn commit(&self, change: Change<'_>) -> Result<u64> {
+        let url = &self.loc.url;
+        check_change_paths(url, change.shards)?;
+        let ids = sample_ids::change_ids(self.loc, change.shards).await?;
+        let twice = sample_ids::repeated(&ids);
+        if !twice.is_empty() {
+            return Err(duplicates(url, None, &twice));
+        }
+        let commit_id = new_commit_id();
+        // Versions whose put failed with an unknown outcome that the read-back could not settle.
+        let mut unsettled: Vec<u64> = vec![];
         for attempt in 0..ATTEMPTS {
             let head = versions::read_or_latest(self.loc, None).await?;
-            self.check_head(&head, &change)?;
-            let next = next_manifest(&head, &change, now());
-            match put_manifest(self.loc, &next).await {
+            if let Some(v) = self.own_among(&mut unsettled, &head, &commit_id).await? {
+                return Ok(v);
+            }
+            self.check_head(&head, &change, &ids).await?;
+            let next = next_manifest(url, &head, &change, now(), &commit_id)?;
+            match put_manifest_checked(self.loc, &next).await {
                 Ok(()) => {
-                    tracing::debug!(url = %self.loc.url, version = next.version, shards = change.shards.len(), "committed");
+                    tracing::debug!(%url, version = next.version, shards = change.shards.len(), "committed");
                     return Ok(next.version);
                 }
                 Err(CommitError::Conflict) => {
-                    tracing::debug!(url = %self.loc.url, attempt, "commit conflict, retrying on the new head");
-                    tokio::time::sleep(backoff(attempt)).await;
+                    tracing::debug!(%url, attempt, "commit conflict, retrying on the new head");
                 }
-                Err(CommitError::Other(e)) => return Err(e),
+                Err(CommitError::Other(e)) => {
+                    if unsettled.len() as u32 >= UNKNOWN_OUTCOME_RETRIES {
+                        return Err(e);
+                    }
+                    tracing::warn!(%url, version = next.version, error = %e, "manifest put failed; retrying on the head");
+                    unsettled.push(next.version);
+                }
             }
+            tokio::time::sleep(backoff(attempt)).await;
         }
         Err(StoreError::CommitContention {
             url: self.loc.url.clone(),
@@ -112,21 +215,148 @@ impl<'a> Committer<'a> {
         })
     }
 
-    /// The pre-commit check, run on every head an attempt builds on: the head's schema must be
-    /// the one the shards were written with. Checks that need the head belong here (sample ids
-    /// it already holds, shards that must exist), and so does recognising this change's own
-    /// manifest as the head after a put whose response was lost (its retry sees a conflict).
-    fn check_head(&self, head: &Manifest, change: &Change<'_>) -> Result<()> {
-        check_schema(&self.loc.url, &head.schema, change.schema)
+    /// The version among `unsettled` (puts of unknown outcome) that now holds our manifest, if
+    /// any; those at or below `head` are settled by reading them and leave the list.
+    async fn own_among(
+        &self,
+        unsettled: &mut Vec<u64>,
+        head: &Manifest,
+        commit_id: &str,
+    ) -> Result<Option<u64>> {
+        let (due, later): (Vec<u64>, Vec<u64>) =
+            unsettled.iter().partition(|&&v| v <= head.version);
+        *unsettled = later;
+        for v in due {
+            let m = if v == head.version {
+                head.clone()
+            } else {
+                versions::read(self.loc, v).await?
+            };
+            if m.commit_id.as_deref() == Some(commit_id) {
+                tracing::info!(url = %self.loc.url, version = v, "an earlier put of this commit landed (response lost); not committing again");
+                return Ok(Some(v));
+            }
+        }
+        Ok(None)
+    }
+
+    /// The pre-commit check, run on every head an attempt builds on, so that a retry on a new
+    /// head checks again: the head's schema must be the one the shards were written with, it
+    /// must not name the change's shards already, the shards must be in storage as their
+    /// entries say, and no sample id of the change (`ids`, sorted) may be in the head.
+    async fn check_head(&self, head: &Manifest, change: &Change<'_>, ids: &[u64]) -> Result<()> {
+        let url = &self.loc.url;
+        check_schema(url, &head.schema, change.schema)?;
+        if let Some(s) = change
+            .shards
+            .iter()
+            .find(|s| head.shards.iter().any(|h| h.path == s.path))
+        {
+            return Err(StoreError::DuplicateShard {
+                url: url.clone(),
+                path: s.path.clone(),
+                version: Some(head.version),
+            });
+        }
+        // Futures made up front: a stream mapping borrowed entries through a closure trips
+        // rustc's higher-ranked `Send` check in spawned callers.
+        let heads: Vec<_> = change
+            .shards
+            .iter()
+            .map(|s| check_present(self.loc, s))
+            .collect();
+        futures::stream::iter(heads)
+            .buffer_unordered(PARALLEL_HEADS)
+            .try_collect::<()>()
+            .await?;
+        let held = sample_ids::held_by(self.loc, &head.shards, ids).await?;
+        if !held.is_empty() {
+            return Err(duplicates(url, Some(head.version), &held));
+        }
+        Ok(())
     }
 }
 
-/// The manifest that adds `change` on top of `head`.
-fn next_manifest(head: &Manifest, change: &Change<'_>, committed_at: String) -> Manifest {
+/// Refuse shard paths that are not canonical (`data/<name>`) or that repeat within a change.
+fn check_change_paths(url: &str, shards: &[ShardEntry]) -> Result<()> {
+    let mut seen = std::collections::HashSet::new();
+    for s in shards {
+        match canonical_shard_path(&s.path) {
+            Ok(c) if c == s.path => {}
+            Ok(c) => {
+                return Err(StoreError::Usage(format!(
+                    "{url}: commit refused: shard path {:?} is not canonical (expected {c:?})",
+                    s.path
+                )))
+            }
+            Err(why) => {
+                return Err(StoreError::Usage(format!(
+                    "{url}: commit refused: shard path {:?} {why}",
+                    s.path
+                )))
+            }
+        }
+        if !seen.insert(s.path.as_str()) {
+            return Err(StoreError::DuplicateShard {
+                url: url.to_string(),
+                path: s.path.clone(),
+                version: None,
+            });
+        }
+    }
+    Ok(())
+}
+
+/// A HEAD of one new shard: it must exist with the size its entry records.
+async fn check_present(loc: &Location, s: &ShardEntry) -> Result<()> {
+    let missing = |reason: String| StoreError::ShardMissing {
+        url: loc.url.clone(),
+        path: s.path.clone(),
+        reason,
+    };
+    match loc.store.head(&loc.path(&s.path)).await {
+        Ok(meta) if meta.size == s.bytes => Ok(()),
+        Ok(meta) => Err(missing(format!(
+            "file is {} bytes, its entry says {}",
+            meta.size, s.bytes
+        ))),
+        Err(object_store::Error::NotFound { .. }) => Err(missing(
+            "not in storage (deleted since it was written, e.g. by a vacuum with a short grace period?)"
+                .into(),
+        )),
+        Err(e) => Err(StoreError::os(format!("{}/{}", loc.url, s.path), e)),
+    }
+}
+
+fn duplicates(url: &str, version: Option<u64>, ids: &[u64]) -> StoreError {
+    StoreError::DuplicateSamples {
+        url: url.to_string(),
+        version,
+        count: ids.len(),
+        examples: ids.iter().take(SHOWN_DUPLICATES).copied().collect(),
+    }
+}
+
+/// The manifest that adds `change` on top of `head`, carrying `commit_id`.
+fn next_manifest(
+    url: &str,
+    head: &Manifest,
+    change: &Change<'_>,
+    committed_at: String,
+    commit_id: &str,
+) -> Result<Manifest> {
+    let version = head.version.checked_add(1).ok_or_else(|| {
+        StoreError::corrupt(
+            format!("{url}/{}", manifest_path(head.version)),
+            "the newest version is the largest possible number, so no version can follow it (a planted manifest?)",
+        )
+    })?;
     let mut next = head.clone();
-    next.version = head.version + 1;
+    next.version = version;
     next.parent = Some(head.version);
     next.committed_at = committed_at;
+    next.commit_id = Some(commit_id.to_string());
+    next.noncanonical_paths.clear();
     next.shards.extend_from_slice(change.shards);
     next.properties.extend(
         change
@@ -134,7 +364,7 @@ fn next_manifest(head: &Manifest, change: &Change<'_>, committed_at: String) -> 
             .iter()
             .map(|(k, v)| (k.clone(), v.clone())),
     );
-    next
+    Ok(next)
 }
 
 /// Wait before the attempt after `attempt`: random up to 5 ms, doubling to 320 ms, so that
@@ -217,12 +447,48 @@ mod tests {
             shards: &[shard("data/b.parquet")],
             properties: &props,
         };
-        let next = next_manifest(&head, &change, "t".into());
+        let next = next_manifest("memory://x", &head, &change, "t".into(), "c1").unwrap();
         assert_eq!((next.version, next.parent), (5, Some(4)));
         assert_eq!(next.committed_at, "t");
+        assert_eq!(next.commit_id.as_deref(), Some("c1"));
         let paths: Vec<&str> = next.shards.iter().map(|s| s.path.as_str()).collect();
         assert_eq!(paths, ["data/a.parquet", "data/b.parquet"]);
         assert_eq!(next.properties.len(), 2);
+    }
+
+    #[test]
+    fn refuses_to_build_a_version_after_the_largest_number() {
+        let s = schema(DType::Bf16);
+        let mut head = initial_manifest(s.clone(), Provenance::default());
+        head.version = u64::MAX;
+        let props = BTreeMap::new();
+        let change = Change {
+            schema: &s,
+            shards: &[],
+            properties: &props,
+        };
+        let err = next_manifest("memory://x", &head, &change, "t".into(), "c")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("no version can follow it"), "{err}");
+    }
+
+    #[test]
+    fn refuses_non_canonical_or_repeated_shard_paths_in_a_change() {
+        let err = check_change_paths("memory://x", &[shard("data//a.parquet")]).unwrap_err();
+        assert!(err.to_string().contains("not canonical"), "{err}");
+        let err = check_change_paths("memory://x", &[shard("../a.parquet")]).unwrap_err();
+        assert!(err.to_string().contains("../a.parquet"), "{err}");
+        let err = check_change_paths(
+            "memory://x",
+            &[shard("data/a.parquet"), shard("data/a.parquet")],
+        )
+        .unwrap_err();
+        assert!(
+            matches!(err, StoreError::DuplicateShard { version: None, .. }),
+            "{err}"
+        );
+        assert!(check_change_paths("memory://x", &[shard("data/a.parquet")]).is_ok());
     }
 
     #[test]

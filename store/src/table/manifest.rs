@@ -24,6 +24,52 @@ pub fn parse_manifest_name(name: &str) -> Option<u64> {
         .flatten()
 }
 
+/// The canonical form of a shard path: `data/<name>[/...]`, parts joined by single slashes.
+/// Empty parts (`data//x`, `/data/x`) are dropped, as every reader drops them; a path with a
+/// `.` or `..` part, or one outside `data/`, is refused with the reason.
+pub fn canonical_shard_path(raw: &str) -> std::result::Result<String, String> {
+    let parts: Vec<&str> = raw.split('/').filter(|p| !p.is_empty()).collect();
+    if parts.iter().any(|p| *p == "." || *p == "..") {
+        return Err("has a '.' or '..' part; expected data/<name>".into());
+    }
+    if parts.len() < 2 || parts[0] != DATA_DIR {
+        return Err(format!(
+            "is not under {DATA_DIR}/; expected {DATA_DIR}/<name>"
+        ));
+    }
+    Ok(parts.join("/"))
+}
+
+/// An entry's counts must agree with each other and with what its file can hold: every
+/// sizing from `rows` and `row_groups` (the loader's buffers) is then bounded by `bytes`.
+fn check_counts(s: &ShardEntry) -> std::result::Result<(), String> {
+    let in_groups = s
+        .row_groups
+        .iter()
+        .try_fold(0u64, |a, &r| a.checked_add(r))
+        .ok_or("row_groups add up to more than 2^64")?;
+    if in_groups != s.rows {
+        return Err(format!(
+            "row_groups hold {in_groups} rows in all, rows says {}",
+            s.rows
+        ));
+    }
+    // Each row stores at least one byte of each of its columns.
+    if s.rows > s.bytes {
+        return Err(format!(
+            "{} rows cannot fit in a file of {} bytes",
+            s.rows, s.bytes
+        ));
+    }
+    if s.rows > 0 && s.min_sample_id > s.max_sample_id {
+        return Err(format!(
+            "min_sample_id {} is above max_sample_id {}",
+            s.min_sample_id, s.max_sample_id
+        ));
+    }
+    Ok(())
+}
+
 /// How the data was captured.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Provenance {
@@ -93,24 +139,39 @@ pub struct Manifest {
     /// Free-form properties (e.g. capture progress).
     #[serde(default)]
     pub properties: BTreeMap<String, String>,
+    /// Random id of the commit that wrote this manifest, so that a writer whose put's response
+    /// was lost can recognise its own manifest (absent in manifests of older writers).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub commit_id: Option<String>,
+    /// Shard paths as the stored manifest spelled them, where that was not canonical; `shards`
+    /// holds them canonical. Never stored; `verify` reports them.
+    #[serde(skip)]
+    pub noncanonical_paths: Vec<String>,
 }
 
 impl Manifest {
-    /// Samples in this version.
+    /// Samples in this version (saturating: `verify` reports sums that overflow).
     pub fn num_samples(&self) -> u64 {
-        self.shards.iter().map(|s| s.rows).sum()
+        self.sum(|s| s.rows).unwrap_or(u64::MAX)
     }
-    /// Tokens in this version.
+    /// Tokens in this version (saturating).
     pub fn num_tokens(&self) -> u64 {
-        self.shards.iter().map(|s| s.tokens).sum()
+        self.sum(|s| s.tokens).unwrap_or(u64::MAX)
     }
-    /// Bytes of all shard files.
+    /// Bytes of all shard files (saturating).
     pub fn bytes(&self) -> u64 {
-        self.shards.iter().map(|s| s.bytes).sum()
+        self.sum(|s| s.bytes).unwrap_or(u64::MAX)
     }
-    /// Uncompressed tensor bytes.
+    /// Uncompressed tensor bytes (saturating).
     pub fn raw_bytes(&self) -> u64 {
-        self.shards.iter().map(|s| s.raw_bytes).sum()
+        self.sum(|s| s.raw_bytes).unwrap_or(u64::MAX)
+    }
+
+    /// The sum of one field over the shards; `None` where it does not fit in a u64.
+    pub fn sum(&self, field: impl Fn(&ShardEntry) -> u64) -> Option<u64> {
+        self.shards
+            .iter()
+            .try_fold(0u64, |acc, s| acc.checked_add(field(s)))
     }
 
     /// Parse a manifest, refusing newer formats before anything else.
@@ -135,9 +196,32 @@ impl Manifest {
                 supported: FORMAT_VERSION,
             });
         }
-        let m: Manifest = serde_json::from_slice(bytes)
+        let mut m: Manifest = serde_json::from_slice(bytes)
             .map_err(|e| StoreError::corrupt(path, format!("bad manifest: {e}")))?;
         m.schema.check()?;
+        for (i, s) in m.shards.iter_mut().enumerate() {
+            let bad =
+                |why: String| StoreError::corrupt(path, format!("shard {i} ({}): {why}", s.path));
+            let canon = canonical_shard_path(&s.path).map_err(|why| bad(format!("path {why}")))?;
+            check_counts(s).map_err(bad)?;
+            if canon != s.path {
+                m.noncanonical_paths
+                    .push(std::mem::replace(&mut s.path, canon));
+            }
+        }
+        for (name, field) in [
+            ("rows", (|s: &ShardEntry| s.rows) as fn(&ShardEntry) -> u64),
+            ("tokens", |s| s.tokens),
+            ("bytes", |s| s.bytes),
+            ("raw_bytes", |s| s.raw_bytes),
+        ] {
+            if m.sum(field).is_none() {
+                return Err(StoreError::corrupt(
+                    path,
+                    format!("the shards' {name} add up to more than 2^64"),
+                ));
+            }
+        }
         Ok(m)
     }
 
@@ -159,6 +243,96 @@ mod tests {
             Some(42)
         );
         assert_eq!(parse_manifest_name("42.json"), None);
+    }
+
+    #[test]
+    fn canonical_shard_paths_drop_empty_parts_and_refuse_escapes() {
+        for raw in [
+            "data/a.parquet",
+            "data//a.parquet",
+            "/data/a.parquet",
+            "data/a.parquet/",
+        ] {
+            assert_eq!(
+                canonical_shard_path(raw).unwrap(),
+                "data/a.parquet",
+                "{raw}"
+            );
+        }
+        for raw in [
+            "data/../x",
+            "./data/a",
+            "a.parquet",
+            "other/a.parquet",
+            "data",
+            "",
+        ] {
+            assert!(canonical_shard_path(raw).is_err(), "{raw}");
+        }
+    }
+
+    fn manifest_with(shards: &str) -> Vec<u8> {
+        format!(
+            r#"{{"format_version": 2, "version": 1, "parent": 0, "committed_at": "t",
+            "schema": {{"model": "m", "architecture": "a", "hidden_size": 4, "num_layers": 2,
+              "vocab_size": 10, "dtype": "bf16", "points": ["layer_1"]}},
+            "provenance": {{"model": "", "architecture": "", "dtype": ""}},
+            "shards": [{shards}]}}"#
+        )
+        .into_bytes()
+    }
+
+    fn shard_json(path: &str, bytes: u64, rows: u64, row_groups: &str) -> String {
+        format!(
+            r#"{{"path": "{path}", "bytes": {bytes}, "rows": {rows}, "tokens": 1, "raw_bytes": 1,
+               "min_sample_id": 0, "max_sample_id": 0, "crc32c": 0, "row_groups": {row_groups}}}"#
+        )
+    }
+
+    #[test]
+    fn reads_non_canonical_paths_as_canonical_and_remembers_them() {
+        let a = shard_json("data//a.parquet", 100, 2, "[1, 1]");
+        let b = shard_json("data/b.parquet", 100, 2, "[2]");
+        let m = Manifest::from_json("v.json", &manifest_with(&format!("{a}, {b}"))).unwrap();
+        assert_eq!(m.shards[0].path, "data/a.parquet");
+        assert_eq!(m.noncanonical_paths, ["data//a.parquet"]);
+        assert_eq!((m.num_samples(), m.num_tokens()), (4, 2));
+        assert_eq!(
+            m.commit_id, None,
+            "manifests of older writers have no commit id"
+        );
+    }
+
+    #[test]
+    fn refuses_counts_that_overflow_or_that_the_file_cannot_hold() {
+        let cases = [
+            (
+                format!(
+                    "{}, {}",
+                    shard_json("data/a", u64::MAX, 1 << 63, "[9223372036854775808]"),
+                    shard_json("data/b", u64::MAX, 1 << 63, "[9223372036854775808]")
+                ),
+                "rows add up to more than 2^64",
+            ),
+            (
+                shard_json("data/a", 5000, 1_000_000_000_000, "[1000000000000]"),
+                "1000000000000 rows cannot fit in a file of 5000 bytes",
+            ),
+            (
+                shard_json("data/a", 5000, 3, "[1, 1]"),
+                "row_groups hold 2 rows in all, rows says 3",
+            ),
+            (
+                shard_json("data/../../etc/passwd", 5000, 1, "[1]"),
+                "has a '.' or '..' part",
+            ),
+        ];
+        for (shards, want) in cases {
+            let err = Manifest::from_json("v.json", &manifest_with(&shards))
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains(want), "{err}");
+        }
     }
 
     #[test]

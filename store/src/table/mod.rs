@@ -2,4 +2,5 @@
 //! and the commit protocol that adds one (docs/FORMAT.md, "Commit protocol").
 pub mod commit;
 pub mod manifest;
+pub mod sample_ids;
 pub mod versions;
