@@ -173,7 +173,7 @@ fn run_rank(
     let ctx = LoadCtx {
         source: checkpoint,
         comm: match &timed {
-            Some(t) => t.clone(),
+            Some(t) => t.clone() as Rc<dyn Communicator>,
             None => comm,
         },
         device,
