@@ -258,7 +258,11 @@ mod tests {
         let report = prefill(&opts).unwrap();
         assert!(report.tokens_per_sec > 0.0);
         // Per forward: the embedding, then attention and MLP of each of the 2 layers.
-        let ranks: Vec<_> = report.ranks.iter().map(|r| (r.rank, r.all_reduces)).collect();
+        let ranks: Vec<_> = report
+            .ranks
+            .iter()
+            .map(|r| (r.rank, r.all_reduces))
+            .collect();
         assert_eq!(ranks, vec![(0, 3 * 5), (1, 3 * 5)]);
     }
 

@@ -301,10 +301,19 @@ mod tests {
     /// Tiny models that split 4 ways (8 heads over 4 KV heads, MLP 128), one per family, the
     /// Llama one with biases on every projection so the row-parallel bias path runs too.
     const TINY_TP4: &[(&str, &str)] = &[
-        ("llama_bias", r#"{"architectures": ["LlamaForCausalLM"], "attention_bias": true, "mlp_bias": true}"#),
-        ("mistral_window", r#"{"architectures": ["MistralForCausalLM"], "sliding_window": 5}"#),
+        (
+            "llama_bias",
+            r#"{"architectures": ["LlamaForCausalLM"], "attention_bias": true, "mlp_bias": true}"#,
+        ),
+        (
+            "mistral_window",
+            r#"{"architectures": ["MistralForCausalLM"], "sliding_window": 5}"#,
+        ),
         ("qwen2", r#"{"architectures": ["Qwen2ForCausalLM"]}"#),
-        ("qwen3_qk_norm", r#"{"architectures": ["Qwen3ForCausalLM"], "head_dim": 16}"#),
+        (
+            "qwen3_qk_norm",
+            r#"{"architectures": ["Qwen3ForCausalLM"], "head_dim": 16}"#,
+        ),
     ];
 
     fn tiny_tp4_config(arch: &str) -> String {
@@ -384,7 +393,10 @@ mod tests {
                     "{name} TP {tp} vs TP 1, min per-token cosine: f32 reduction {f32_sum:.8}, \
                      bf16 reduction {bf16_sum:.8}"
                 );
-                assert!(f32_sum >= 0.99999, "{name} TP {tp}: f32 reduction {f32_sum}");
+                assert!(
+                    f32_sum >= 0.99999,
+                    "{name} TP {tp}: f32 reduction {f32_sum}"
+                );
                 assert!(
                     bf16_sum < f32_sum,
                     "{name} TP {tp}: bf16 reduction {bf16_sum} is no worse than f32's {f32_sum}"
