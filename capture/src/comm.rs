@@ -1,7 +1,10 @@
 //! Collectives between tensor-parallel ranks: the [`Communicator`] trait and its
 //! in-process back end (one thread per rank, CPU tensors), used to test TP without GPUs.
 //! The NCCL back end lives in [`crate::nccl`].
+use std::cell::Cell;
+use std::rc::Rc;
 use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
 
 use tch::{Device, Tensor};
 
@@ -177,6 +180,95 @@ impl Communicator for LocalComm {
     }
 }
 
+/// Where a profiled rank's time went since [`TimedComm::reset`].
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct CommTimes {
+    /// Device work between collectives.
+    pub compute: Duration,
+    /// Inside all-reduces, waiting for slower ranks included.
+    pub all_reduce: Duration,
+    /// All-reduces run.
+    pub calls: usize,
+}
+
+/// A rank's communicator that splits its time between compute and all-reduces: it waits for
+/// the device before each all-reduce (so the time since the previous one is compute) and after
+/// it (so the all-reduce is timed alone). The waits remove every overlap of host and device,
+/// so a profiled run is slower than a plain one; it says where the time goes, not how much.
+pub(crate) struct TimedComm {
+    inner: Rc<dyn Communicator>,
+    device: Device,
+    mark: Cell<Instant>,
+    times: Cell<CommTimes>,
+}
+
+impl TimedComm {
+    /// Times `inner`'s collectives on `device`.
+    pub fn new(inner: Rc<dyn Communicator>, device: Device) -> Self {
+        TimedComm {
+            inner,
+            device,
+            mark: Cell::new(Instant::now()),
+            times: Cell::new(CommTimes::default()),
+        }
+    }
+
+    /// Waits for the device and starts measuring from zero.
+    pub fn reset(&self) {
+        sync(self.device);
+        self.times.set(CommTimes::default());
+        self.mark.set(Instant::now());
+    }
+
+    /// Waits for the device and counts the time since the last mark as compute.
+    pub fn lap(&self) {
+        sync(self.device);
+        let mut t = self.times.get();
+        t.compute += self.mark.replace(Instant::now()).elapsed();
+        self.times.set(t);
+    }
+
+    /// Leaves the time since the last mark uncounted (the caller timed it as something else).
+    pub fn skip(&self) {
+        self.mark.set(Instant::now());
+    }
+
+    /// The times since [`TimedComm::reset`], compute up to now included.
+    pub fn times(&self) -> CommTimes {
+        self.lap();
+        self.times.get()
+    }
+}
+
+impl Communicator for TimedComm {
+    fn rank(&self) -> usize {
+        self.inner.rank()
+    }
+    fn world_size(&self) -> usize {
+        self.inner.world_size()
+    }
+    fn all_reduce_sum(&self, t: &mut Tensor) -> Result<()> {
+        self.lap();
+        self.inner.all_reduce_sum(t)?;
+        sync(self.device);
+        let mut times = self.times.get();
+        times.all_reduce += self.mark.replace(Instant::now()).elapsed();
+        times.calls += 1;
+        self.times.set(times);
+        Ok(())
+    }
+    fn abort(&self) {
+        self.inner.abort()
+    }
+}
+
+/// Blocks until `device` has finished the work queued on it (nothing to wait for on the CPU).
+pub(crate) fn sync(device: Device) {
+    if let Device::Cuda(d) = device {
+        tch::Cuda::synchronize(d as i64);
+    }
+}
+
 fn deep_copy(x: &Tensor) -> Result<Tensor> {
     let mut y = x.f_empty_like()?;
     y.f_copy_(x)?;
@@ -206,6 +298,26 @@ mod tests {
         let expected = vec![6.0 * 16.0, 64.0, 60.0 * 16.0];
         for h in handles {
             assert_eq!(h.join().unwrap(), expected);
+        }
+    }
+
+    #[test]
+    fn timed_ranks_count_every_all_reduce_and_keep_its_result() {
+        let handles: Vec<_> = LocalComm::group(2)
+            .into_iter()
+            .map(|c| {
+                std::thread::spawn(move || {
+                    let timed = TimedComm::new(Rc::new(c), Device::Cpu);
+                    timed.reset();
+                    let mut t = Tensor::from_slice(&[1.0f32 + timed.rank() as f32]);
+                    timed.all_reduce_sum(&mut t).unwrap();
+                    timed.all_reduce_sum(&mut t).unwrap();
+                    (timed.times().calls, Vec::<f32>::try_from(t).unwrap())
+                })
+            })
+            .collect();
+        for h in handles {
+            assert_eq!(h.join().unwrap(), (2, vec![6.0]));
         }
     }
 

@@ -1,5 +1,6 @@
 //! Checks and measurements for GPU machines, behind `hslake debug`: the NCCL back end on one
-//! GPU, and the throughput of our forward alone (no host copy, no write).
+//! GPU, and the throughput of our forward alone (no write; with a profile, where each rank's
+//! time goes).
 use std::rc::Rc;
 use std::time::Instant;
 
@@ -7,11 +8,12 @@ use hslake_schemas::CapturePoint;
 use tch::{Device, Kind, Tensor};
 
 use crate::checkpoint::Checkpoint;
-use crate::comm::{Communicator, SingleRank};
-use crate::engine::{DeviceKind, EngineOptions};
+use crate::comm::{sync, Communicator, TimedComm};
+use crate::cuda::{CopyStream, PinnedBuffer};
+use crate::engine::{comm_inits, DeviceKind, EngineOptions};
 use crate::error::{CaptureError, Result};
 use crate::load::LoadCtx;
-use crate::models::registry;
+use crate::models::{registry, ModelConfig};
 use crate::nccl::{self, NcclComm};
 
 /// What [`nccl_check`] found.
@@ -42,10 +44,11 @@ pub fn nccl_check() -> Result<NcclReport> {
     Ok(NcclReport { version, identity })
 }
 
-/// What [`prefill`] runs: the model on one device (GPU 0, or the CPU) and random token ids.
+/// What [`prefill`] runs: the model on `tp` devices (GPUs `0..tp`, or CPU threads) and random
+/// token ids.
 #[derive(Debug, Clone)]
 pub struct PrefillOptions {
-    /// The model, device (`tp` must be 1), dtype and norm kernel.
+    /// The model, device, TP size and reduction, dtype and norm kernel.
     pub engine: EngineOptions,
     /// Sequences per batch.
     pub batch: i64,
@@ -55,64 +58,227 @@ pub struct PrefillOptions {
     pub iters: usize,
     /// Points whose states the forward returns (kept on the device).
     pub points: Vec<CapturePoint>,
+    /// Time each rank's compute and all-reduces apart, and rank 0's copy of the states to
+    /// pinned host memory (the device is waited for around each; see [`RankProfile`]).
+    pub profile: bool,
 }
 
 /// What [`prefill`] measured.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct PrefillReport {
-    /// Seconds the load took.
+    /// Seconds the load took (the slowest rank).
     pub load_secs: f64,
-    /// Tokens per second over the timed iterations.
+    /// Tokens per second over the timed iterations, as rank 0 saw them.
     pub tokens_per_sec: f64,
+    /// One per rank with `profile`, else empty.
+    pub ranks: Vec<RankProfile>,
 }
 
-/// Prefill-only throughput of our forward on random token ids.
+/// Where one rank's timed iterations went, with the device waited for before and after each
+/// all-reduce and each copy: that removes every overlap, so the sum exceeds a plain run's time.
+/// Ranks whose all-reduce times differ much are imbalanced: the faster one waits inside it.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RankProfile {
+    /// The rank.
+    pub rank: usize,
+    /// Seconds of device work between all-reduces.
+    pub compute_secs: f64,
+    /// Seconds inside all-reduces (waiting for slower ranks included).
+    pub all_reduce_secs: f64,
+    /// All-reduces run.
+    pub all_reduces: usize,
+    /// Seconds rank 0 spent copying the states to pinned host memory (0 elsewhere and on CPU).
+    pub copy_out_secs: f64,
+}
+
+/// Prefill-only throughput of our forward on random token ids, one thread per rank.
 pub fn prefill(opts: &PrefillOptions) -> Result<PrefillReport> {
     let e = &opts.engine;
-    if e.tp != 1 || opts.batch <= 0 || opts.seq <= 0 {
-        return Err(CaptureError::Option(
-            "prefill runs on one device (--tp 1) with a positive batch and sequence length".into(),
-        ));
+    if opts.batch <= 0 || opts.seq <= 0 || opts.iters == 0 {
+        return Err(CaptureError::Option(format!(
+            "prefill needs a positive batch, sequence length and iteration count, got {}, {}, {}",
+            opts.batch, opts.seq, opts.iters
+        )));
     }
     let kind = e.compute_kind()?;
-    let device = match e.device {
-        DeviceKind::Cpu => Device::Cpu,
-        DeviceKind::Cuda => Device::Cuda(0),
-    };
-    let sync = || {
-        if let Device::Cuda(d) = device {
-            tch::Cuda::synchronize(d as i64);
-        }
-    };
-    let _no_grad = tch::no_grad_guard();
     let config = registry::read_config(&e.model_dir)?;
     let checkpoint = Checkpoint::open(&e.model_dir)?;
-    crate::dry_run::check_checkpoint(&*config, &checkpoint, 1, kind)?;
+    crate::dry_run::check_checkpoint(&*config, &checkpoint, e.tp, kind)?;
+    let vocab = config.info().vocab_size as i64;
+    let ids = Tensor::f_randint(vocab, [opts.batch * opts.seq], (Kind::Int64, Device::Cpu))?;
+    let ids = Vec::<i64>::try_from(ids)?;
+    let comms = comm_inits(e.device, e.tp)?;
+    let runs: Vec<Result<RankRun>> = std::thread::scope(|s| {
+        let handles: Vec<_> = comms
+            .into_iter()
+            .enumerate()
+            .map(|(rank, join)| {
+                let (config, checkpoint, ids) = (&*config, &checkpoint, &ids);
+                s.spawn(move || {
+                    let _no_grad = tch::no_grad_guard();
+                    let comm = join()?;
+                    let run = run_rank(rank, comm.clone(), config, checkpoint, opts, kind, ids);
+                    if run.is_err() {
+                        // No other rank may wait forever in a collective with this one.
+                        comm.abort();
+                    }
+                    run
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join().unwrap_or_else(|_| {
+                    Err(CaptureError::Pipeline("a prefill rank panicked".into()))
+                })
+            })
+            .collect()
+    });
+    let runs = runs.into_iter().collect::<Result<Vec<_>>>()?;
+    let secs = runs.first().map_or(0.0, |r| r.secs).max(1e-9);
+    Ok(PrefillReport {
+        load_secs: runs.iter().map(|r| r.load_secs).fold(0.0, f64::max),
+        tokens_per_sec: (opts.iters as i64 * opts.batch * opts.seq) as f64 / secs,
+        ranks: runs.iter().filter_map(|r| r.profile).collect(),
+    })
+}
+
+/// One rank's load time, timed seconds and profile.
+struct RankRun {
+    load_secs: f64,
+    secs: f64,
+    profile: Option<RankProfile>,
+}
+
+/// Loads rank `rank`'s slice, warms up twice, then times `iters` forwards.
+fn run_rank(
+    rank: usize,
+    comm: Rc<dyn Communicator>,
+    config: &dyn ModelConfig,
+    checkpoint: &Checkpoint,
+    opts: &PrefillOptions,
+    kind: Kind,
+    ids: &[i64],
+) -> Result<RankRun> {
+    let e = &opts.engine;
+    let device = match e.device {
+        DeviceKind::Cpu => Device::Cpu,
+        DeviceKind::Cuda => Device::Cuda(rank),
+    };
+    let timed = opts
+        .profile
+        .then(|| Rc::new(TimedComm::new(comm.clone(), device)));
     let t = Instant::now();
     let ctx = LoadCtx {
-        source: &checkpoint,
-        comm: Rc::new(SingleRank),
+        source: checkpoint,
+        comm: match &timed {
+            Some(t) => t.clone() as Rc<dyn Communicator>,
+            None => comm,
+        },
         device,
         kind,
         norm: e.norm,
+        reduce: e.tp_reduce,
     };
     let model = config.load(&ctx)?;
-    sync();
+    sync(device);
     let load_secs = t.elapsed().as_secs_f64();
-    let vocab = config.info().vocab_size as i64;
-    let ids = Tensor::f_randint(vocab, [opts.batch, opts.seq], (Kind::Int64, device))?;
+    let ids = Tensor::f_from_slice(ids)?
+        .f_view([opts.batch, opts.seq])?
+        .f_to_device(device)?;
+    // Rank 0 copies out as a capture does: on a side stream into pinned buffers made once.
+    let copy_out = match device {
+        Device::Cuda(d) if opts.profile && rank == 0 => Some(CopyStream::new(d)?),
+        _ => None,
+    };
+    let mut buffers = vec![];
     for _ in 0..2 {
-        model.forward(&ids, &opts.points)?;
+        let states = model.forward(&ids, &opts.points)?;
+        if copy_out.is_some() && buffers.is_empty() {
+            buffers = states
+                .iter()
+                .map(|s| PinnedBuffer::new(s.numel() * s.kind().elt_size_in_bytes()))
+                .collect::<Result<_>>()?;
+        }
     }
-    sync();
+    if let Some(t) = &timed {
+        t.reset();
+    }
+    sync(device);
+    let mut copy_secs = 0.0;
     let t = Instant::now();
     for _ in 0..opts.iters {
-        model.forward(&ids, &opts.points)?;
+        let states = model.forward(&ids, &opts.points)?;
+        if let (Some(c), Some(timed)) = (&copy_out, &timed) {
+            timed.lap();
+            let started = Instant::now();
+            c.start(states, &buffers)?.wait()?;
+            copy_secs += started.elapsed().as_secs_f64();
+            timed.skip();
+        }
     }
-    sync();
-    let secs = t.elapsed().as_secs_f64().max(1e-9);
-    Ok(PrefillReport {
+    sync(device);
+    let secs = t.elapsed().as_secs_f64();
+    Ok(RankRun {
         load_secs,
-        tokens_per_sec: (opts.iters as i64 * opts.batch * opts.seq) as f64 / secs,
+        secs,
+        profile: timed.map(|t| {
+            let times = t.times();
+            RankProfile {
+                rank,
+                compute_secs: times.compute.as_secs_f64(),
+                all_reduce_secs: times.all_reduce.as_secs_f64(),
+                all_reduces: times.calls,
+                copy_out_secs: copy_secs,
+            }
+        }),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fixtures::{write_model, TINY_LLAMA};
+
+    #[test]
+    fn a_profiled_tp_two_prefill_times_every_all_reduce_of_every_rank() {
+        let d = tempfile::tempdir().unwrap();
+        write_model(d.path(), TINY_LLAMA, None);
+        let mut engine = EngineOptions::new(d.path().to_path_buf());
+        engine.tp = 2;
+        let opts = PrefillOptions {
+            engine,
+            batch: 2,
+            seq: 8,
+            iters: 3,
+            points: vec![CapturePoint::LayerOutput(1)],
+            profile: true,
+        };
+        let report = prefill(&opts).unwrap();
+        assert!(report.tokens_per_sec > 0.0);
+        // Per forward: the embedding, then attention and MLP of each of the 2 layers.
+        let ranks: Vec<_> = report
+            .ranks
+            .iter()
+            .map(|r| (r.rank, r.all_reduces))
+            .collect();
+        assert_eq!(ranks, vec![(0, 3 * 5), (1, 3 * 5)]);
+    }
+
+    #[test]
+    fn prefill_refuses_an_empty_batch_naming_the_sizes() {
+        let d = tempfile::tempdir().unwrap();
+        write_model(d.path(), TINY_LLAMA, None);
+        let opts = PrefillOptions {
+            engine: EngineOptions::new(d.path().to_path_buf()),
+            batch: 0,
+            seq: 8,
+            iters: 1,
+            points: vec![],
+            profile: false,
+        };
+        let e = prefill(&opts).unwrap_err().to_string();
+        assert!(e.contains("got 0, 8, 1"), "{e}");
+    }
 }

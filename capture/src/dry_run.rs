@@ -71,6 +71,7 @@ impl DryRun<'_> {
             device: Device::Cpu,
             kind,
             norm: NormKernel::Exact,
+            reduce: Default::default(),
         };
         cfg.load(&ctx).map(drop)
     }

@@ -53,5 +53,5 @@ pub use engine::{
 };
 pub use error::{CaptureError, Result, TensorProblem};
 pub use input::{read_inputs, InputLimits, InputSample, Inputs, Overlong};
-pub use load::NormKernel;
+pub use load::{NormKernel, TpReduce};
 pub use models::ModelInfo;

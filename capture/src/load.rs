@@ -34,6 +34,50 @@ impl std::str::FromStr for NormKernel {
     }
 }
 
+/// What a row-parallel linear sums across tensor-parallel ranks (unused at TP 1, where there is
+/// nothing to sum and the GEMM rounds its output once, as transformers' does).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum TpReduce {
+    /// Each rank's partial product stays in f32 (a bf16 x bf16 -> f32 GEMM), the all-reduce
+    /// sums f32, and the sum (plus bias) is rounded to the compute dtype once: the single
+    /// rounding of TP 1, at twice the all-reduce bytes.
+    #[default]
+    F32,
+    /// Partial products rounded to the compute dtype and summed in it: every row-parallel
+    /// layer rounds twice more than at TP 1, and the error compounds through the depth.
+    Compute,
+}
+
+impl TpReduce {
+    /// The name the CLI takes (`f32` or `bf16`).
+    pub fn name(self) -> &'static str {
+        match self {
+            TpReduce::F32 => "f32",
+            TpReduce::Compute => "bf16",
+        }
+    }
+}
+
+impl std::fmt::Display for TpReduce {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for TpReduce {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s {
+            "f32" => Ok(TpReduce::F32),
+            // The compute dtype: "bf16" is what it is in practice, "compute" says it for f16.
+            "bf16" | "compute" => Ok(TpReduce::Compute),
+            _ => Err(format!(
+                "unknown tensor-parallel reduction {s:?}; expected f32 or bf16 (the compute dtype)"
+            )),
+        }
+    }
+}
+
 /// Which part of a weight a rank holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Shard {
@@ -114,6 +158,8 @@ pub(crate) struct LoadCtx<'a> {
     pub kind: Kind,
     /// How RMS norms are computed.
     pub norm: NormKernel,
+    /// What row-parallel linears sum across ranks.
+    pub reduce: TpReduce,
 }
 
 impl LoadCtx<'_> {
@@ -161,6 +207,16 @@ mod tests {
         assert_eq!("exact".parse::<NormKernel>(), Ok(NormKernel::Exact));
         let err = "fused".parse::<NormKernel>().unwrap_err();
         assert!(err.contains("exact or fast"), "{err}");
+    }
+
+    #[test]
+    fn tp_reduce_parses_both_names_and_prints_the_cli_one() {
+        assert_eq!("f32".parse::<TpReduce>(), Ok(TpReduce::F32));
+        assert_eq!("bf16".parse::<TpReduce>(), Ok(TpReduce::Compute));
+        assert_eq!("compute".parse::<TpReduce>(), Ok(TpReduce::Compute));
+        assert_eq!(TpReduce::Compute.to_string(), "bf16");
+        let err = "f16x".parse::<TpReduce>().unwrap_err();
+        assert!(err.contains("expected f32 or bf16"), "{err}");
     }
 
     #[test]

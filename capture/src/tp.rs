@@ -4,11 +4,11 @@
 //! on every rank after each one.
 use std::rc::Rc;
 
-use tch::Tensor;
+use tch::{Device, Kind, Tensor};
 
 use crate::comm::Communicator;
 use crate::error::{CaptureError, Result};
-use crate::load::LoadCtx;
+use crate::load::{LoadCtx, TpReduce};
 
 /// Checks that `tp` ranks can split every one of `counts` (name, size) evenly; the error names
 /// them all and the sizes that would work.
@@ -85,6 +85,7 @@ pub(crate) struct RowParallelLinear {
     weight: Tensor,
     bias: Option<Tensor>,
     comm: Rc<dyn Communicator>,
+    reduce: TpReduce,
 }
 
 impl RowParallelLinear {
@@ -107,6 +108,7 @@ impl RowParallelLinear {
             weight,
             bias,
             comm: ctx.comm.clone(),
+            reduce: ctx.reduce,
         })
     }
 
@@ -116,17 +118,51 @@ impl RowParallelLinear {
             // Nothing to sum, so the bias goes into the GEMM as in transformers' nn.Linear.
             return Ok(x.f_linear(&self.weight, self.bias.as_ref())?);
         }
-        let mut y = x.f_linear::<Tensor>(&self.weight, None)?;
+        let kind = self.weight.kind();
+        let mut y = match self.reduce {
+            TpReduce::F32 => linear_f32(x, &self.weight)?,
+            TpReduce::Compute => x.f_linear::<Tensor>(&self.weight, None)?,
+        };
         self.comm.all_reduce_sum(&mut y)?;
-        Ok(match &self.bias {
-            Some(b) => y.f_add_(b)?,
-            None => y,
+        if let Some(b) = &self.bias {
+            // In place, so an f32 sum stays f32 and the bias joins it before the one rounding.
+            y = y.f_add_(b)?;
+        }
+        Ok(if y.kind() == kind {
+            y
+        } else {
+            y.f_to_kind(kind)?
         })
     }
 }
 
+/// `x W^T` as f32, the products of `x: [.., in]` and `w: [out, in]` accumulated in f32 and
+/// never rounded to their own dtype.
+fn linear_f32(x: &Tensor, w: &Tensor) -> Result<Tensor> {
+    if w.kind() == Kind::Float {
+        return Ok(x.f_linear::<Tensor>(w, None)?);
+    }
+    let mut shape = x.size();
+    let inner = shape.last().copied().unwrap_or(0);
+    let rows = x.f_reshape([-1, inner])?; // [n, in]
+    let y = match x.device() {
+        // cuBLAS's bf16 (or f16) GEMM with an f32 output: same speed as the rounded one.
+        Device::Cuda(_) => rows.f_mm_dtype(&w.f_tr()?, Kind::Float)?,
+        // libtorch 2.11 has no CPU kernel for mm.dtype. A bf16 or f16 product is exact in f32,
+        // so the upcast GEMM is the same arithmetic (on this CPU it is also faster than bf16's).
+        _ => rows
+            .f_to_kind(Kind::Float)?
+            .f_mm(&w.f_to_kind(Kind::Float)?.f_tr()?)?,
+    }; // [n, out]
+    if let Some(last) = shape.last_mut() {
+        *last = w.size()[0];
+    }
+    Ok(y.f_view(shape.as_slice())?)
+}
+
 /// Token embedding split by vocabulary rows: each rank looks up the ids it owns, writes
-/// zeros for the rest, and the all-reduce assembles the full `[.., hidden]` rows.
+/// zeros for the rest, and the all-reduce assembles the full `[.., hidden]` rows. The sum adds
+/// one row to zeros, which is exact in any dtype, so this reduction never rounds.
 pub(crate) struct VocabParallelEmbedding {
     weight: Tensor,
     start: i64,
@@ -179,7 +215,6 @@ mod tests {
     use crate::checkpoint::Checkpoint;
     use crate::comm::LocalComm;
     use safetensors::tensor::TensorView;
-    use tch::{Device, Kind};
 
     /// A checkpoint of f32 tensors whose values are `0, 1, 2, ...` scaled by `1/8`.
     fn checkpoint(dir: &std::path::Path, tensors: &[(&str, Vec<usize>)]) -> Checkpoint {
@@ -211,6 +246,7 @@ mod tests {
             device: Device::Cpu,
             kind: Kind::Float,
             norm: Default::default(),
+            reduce: TpReduce::F32,
         }
     }
 
@@ -260,6 +296,113 @@ mod tests {
         assert!(e.contains("missing tensor \"a.bias\""), "{e}");
         let e = load(&[("a", 4), ("b", 5)], false);
         assert!(e.contains("tensor \"b.weight\" has shape [2, 3]"), "{e}");
+    }
+
+    /// Tiny models that split 4 ways (8 heads over 4 KV heads, MLP 128), one per family, the
+    /// Llama one with biases on every projection so the row-parallel bias path runs too.
+    const TINY_TP4: &[(&str, &str)] = &[
+        (
+            "llama_bias",
+            r#"{"architectures": ["LlamaForCausalLM"], "attention_bias": true, "mlp_bias": true}"#,
+        ),
+        (
+            "mistral_window",
+            r#"{"architectures": ["MistralForCausalLM"], "sliding_window": 5}"#,
+        ),
+        ("qwen2", r#"{"architectures": ["Qwen2ForCausalLM"]}"#),
+        (
+            "qwen3_qk_norm",
+            r#"{"architectures": ["Qwen3ForCausalLM"], "head_dim": 16}"#,
+        ),
+    ];
+
+    fn tiny_tp4_config(arch: &str) -> String {
+        let mut c: serde_json::Value = serde_json::from_str(arch).unwrap();
+        let shared = serde_json::json!({"hidden_size": 64, "intermediate_size": 128,
+            "num_hidden_layers": 3, "num_attention_heads": 8, "num_key_value_heads": 4,
+            "vocab_size": 50, "rms_norm_eps": 1e-5, "rope_theta": 10000.0});
+        for (k, v) in shared.as_object().unwrap() {
+            c[k] = v.clone();
+        }
+        c.to_string()
+    }
+
+    /// Rank 0's bf16 states (as f32) of every layer and the final norm, run by `tp` in-process
+    /// ranks on two sequences of 12 tokens.
+    fn bf16_states(dir: &std::path::Path, tp: usize, reduce: TpReduce) -> Vec<Vec<f32>> {
+        let points: Vec<_> = (0..3)
+            .map(hslake_schemas::CapturePoint::LayerOutput)
+            .chain([hslake_schemas::CapturePoint::FinalNorm])
+            .collect();
+        let ids: Vec<i64> = (0..24).map(|i| (i * 17 + 3) % 50).collect();
+        std::thread::scope(|s| {
+            let ranks: Vec<_> = LocalComm::group(tp)
+                .into_iter()
+                .map(|comm| {
+                    let (points, ids) = (&points, &ids);
+                    s.spawn(move || {
+                        let _no_grad = tch::no_grad_guard();
+                        let cfg = crate::models::registry::read_config(dir).unwrap();
+                        let w = Checkpoint::open(dir).unwrap();
+                        let mut c = ctx(&w, comm);
+                        c.kind = Kind::BFloat16;
+                        c.reduce = reduce;
+                        let model = cfg.load(&c).unwrap();
+                        let ids = Tensor::from_slice(ids).view([2, 12]);
+                        let states = model.forward(&ids, points).unwrap();
+                        states
+                            .iter()
+                            .map(|t| Vec::<f32>::try_from(t.to_kind(Kind::Float).flatten(0, -1)))
+                            .collect::<std::result::Result<Vec<_>, _>>()
+                            .unwrap()
+                    })
+                })
+                .collect();
+            let mut all: Vec<_> = ranks.into_iter().map(|h| h.join().unwrap()).collect();
+            all.swap_remove(0)
+        })
+    }
+
+    /// The smallest cosine between corresponding 64-wide token vectors of `a` and `b`.
+    fn min_token_cosine(a: &[Vec<f32>], b: &[Vec<f32>]) -> f64 {
+        let mut worst = 1.0f64;
+        for (x, y) in a.iter().zip(b) {
+            assert_eq!(x.len(), y.len());
+            for (u, v) in x.chunks(64).zip(y.chunks(64)) {
+                let dot: f64 = u.iter().zip(v).map(|(p, q)| *p as f64 * *q as f64).sum();
+                let norm = |w: &[f32]| w.iter().map(|p| (*p as f64).powi(2)).sum::<f64>().sqrt();
+                worst = worst.min(dot / (norm(u) * norm(v)).max(1e-30));
+            }
+        }
+        worst
+    }
+
+    #[test]
+    fn f32_reduction_keeps_tp_two_and_four_as_close_to_tp_one_as_one_rounding_allows() {
+        let d = tempfile::tempdir().unwrap();
+        for (name, arch) in TINY_TP4 {
+            let dir = d.path().join(name);
+            crate::fixtures::write_model(&dir, &tiny_tp4_config(arch), None);
+            let one = bf16_states(&dir, 1, TpReduce::F32);
+            for tp in [2, 4] {
+                let f32_sum = min_token_cosine(&one, &bf16_states(&dir, tp, TpReduce::F32));
+                // The reason for the f32 reduction: partials rounded to bf16 and summed in
+                // bf16 round twice more per row-parallel layer than TP 1 does.
+                let bf16_sum = min_token_cosine(&one, &bf16_states(&dir, tp, TpReduce::Compute));
+                eprintln!(
+                    "{name} TP {tp} vs TP 1, min per-token cosine: f32 reduction {f32_sum:.8}, \
+                     bf16 reduction {bf16_sum:.8}"
+                );
+                assert!(
+                    f32_sum >= 0.99999,
+                    "{name} TP {tp}: f32 reduction {f32_sum}"
+                );
+                assert!(
+                    bf16_sum < f32_sum,
+                    "{name} TP {tp}: bf16 reduction {bf16_sum} is no worse than f32's {f32_sum}"
+                );
+            }
+        }
     }
 
     #[test]

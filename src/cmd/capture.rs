@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 use hslake_capture::{
     capture_with, CancelToken, CaptureOptions, CommitPolicy, DeviceKind, NormKernel, Overlong,
-    ProgressSink,
+    ProgressSink, TpReduce,
 };
 use hslake_schemas::{CapturePoint, DType};
 use hslake_store::WriterOptions;
@@ -48,6 +48,11 @@ pub struct Args {
     /// (transformers' own operations, bit-identical to it). CPU runs are always exact.
     #[arg(long, default_value = "fast")]
     pub norm: NormKernel,
+    /// With --tp > 1, what the row-parallel layers sum across ranks: f32 (f32 partial products
+    /// and sums, rounded to the dtype once, as at TP 1) or bf16 (partials rounded and summed in
+    /// the compute dtype: half the all-reduce bytes, two more roundings per layer).
+    #[arg(long, default_value = "f32")]
+    pub tp_reduce: TpReduce,
     /// Token budget of one padded batch (batch size x longest sample).
     #[arg(long, default_value_t = 16384)]
     pub max_tokens_per_batch: usize,
@@ -108,6 +113,7 @@ impl Args {
         o.engine.device = self.device;
         o.engine.dtype = self.dtype;
         o.engine.norm = self.norm;
+        o.engine.tp_reduce = self.tp_reduce;
         let job = &mut o.job;
         job.max_tokens_per_batch = self.max_tokens_per_batch;
         job.max_seq_len = self.max_seq_len;

@@ -5,7 +5,7 @@ use std::process::ExitCode;
 
 use anyhow::bail;
 use hslake_capture::debug::{nccl_check, prefill, PrefillOptions};
-use hslake_capture::{DeviceKind, EngineOptions, NormKernel};
+use hslake_capture::{DeviceKind, EngineOptions, NormKernel, TpReduce};
 use hslake_schemas::{CapturePoint, DType};
 
 /// The debug subcommands.
@@ -13,7 +13,8 @@ use hslake_schemas::{CapturePoint, DType};
 pub enum Debug {
     /// NCCL back end with one rank on GPU 0: init, and an all-reduce per dtype compared with its input.
     NcclCheck,
-    /// Prefill-only throughput of our forward on random token ids (no host copy, no write).
+    /// Prefill-only throughput of our forward on random token ids (no write); --profile adds
+    /// each rank's compute / all-reduce split and rank 0's copy to host memory.
     Prefill(PrefillArgs),
 }
 
@@ -44,6 +45,16 @@ pub struct PrefillArgs {
     /// Compute dtype: bf16, f16 or f32.
     #[arg(long, default_value = "bf16")]
     dtype: DType,
+    /// Tensor-parallel size (GPUs 0..N on cuda; threads on cpu).
+    #[arg(long, default_value_t = 1)]
+    tp: usize,
+    /// With --tp > 1, what row-parallel layers sum across ranks: f32 or bf16.
+    #[arg(long, default_value = "f32")]
+    tp_reduce: TpReduce,
+    /// Per rank: time in compute and in all-reduces, and rank 0's copy-out, with the device
+    /// waited for around each (slower than a plain run; the split is what it is for).
+    #[arg(long)]
+    profile: bool,
 }
 
 /// Runs one debug subcommand and prints what it found.
@@ -66,15 +77,30 @@ pub fn run(d: Debug) -> anyhow::Result<ExitCode> {
             engine.device = a.device;
             engine.dtype = a.dtype;
             engine.norm = a.norm;
+            engine.tp = a.tp;
+            engine.tp_reduce = a.tp_reduce;
             let report = prefill(&PrefillOptions {
                 engine,
                 batch: a.batch,
                 seq: a.seq,
                 iters: a.iters,
                 points: a.layers,
+                profile: a.profile,
             })?;
             println!("ours load secs {:.1}", report.load_secs);
-            println!("ours prefill tokens/s {:.0}", report.tokens_per_sec);
+            let label = if a.profile { "profiled " } else { "" };
+            println!("ours {label}prefill tokens/s {:.0}", report.tokens_per_sec);
+            for r in &report.ranks {
+                let per_iter = |s: f64| 1e3 * s / a.iters as f64;
+                println!(
+                    "rank {} per iteration: compute {:.1} ms, all-reduce {:.1} ms ({} calls), copy-out {:.1} ms",
+                    r.rank,
+                    per_iter(r.compute_secs),
+                    per_iter(r.all_reduce_secs),
+                    r.all_reduces / a.iters.max(1),
+                    per_iter(r.copy_out_secs)
+                );
+            }
         }
     }
     Ok(ExitCode::SUCCESS)

@@ -160,6 +160,12 @@ fn provenance(
             "0-based record index of the input"
         }),
     );
+    if engine.tp > 1 {
+        extra.insert(
+            "tp_reduce".to_string(),
+            serde_json::json!(engine.tp_reduce.name()),
+        );
+    }
     Provenance {
         model: schema.model.clone(),
         architecture: model.architecture.to_string(),

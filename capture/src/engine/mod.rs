@@ -105,6 +105,7 @@ impl Engine {
                 },
                 kind: checked.kind,
                 norm: checked.options.norm,
+                reduce: checked.options.tp_reduce,
             };
             let (jobs_tx, jobs_rx) = mpsc::channel();
             match rank::spawn(setup, comm, jobs_rx, report_tx.clone(), rank_failed.clone()) {
@@ -443,7 +444,7 @@ impl Drop for Engine {
 }
 
 /// How each rank joins its group: alone, threads of this process, or NCCL over GPUs `0..tp`.
-fn comm_inits(device: DeviceKind, tp: usize) -> Result<Vec<CommInit>> {
+pub(crate) fn comm_inits(device: DeviceKind, tp: usize) -> Result<Vec<CommInit>> {
     fn joined(c: impl Communicator + 'static) -> Result<Rc<dyn Communicator>> {
         Ok(Rc::new(c))
     }

@@ -9,7 +9,7 @@ use tch::Kind;
 use super::commit::CommitPolicy;
 use crate::error::{CaptureError, Result};
 use crate::input::Overlong;
-use crate::load::NormKernel;
+use crate::load::{NormKernel, TpReduce};
 
 /// Where the forward runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -44,10 +44,13 @@ pub struct EngineOptions {
     pub dtype: DType,
     /// How RMS norms are computed on CUDA.
     pub norm: NormKernel,
+    /// What row-parallel linears sum across ranks when `tp > 1`.
+    pub tp_reduce: TpReduce,
 }
 
 impl EngineOptions {
-    /// Defaults (TP 1 on the CPU in bf16, fast norms) for the model in `model_dir`.
+    /// Defaults (TP 1 on the CPU in bf16, fast norms, f32 TP reduction) for the model in
+    /// `model_dir`.
     pub fn new(model_dir: PathBuf) -> Self {
         EngineOptions {
             model_dir,
@@ -55,6 +58,7 @@ impl EngineOptions {
             device: DeviceKind::Cpu,
             dtype: DType::Bf16,
             norm: NormKernel::Fast,
+            tp_reduce: TpReduce::F32,
         }
     }
 

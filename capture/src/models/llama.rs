@@ -91,10 +91,12 @@ impl LlamaConfig {
             None if raw.hidden_size.is_multiple_of(raw.num_attention_heads) => {
                 raw.hidden_size / raw.num_attention_heads
             }
-            None => return Err(unsupported(format!(
+            None => {
+                return Err(unsupported(format!(
                 "no head_dim and hidden_size = {} is not a multiple of num_attention_heads = {}",
                 raw.hidden_size, raw.num_attention_heads
-            ))),
+            )))
+            }
         };
         if head_dim == 0 || !head_dim.is_multiple_of(2) {
             return Err(unsupported(format!(
