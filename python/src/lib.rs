@@ -9,13 +9,6 @@ use std::time::Duration;
 use hslake_loader::{
     BatchStream, HostTensor, Loader, LoaderError, LoaderOptions, LoaderState, Preset,
 };
-=======
-use hslake_loader::{
-    BatchStream, Batching, CorruptPolicy, Follow, HostTensor, Layout, Loader, LoaderConfig,
-    LoaderError, LoaderState, Preset, Remainder,
-};
-use hslake_schemas::CapturePoint;
->>>>>>> main
 use hslake_store::{Dataset, StoreError};
 use pyo3::create_exception;
 use pyo3::exceptions::PyException;
