@@ -64,7 +64,9 @@ async fn load_samples(a: &StoreArgs) -> Result<(DatasetSchema, Vec<Sample>)> {
         return Ok((r.schema().clone(), out));
     }
     if let Some(dir) = &a.from_npy {
-        return Ok(hslake_store::tools::bench::samples_from_npy(dir, a.samples)?);
+        return Ok(hslake_store::tools::bench::samples_from_npy(
+            dir, a.samples,
+        )?);
     }
     let seq = super::synth::parse_range(&a.seq_len)?;
     let dtype: DType = a.dtype.parse()?;
