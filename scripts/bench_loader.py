@@ -13,7 +13,7 @@ reader's process tree, sampled every 50 ms) and time to first batch (from buildi
 loader to holding the first batch). All readers deliver the same padded batch: input_ids,
 loss_mask, attention_mask [B, T], aux [B, T, 3H] and target [B, T, H] in bf16.
 
-Build the module optimised first:  (cd python && maturin develop --release)
+Build the module optimised first:  cargo build --release -p hslake-python && bash scripts/python_module.sh release
 Usage: .venv/bin/python scripts/bench_loader.py --samples 100000 --hidden 16 --out /tmp/hsbench
 """
 from __future__ import annotations

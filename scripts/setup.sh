@@ -43,5 +43,8 @@ done
 if [ ! -d "${CARGO_TARGET_DIR:-target}/debug" ]; then
   need_space 8 "the first dev build of the workspace"
 fi
-echo "setup: building hslake (dev profile)" >&2
-cargo build --workspace --bins
+echo "setup: building hslake and its Python module (dev profile)" >&2
+# --lib builds the Python module's library in the same feature resolution as the CLI and the
+# tests (a separate maturin build of the one package compiled arrow and parquet again).
+cargo build --workspace --lib --bins
+bash scripts/python_module.sh

@@ -298,6 +298,7 @@ mod tests {
         assert!(err.contains("target=true"), "{err}");
         let err = resolve(r#"{"batch_size": 4, "preset": "eagle"}"#).unwrap_err();
         assert!(err.contains("preset=\"eagle\""), "{err}");
+        assert!(err.contains("unknown preset"), "{err}");
         let err = resolve(r#"{"batch_size": 4, "on_corrupt": "ignore"}"#).unwrap_err();
         assert!(err.contains("on_corrupt=\"ignore\""), "{err}");
     }

@@ -21,8 +21,10 @@ use serde::{Deserialize, Serialize};
 use crate::LoaderError;
 
 /// A trainer's layer convention.
+// Deserialized through `FromStr` so that options JSON and the CLI name the same choices in the
+// same words ("unknown preset ...; expected one of ...").
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
+#[serde(rename_all = "snake_case", try_from = "String")]
 pub enum Preset {
     /// speculators (vLLM hidden states): aux layers `1, n/2 − 1, n − 4`, target `layer_{n−1}`.
     Speculators,
@@ -49,6 +51,20 @@ impl PresetPoints {
 }
 
 impl Preset {
+    /// The preset called `name` (case and surrounding space ignored).
+    fn named(name: &str) -> Result<Self, String> {
+        let wanted = name.trim().to_ascii_lowercase();
+        Preset::ALL
+            .into_iter()
+            .find(|p| p.name() == wanted)
+            .ok_or_else(|| {
+                format!(
+                    "unknown preset {name:?}; expected one of {}",
+                    Preset::ALL.map(|p| p.name()).join(", ")
+                )
+            })
+    }
+
     /// Every preset, for listings in error messages.
     pub const ALL: [Preset; 2] = [Preset::Speculators, Preset::Specforge];
 
@@ -163,18 +179,17 @@ impl fmt::Display for Preset {
     }
 }
 
+impl TryFrom<String> for Preset {
+    type Error = String;
+    fn try_from(s: String) -> Result<Self, Self::Error> {
+        Preset::named(&s)
+    }
+}
+
 impl FromStr for Preset {
     type Err = LoaderError;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        Preset::ALL
-            .into_iter()
-            .find(|p| p.name() == s.trim().to_ascii_lowercase())
-            .ok_or_else(|| {
-                LoaderError::Config(format!(
-                    "unknown preset {s:?}; expected one of {}",
-                    Preset::ALL.map(|p| p.name()).join(", ")
-                ))
-            })
+        Preset::named(s).map_err(LoaderError::Config)
     }
 }
 

@@ -211,6 +211,12 @@ impl NativeLoader {
         self.loader.version()
     }
 
+    /// Ranks the samples are split over.
+    #[getter]
+    fn world_size(&self) -> usize {
+        self.loader.config().world_size
+    }
+
     /// Samples this reader visits per epoch.
     #[getter]
     fn samples_per_epoch(&self) -> u64 {

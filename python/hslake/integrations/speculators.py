@@ -110,7 +110,7 @@ class SpeculatorsLoader(torch.utils.data.IterableDataset):
         leaves some room in most rows, so the true count is a little higher. Pass
         ``max_steps``/``scheduler_total_steps`` to the Trainer where the exact horizon matters.
         """
-        world = self.loader._settings["world_size"]
+        world = self.loader.world_size
         return max(1, math.ceil(self._tokens / world / self.total_seq_len))
 
     # Resume and epochs: the underlying loader's.
