@@ -9,7 +9,8 @@
 #      TP 1 and TP N, a profile of TP N (compute / all-reduce / copy-out per rank), and capture end
 #      to end (file:// dataset) over BATCHES batches of 8 x 2048 tokens at TP 1 and TP N, both
 #      reductions
-# Knobs: BATCHES (default 80), WORK (scratch, default /tmp/hslake-mgpu), SKIP_PARITY=1, SKIP_8B=1.
+# Knobs: BATCHES (default 80), WORK (scratch, default /tmp/hslake-mgpu), SKIP_PARITY=1, SKIP_8B=1,
+# SKIP_THROUGHPUT=1.
 # Logs go to $OUT (or ./gpu-out); the summary table is printed at the end and kept in $OUT/summary.txt.
 set -uo pipefail
 N=${1:?usage: multi_gpu.sh N (number of GPUs)}
@@ -42,23 +43,33 @@ stage "Llama-3.1-8B shapes: model and $((BATCHES * 8)) samples"
 python3 "$HERE/make_llama8b.py" --out "$W/llama8b" --inputs "$W/in.jsonl" --samples $((BATCHES * 8)) --seq 2048 2>&1 | tail -3 | tee "$OUT/make.txt"
 head -16 "$W/in.jsonl" > "$W/in16.jsonl"
 M=$W/llama8b
-capture() { # capture OUTPUT INPUT FLAGS...: one capture of the 8B model on cuda in bf16
+capture() { # capture OUTPUT INPUT FLAGS...: one capture of the 8B model on cuda in $DTYPE (bf16)
   local out=$1 in=$2; shift 2
-  "$BIN" capture --model "$M" --input "$in" --output "$out" --layers $LAYERS --device cuda --dtype bf16 \
+  "$BIN" capture --model "$M" --input "$in" --output "$out" --layers $LAYERS --device cuda --dtype "${DTYPE:-bf16}" \
     --max-tokens-per-batch 16384 --queue-depth 4 --no-progress "$@"
 }
 
 if [ "${SKIP_8B:-0}" != 1 ]; then
   stage "8B: TP $N vs TP 1 over 16 samples x 4 layers"
-  rm -rf "$W/cmp1" "$W/cmpf32" "$W/cmpbf16"
+  rm -rf "$W/cmp1" "$W/cmpf32" "$W/cmpbf16" "$W/cmptruth"
+  # The truth every bf16 run approximates: the same weights computed in f32 at TP 1 (hslake's
+  # f32 capture equals transformers' f32 forward to 1e-5 relative, tests/python).
+  DTYPE=f32 capture "file://$W/cmptruth" "$W/in16.jsonl" --tp 1 > "$OUT/cmp_truth.txt" 2>&1
   capture "file://$W/cmp1" "$W/in16.jsonl" --tp 1 > "$OUT/cmp_tp1.txt" 2>&1
   capture "file://$W/cmpf32" "$W/in16.jsonl" --tp "$N" --tp-reduce f32 > "$OUT/cmp_f32.txt" 2>&1
   capture "file://$W/cmpbf16" "$W/in16.jsonl" --tp "$N" --tp-reduce bf16 > "$OUT/cmp_bf16.txt" 2>&1
   python3 "$HERE/compare_tp.py" "$W/cmp1" "TP$N-f32=$W/cmpf32" "TP$N-bf16=$W/cmpbf16" 2>&1 | tee "$OUT/compare_8b.txt"
-  rm -rf "$W/cmp1" "$W/cmpf32" "$W/cmpbf16"
+  python3 "$HERE/compare_tp.py" "$W/cmptruth" "TP1=$W/cmp1" "TP$N-f32=$W/cmpf32" "TP$N-bf16=$W/cmpbf16" \
+    --min-cosine 0 2>&1 | tee "$OUT/compare_8b_truth.txt"
+  rm -rf "$W/cmp1" "$W/cmpf32" "$W/cmpbf16" "$W/cmptruth"
   row ""
   row "## 8B shapes, TP $N vs TP 1 (16 samples x layers $LAYERS; bound 0.9999 for f32)"
   sed 's/^/  /' "$OUT/compare_8b.txt" >> "$S"
+  row "## 8B shapes, each bf16 run vs the f32 truth (the noise floor: TP 1 is as far from it as transformers)"
+  sed 's/^/  /' "$OUT/compare_8b_truth.txt" >> "$S"
+fi
+if [ "${SKIP_THROUGHPUT:-0}" = 1 ]; then
+  stage "done (SKIP_THROUGHPUT=1)"; echo; cat "$S"; exit 0
 fi
 
 stage "throughput: transformers on one GPU"
@@ -94,8 +105,9 @@ e2e() { # e2e NAME FLAGS...
 e2e tp1 --tp 1
 e2e "tp$N-f32" --tp "$N" --tp-reduce f32
 e2e "tp$N-bf16" --tp "$N" --tp-reduce bf16
-# "ours prefill tokens/s 123" (debug prefill) or "(... tokens, 123 tokens/s over ...)" (capture)
-rate() { grep -hoE 'prefill tokens/s [0-9]+|[0-9]+ tokens/s' "$OUT/$1.txt" | head -1 | grep -oE '[0-9]+'; }
+# "ours prefill tokens/s 123" (debug prefill) or "(... tokens, 123 tokens/s over ...)" (capture's
+# summary; its progress lines also say "tokens/s" but count from the first batch, so not those).
+rate() { grep -hoE 'prefill tokens/s [0-9]+|[0-9]+ tokens/s over' "$OUT/$1.txt" | head -1 | grep -oE '[0-9]+' | head -1; }
 ratio() { python3 -c "import sys; a, b = sys.argv[1:]; print(f'{float(b) / float(a):.2f}x' if a and b else 'n/a')" "$(rate "$1")" "$(rate "$2")"; }
 row ""
 row "## TP $N / TP 1 (bound for end to end: 1.8x)"
