@@ -52,6 +52,7 @@ pub use engine::{
     EngineOptions, NoProgress, PreparedJob, ProgressSink, RANK_GRACE,
 };
 pub use error::{CaptureError, Result, TensorProblem};
-pub use input::{read_inputs, InputLimits, InputSample, Inputs, Overlong};
+pub use hslake_schemas::Overlong;
+pub use input::{read_inputs, InputLimits, InputSample, Inputs};
 pub use load::{NormKernel, TpReduce};
 pub use models::ModelInfo;

@@ -27,9 +27,10 @@ pub mod template;
 pub use chat_tokenizer::{ChatTokenizer, LossOn, TemplateKwargs, Tokenized};
 pub use conversation::{parse_conversation, Conversation, Message, Role};
 pub use error::{PrepareError, RecordError, Result};
+pub use hslake_schemas::Overlong;
 pub use mask::MaskMethod;
 pub use output::{Sample, SampleWriter};
-pub use pipeline::{prepare, prepare_file, Overlong, PrepareOptions, Summary};
+pub use pipeline::{prepare, prepare_file, PrepareOptions, Summary};
 pub use regenerate::{
     regenerate, regenerated_records, ProgressFile, RegenCounters, RegenOptions, RegenReport,
 };

@@ -10,29 +10,7 @@ use crate::error::{PrepareError, RecordError, Result};
 use crate::mask::MaskMethod;
 use crate::output::Sample;
 use crate::source::{read_conversations, ConversationRecord};
-
-/// What to do with a sample longer than `max_seq_len` (as `hslake capture --overlong`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum Overlong {
-    /// Keep its first `max_seq_len` tokens.
-    #[default]
-    Truncate,
-    /// Leave it out.
-    Skip,
-}
-
-impl std::str::FromStr for Overlong {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "truncate" => Ok(Overlong::Truncate),
-            "skip" => Ok(Overlong::Skip),
-            _ => Err(format!(
-                "unknown overlong policy {s:?}; expected truncate or skip"
-            )),
-        }
-    }
-}
+use hslake_schemas::Overlong;
 
 /// Settings of a run.
 #[derive(Debug, Clone)]

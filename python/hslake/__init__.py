@@ -175,6 +175,11 @@ class Loader(torch.utils.data.IterableDataset):
         return self._get_native().version
 
     @property
+    def world_size(self) -> int:
+        """Ranks the samples are split over (the ``world_size`` option, 1 by default)."""
+        return self._get_native().world_size
+
+    @property
     def aux_layers(self) -> list[str]:
         return list(self._get_native().aux_layers)
 

@@ -5,6 +5,30 @@ use serde::{Deserialize, Serialize};
 use crate::error::ScaleReason;
 use crate::{DType, SchemaError};
 
+/// What capture and prepare do with a sample longer than the longest allowed
+/// (`--max-seq-len`): one policy, spelled the same on every command line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Overlong {
+    /// Keep its first `max_seq_len` tokens.
+    #[default]
+    Truncate,
+    /// Leave it out.
+    Skip,
+}
+
+impl FromStr for Overlong {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "truncate" => Ok(Overlong::Truncate),
+            "skip" => Ok(Overlong::Skip),
+            _ => Err(format!(
+                "unknown overlong policy {s:?}; expected truncate or skip"
+            )),
+        }
+    }
+}
+
 /// One tensor's values: little-endian element bytes in row-major order.
 #[derive(Debug, Clone, PartialEq)]
 pub struct TensorData {

@@ -8,8 +8,8 @@ use tch::Kind;
 
 use super::commit::CommitPolicy;
 use crate::error::{CaptureError, Result};
-use crate::input::Overlong;
 use crate::load::{NormKernel, TpReduce};
+use hslake_schemas::Overlong;
 
 /// Where the forward runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -7,6 +7,7 @@ use std::collections::HashMap;
 use std::path::Path;
 
 use crate::error::{CaptureError, Result};
+use hslake_schemas::Overlong;
 
 mod jsonl;
 mod parquet;
@@ -28,29 +29,6 @@ struct Record {
     input_ids: Option<Vec<i64>>,
     /// Loss mask, if present.
     loss_mask: Option<Vec<i64>>,
-}
-
-/// What to do with a sample longer than `--max-seq-len`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum Overlong {
-    /// Keep its first `max_seq_len` tokens.
-    #[default]
-    Truncate,
-    /// Leave it out.
-    Skip,
-}
-
-impl std::str::FromStr for Overlong {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "truncate" => Ok(Overlong::Truncate),
-            "skip" => Ok(Overlong::Skip),
-            _ => Err(format!(
-                "unknown overlong policy {s:?}; expected truncate or skip"
-            )),
-        }
-    }
 }
 
 /// One tokenized sample ready for the model.
