@@ -47,7 +47,7 @@ def reference(model, samples):
         with torch.no_grad():
             o = model(torch.tensor([s["input_ids"]], device="cuda"), output_hidden_states=True)
         h.remove()
-        ref = {f"layer_{l}": (captured["last"] if l == 2 else o.hidden_states[l + 1])[0] for l in (0, 1, 2)}
+        ref = {f"layer_{l}": (captured["last"] if l == len(model.model.layers) - 1 else o.hidden_states[l + 1])[0] for l in (0, 1, 2)}
         ref["final_norm"] = o.hidden_states[-1][0]
         out.append({k: v.float().cpu().numpy() for k, v in ref.items()})
     return out
