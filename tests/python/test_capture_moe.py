@@ -10,7 +10,9 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from capture_util import ARCHS, VOCAB, hf_states, random_samples, randomize, read_dataset, run_capture, save_model, \
+from transformers import DeepseekV3Config, DeepseekV3ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+from capture_util import ARCHS, DEEPSEEK_V3, QWEN3_MOE, VOCAB, hf_states, random_samples, randomize, read_dataset, run_capture, save_model, \
     write_jsonl
 
 LENGTHS = [5, 17, 12, 1, 30, 9]
@@ -56,6 +58,30 @@ def test_tp_1_2_and_4_each_match_transformers(arch, tmp_path):
         assert manifest["provenance"]["tp_size"] == tp
     worst = assert_matches_transformers(model, runs, samples, layers)
     print(f"{arch}: TP 1/2/4 max abs diff vs transformers {worst:.3g}")
+
+
+# 8 heads (and KV heads) and 8 experts: at TP 8 every rank holds one head and one whole expert.
+TP8 = {
+    "qwen3_moe": lambda: Qwen3MoeForCausalLM(Qwen3MoeConfig(**dict(QWEN3_MOE, num_key_value_heads=8),
+                                                            norm_topk_prob=True)),
+    "deepseek_v3": lambda: DeepseekV3ForCausalLM(DeepseekV3Config(
+        **dict(DEEPSEEK_V3, num_attention_heads=8, num_key_value_heads=8), q_lora_rank=24, n_group=4, topk_group=2)),
+}
+
+
+@pytest.mark.parametrize("arch", sorted(TP8))
+def test_tp_8_with_one_expert_per_rank_matches_transformers(arch, tmp_path):
+    torch.manual_seed(2)
+    model = randomize(TP8[arch]().float().eval(), seed=2)
+    model.config._attn_implementation = "sdpa"
+    path = save_model(model, tmp_path / arch)
+    samples = random_samples([9, 20, 4], VOCAB, seed=3)
+    inputs = write_jsonl(tmp_path / "in.jsonl", samples)
+    layers = layers_of(model)
+    run_capture(path, inputs, tmp_path / "tp8", layers, "--tp", 8, final_norm=True)
+    got, manifest = read_dataset(tmp_path / "tp8")
+    assert manifest["provenance"]["tp_size"] == 8
+    assert_matches_transformers(model, {"TP=8": got}, samples, layers)
 
 
 def rewrite_config(path, edit):
