@@ -260,8 +260,12 @@ impl RopeTables {
             })
         };
         // [1, t, 1, d] broadcasts over the heads of a `[b, t, heads, d]` projection output.
-        let cos = scaled(emb.f_cos()?)?.f_to_kind(kind)?.f_view([1, t, 1, d])?;
-        let sin = scaled(emb.f_sin()?)?.f_to_kind(kind)?.f_view([1, t, 1, d])?;
+        let cos = scaled(emb.f_cos()?)?
+            .f_to_kind(kind)?
+            .f_view([1, t, 1, d])?;
+        let sin = scaled(emb.f_sin()?)?
+            .f_to_kind(kind)?
+            .f_view([1, t, 1, d])?;
         Ok(RopeTables {
             cos,
             sin_lo_neg: sin.f_narrow(3, 0, half)?.f_neg()?,
@@ -406,8 +410,12 @@ mod tests {
             .apply_interleaved(&x)
             .unwrap();
         // transformers: cos/sin scaled in f32, rounded, then their first halves.
-        let cos = (emb.cos() * 1.25).to_kind(Kind::BFloat16).narrow(1, 0, d / 2);
-        let sin = (emb.sin() * 1.25).to_kind(Kind::BFloat16).narrow(1, 0, d / 2);
+        let cos = (emb.cos() * 1.25)
+            .to_kind(Kind::BFloat16)
+            .narrow(1, 0, d / 2);
+        let sin = (emb.sin() * 1.25)
+            .to_kind(Kind::BFloat16)
+            .narrow(1, 0, d / 2);
         let (cos, sin) = (cos.view([1, t, 1, d / 2]), sin.view([1, t, 1, d / 2]));
         let (x1, x2) = (x.slice(3, 0, None, 2), x.slice(3, 1, None, 2));
         let expected = Tensor::cat(&[&x1 * &cos - &x2 * &sin, &x2 * &cos + &x1 * &sin], 3);

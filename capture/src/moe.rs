@@ -278,9 +278,11 @@ impl Router {
     /// `[n, hidden]` -> (weights `[n, top_k]`, expert ids `[n, top_k]` int64).
     fn route(&self, x: &Tensor) -> Result<(Tensor, Tensor)> {
         match (&self.routing, &self.correction) {
-            (Routing::Softmax { norm_topk_prob }, _) => {
-                softmax_top_k(&x.f_linear::<Tensor>(&self.weight, None)?, self.top_k, *norm_topk_prob)
-            }
+            (Routing::Softmax { norm_topk_prob }, _) => softmax_top_k(
+                &x.f_linear::<Tensor>(&self.weight, None)?,
+                self.top_k,
+                *norm_topk_prob,
+            ),
             (
                 Routing::GroupedSigmoid {
                     n_group,
@@ -391,14 +393,23 @@ struct Experts {
 
 /// Where every routed-expert weight is read: one call per linear, so that a quantized format's
 /// loader can take its place here.
-fn expert_weight(ctx: &LoadCtx, name: &str, out_features: usize, in_features: usize) -> Result<Tensor> {
+fn expert_weight(
+    ctx: &LoadCtx,
+    name: &str,
+    out_features: usize,
+    in_features: usize,
+) -> Result<Tensor> {
     ctx.full(name, &[out_features, in_features])
 }
 
 impl Experts {
     /// Loads this rank's `<prefix>.<j>.{gate,up,down}_proj.weight`.
     fn load(ctx: &LoadCtx, prefix: &str, hidden: usize, spec: &MoeSpec) -> Result<Self> {
-        let (e, i, tp) = (spec.num_experts, spec.intermediate_size, ctx.comm.world_size());
+        let (e, i, tp) = (
+            spec.num_experts,
+            spec.intermediate_size,
+            ctx.comm.world_size(),
+        );
         // Experts are never cut: a TP size that does not divide them is refused by name.
         check_split(tp, &[(spec.experts_field, e)])?;
         let per_rank = e / tp;
@@ -449,7 +460,9 @@ impl Experts {
             if count > 0 {
                 // 3. [count, hidden] -> [count, 2 * inter] -> [count, inter] -> [count, hidden].
                 let rows = tokens.f_narrow(0, start, count)?;
-                let gate_up = x.f_index_select(0, &rows)?.f_linear::<Tensor>(&expert.gate_up, None)?;
+                let gate_up = x
+                    .f_index_select(0, &rows)?
+                    .f_linear::<Tensor>(&expert.gate_up, None)?;
                 let i = self.intermediate;
                 let act = gate_up
                     .f_narrow(-1, 0, i)?
@@ -525,7 +538,8 @@ mod tests {
     #[test]
     fn experts_outside_the_chosen_groups_are_never_picked_even_with_the_best_scores() {
         // 4 groups of 2; expert 0 has by far the best score, but its group's pair sum loses.
-        let logits = Tensor::from_slice(&[9.0f32, -9.0, 1.0, 1.0, 0.0, 0.0, -1.0, -1.0]).view([1, 8]);
+        let logits =
+            Tensor::from_slice(&[9.0f32, -9.0, 1.0, 1.0, 0.0, 0.0, -1.0, -1.0]).view([1, 8]);
         let bias = Tensor::zeros([8], (Kind::Float, Device::Cpu));
         let (_, ids) = grouped_sigmoid_top_k(&logits, &bias, params(4, 1)).unwrap();
         let mut ids = Vec::<i64>::try_from(ids.flatten(0, -1)).unwrap();
@@ -600,7 +614,10 @@ mod tests {
             top_k: 3,
             ..spec(grouped(4, 1))
         };
-        assert!(too_many.problem().unwrap().contains("exceeds the 2 experts"));
+        assert!(too_many
+            .problem()
+            .unwrap()
+            .contains("exceeds the 2 experts"));
         let none = MoeSpec {
             top_k: 0,
             ..spec(Routing::Softmax {

@@ -31,8 +31,7 @@ use crate::layers::{RmsNorm, Rope, RopeScaling, RopeTables, Rotary};
 use crate::load::LoadCtx;
 use crate::moe::{FeedForward, MoeLayers, MoeSpec, Routing};
 use crate::tp::{
-    check_split, ColumnParallelLinear, ReplicatedLinear, RowParallelLinear,
-    VocabParallelEmbedding,
+    check_split, ColumnParallelLinear, ReplicatedLinear, RowParallelLinear, VocabParallelEmbedding,
 };
 
 /// transformers builds MLA's two latent norms with the default epsilon, not `rms_norm_eps`.
@@ -185,7 +184,9 @@ impl DeepseekConfig {
             },
         };
         let first_dense = ds.first_k_dense_replace.unwrap_or(3);
-        let sparse: Vec<bool> = (0..raw.num_hidden_layers).map(|i| i >= first_dense).collect();
+        let sparse: Vec<bool> = (0..raw.num_hidden_layers)
+            .map(|i| i >= first_dense)
+            .collect();
         if sparse.contains(&true) {
             if let Some(problem) = spec.problem() {
                 return Err(unsupported(problem));
@@ -304,7 +305,12 @@ impl Attention {
             Some(r) => QueryProjection::LowRank {
                 down: ReplicatedLinear::load(ctx, &name("q_a_proj"), h, r, bias)?,
                 norm: RmsNorm::load(ctx, &name("q_a_layernorm"), r, LATENT_NORM_EPS)?,
-                up: ColumnParallelLinear::load_fused(ctx, &[(&name("q_b_proj"), q_rows)], r, false)?,
+                up: ColumnParallelLinear::load_fused(
+                    ctx,
+                    &[(&name("q_b_proj"), q_rows)],
+                    r,
+                    false,
+                )?,
             },
         };
         let kv_lora = cfg.kv_lora_rank;
@@ -363,7 +369,10 @@ impl Attention {
         let q = Tensor::f_cat(&[q.f_narrow(3, 0, nope)?, q_rot], 3)?;
         // 4. Keys and values from the latent: [b, t, heads, nope + v]; every head's key ends
         //    in the one shared rotary part.
-        let kv = self.kv_b_proj.forward(&latent)?.f_view([b, t, heads, nope + v])?;
+        let kv = self
+            .kv_b_proj
+            .forward(&latent)?
+            .f_view([b, t, heads, nope + v])?;
         let k = Tensor::f_cat(
             &[
                 kv.f_narrow(3, 0, nope)?,
@@ -494,12 +503,17 @@ mod tests {
     /// A tiny DeepSeek-V3 config: hidden 64, 4 heads, 3 layers (1 dense), 8 experts in 2
     /// groups, with `extra`'s fields added or replaced.
     fn file(extra: serde_json::Value) -> ConfigFile {
-        let mut f = ConfigFile::for_test(serde_json::json!({"architectures": ["DeepseekV3ForCausalLM"],
+        let mut f = ConfigFile::for_test(
+            serde_json::json!({"architectures": ["DeepseekV3ForCausalLM"],
             "num_attention_heads": 4, "num_hidden_layers": 3, "intermediate_size": 96,
             "moe_intermediate_size": 32, "n_routed_experts": 8, "num_experts_per_tok": 2,
             "n_group": 2, "topk_group": 1, "first_k_dense_replace": 1, "q_lora_rank": 24,
-            "kv_lora_rank": 16, "qk_rope_head_dim": 8, "qk_nope_head_dim": 16, "v_head_dim": 12}));
-        f.json.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+            "kv_lora_rank": 16, "qk_rope_head_dim": 8, "qk_nope_head_dim": 16, "v_head_dim": 12}),
+        );
+        f.json
+            .as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
         f
     }
 
@@ -515,19 +529,49 @@ mod tests {
     fn reads_mla_with_and_without_q_lora_and_moe_after_the_dense_layers() {
         let s = shapes(&*parse(&file(serde_json::json!({}))).unwrap());
         let at = |n: &str| s.get(n).cloned();
-        assert_eq!(at("model.layers.0.self_attn.q_a_proj.weight"), Some(vec![24, 64]));
-        assert_eq!(at("model.layers.0.self_attn.q_b_proj.weight"), Some(vec![96, 24]));
-        assert_eq!(at("model.layers.0.self_attn.kv_a_proj_with_mqa.weight"), Some(vec![24, 64]));
-        assert_eq!(at("model.layers.0.self_attn.kv_b_proj.weight"), Some(vec![112, 16]));
-        assert_eq!(at("model.layers.0.self_attn.o_proj.weight"), Some(vec![64, 48]));
-        assert_eq!(at("model.layers.0.mlp.gate_proj.weight"), Some(vec![96, 64]));
-        assert_eq!(at("model.layers.1.mlp.gate.e_score_correction_bias"), Some(vec![8]));
-        assert_eq!(at("model.layers.2.mlp.experts.7.down_proj.weight"), Some(vec![64, 32]));
-        assert_eq!(at("model.layers.2.mlp.shared_experts.up_proj.weight"), Some(vec![32, 64]));
+        assert_eq!(
+            at("model.layers.0.self_attn.q_a_proj.weight"),
+            Some(vec![24, 64])
+        );
+        assert_eq!(
+            at("model.layers.0.self_attn.q_b_proj.weight"),
+            Some(vec![96, 24])
+        );
+        assert_eq!(
+            at("model.layers.0.self_attn.kv_a_proj_with_mqa.weight"),
+            Some(vec![24, 64])
+        );
+        assert_eq!(
+            at("model.layers.0.self_attn.kv_b_proj.weight"),
+            Some(vec![112, 16])
+        );
+        assert_eq!(
+            at("model.layers.0.self_attn.o_proj.weight"),
+            Some(vec![64, 48])
+        );
+        assert_eq!(
+            at("model.layers.0.mlp.gate_proj.weight"),
+            Some(vec![96, 64])
+        );
+        assert_eq!(
+            at("model.layers.1.mlp.gate.e_score_correction_bias"),
+            Some(vec![8])
+        );
+        assert_eq!(
+            at("model.layers.2.mlp.experts.7.down_proj.weight"),
+            Some(vec![64, 32])
+        );
+        assert_eq!(
+            at("model.layers.2.mlp.shared_experts.up_proj.weight"),
+            Some(vec![32, 64])
+        );
         assert_eq!(at("model.layers.0.mlp.gate.weight"), None);
         assert_eq!(at("model.layers.0.self_attn.q_proj.weight"), None);
         let s = shapes(&*parse(&file(serde_json::json!({"q_lora_rank": null}))).unwrap());
-        assert_eq!(s.get("model.layers.0.self_attn.q_proj.weight"), Some(&vec![96, 64]));
+        assert_eq!(
+            s.get("model.layers.0.self_attn.q_proj.weight"),
+            Some(&vec![96, 64])
+        );
         assert!(!s.contains_key("model.layers.0.self_attn.q_a_proj.weight"));
     }
 
@@ -542,7 +586,10 @@ mod tests {
         let c = parse_kimi_k25(&wrapper).unwrap();
         assert_eq!(c.info().architecture, "KimiK25ForConditionalGeneration");
         let s = shapes(&*c);
-        assert!(s.keys().all(|n| n.starts_with("language_model.model.")), "{s:?}");
+        assert!(
+            s.keys().all(|n| n.starts_with("language_model.model.")),
+            "{s:?}"
+        );
         assert!(s.contains_key("language_model.model.layers.2.mlp.gate.weight"));
         let bare = ConfigFile {
             path: "/m/config.json".into(),
@@ -557,8 +604,10 @@ mod tests {
         let c = DeepseekConfig::from_file(&file(serde_json::json!({})), "D", "model.").unwrap();
         assert_eq!(c.softmax_scale, 24f64.powf(-0.5));
         let c = DeepseekConfig::from_file(
-            &file(serde_json::json!({"rope_scaling": {"type": "yarn", "factor": 40.0,
-                "mscale": 1.0, "mscale_all_dim": 1.0, "original_max_position_embeddings": 64}})),
+            &file(
+                serde_json::json!({"rope_scaling": {"type": "yarn", "factor": 40.0,
+                "mscale": 1.0, "mscale_all_dim": 1.0, "original_max_position_embeddings": 64}}),
+            ),
             "D",
             "model.",
         )
@@ -578,7 +627,10 @@ mod tests {
         assert!(e(serde_json::json!({"qk_rope_head_dim": 7})).contains("qk_rope_head_dim = 7"));
         assert!(e(serde_json::json!({"scoring_func": "softmax"})).contains("scoring_func"));
         assert!(e(serde_json::json!({"q_lora_rank": 0})).contains("q_lora_rank = Some(0)"));
-        let c = parse(&file(serde_json::json!({"n_routed_experts": 6, "n_group": 1}))).unwrap();
+        let c = parse(&file(
+            serde_json::json!({"n_routed_experts": 6, "n_group": 1}),
+        ))
+        .unwrap();
         assert!(c.check_tp(2).is_ok());
         let tp4 = c.check_tp(4).unwrap_err().to_string();
         assert!(tp4.contains("n_routed_experts = 6"), "{tp4}");

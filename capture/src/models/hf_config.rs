@@ -65,7 +65,9 @@ impl ConfigFile {
             }),
             _ => Err(CaptureError::Config {
                 path: self.path.clone(),
-                message: format!("no {key:?} object (the language model's config is expected there)"),
+                message: format!(
+                    "no {key:?} object (the language model's config is expected there)"
+                ),
             }),
         }
     }
@@ -227,7 +229,9 @@ impl RawConfig {
             }
         };
         if factor <= 0.0 {
-            return Err(format!("yarn RoPE scaling needs a positive factor, got {factor}"));
+            return Err(format!(
+                "yarn RoPE scaling needs a positive factor, got {factor}"
+            ));
         }
         let mscale = |scale: f64, m: f64| {
             if scale <= 1.0 {
@@ -338,8 +342,13 @@ mod tests {
 
     #[test]
     fn yarn_without_factor_or_context_names_what_is_missing() {
-        let c = raw(&format!(r#"{{{BASE}, "rope_scaling": {{"type": "yarn"}}}}"#));
-        assert!(c.rope().unwrap_err().contains("original_max_position_embeddings"));
+        let c = raw(&format!(
+            r#"{{{BASE}, "rope_scaling": {{"type": "yarn"}}}}"#
+        ));
+        assert!(c
+            .rope()
+            .unwrap_err()
+            .contains("original_max_position_embeddings"));
         let c = raw(&format!(
             r#"{{{BASE}, "rope_scaling": {{"type": "yarn", "original_max_position_embeddings": 64}}}}"#
         ));

@@ -132,9 +132,13 @@ mod tests {
             "unsupported model config: Qwen3MoeForCausalLM: num_experts_per_tok = 9 must be \
              between 1 and num_experts = 8"
         );
-        assert!(e(serde_json::json!({"decoder_sparse_step": 0})).contains("decoder_sparse_step = 0"));
-        let c = parse_with(serde_json::json!({"num_experts": 6, "num_attention_heads": 4,
-            "num_key_value_heads": 4}))
+        assert!(
+            e(serde_json::json!({"decoder_sparse_step": 0})).contains("decoder_sparse_step = 0")
+        );
+        let c = parse_with(
+            serde_json::json!({"num_experts": 6, "num_attention_heads": 4,
+            "num_key_value_heads": 4}),
+        )
         .unwrap();
         assert!(c.check_tp(2).is_ok());
         let e = c.check_tp(4).unwrap_err().to_string();
