@@ -580,6 +580,72 @@ mod tests {
         assert!((normed.sum(Kind::Float).double_value(&[]) - 1.0).abs() < 1e-6);
     }
 
+    /// Experts `first..first + count` of 6 (hidden 8, width 4) with random weights.
+    fn experts(first: usize, count: usize) -> Experts {
+        tch::manual_seed(21);
+        let all: Vec<Expert> = (0..6)
+            .map(|_| Expert {
+                gate_up: Tensor::randn([8, 8], (Kind::Float, Device::Cpu)),
+                down: Tensor::randn([8, 4], (Kind::Float, Device::Cpu)),
+            })
+            .collect();
+        Experts {
+            local: all.into_iter().skip(first).take(count).collect(),
+            first,
+            num_experts: 6,
+            intermediate: 4,
+        }
+    }
+
+    /// Token by token, choice by choice: `sum_j w_j * down_e(silu(gate_e x) * up_e x)` over
+    /// the choices `e` that `ex` holds.
+    fn naive(ex: &Experts, x: &Tensor, w: &Tensor, ids: &Tensor) -> Tensor {
+        let out = x.zeros_like();
+        for n in 0..x.size()[0] {
+            for j in 0..ids.size()[1] {
+                let e = ids.int64_value(&[n, j]) as usize;
+                let Some(expert) = e.checked_sub(ex.first).and_then(|l| ex.local.get(l)) else {
+                    continue;
+                };
+                let gu = x.get(n).linear::<Tensor>(&expert.gate_up, None);
+                let act = gu.narrow(0, 0, 4).silu() * gu.narrow(0, 4, 4);
+                let y = act.linear::<Tensor>(&expert.down, None) * w.double_value(&[n, j]);
+                let _ = out.get(n).f_add_(&y).unwrap();
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn grouped_experts_equal_a_token_by_token_loop_and_split_across_ranks() {
+        tch::manual_seed(22);
+        let x = Tensor::randn([10, 8], (Kind::Float, Device::Cpu));
+        let w = Tensor::rand([10, 2], (Kind::Float, Device::Cpu));
+        // Two distinct experts per token; expert 5 is never chosen.
+        let firsts: Vec<i64> = (0..10).map(|n| n % 5).collect();
+        let ids = Tensor::stack(
+            &[
+                Tensor::from_slice(&firsts),
+                Tensor::from_slice(&firsts).remainder(4).g_add_scalar(1),
+            ],
+            1,
+        );
+        let whole = experts(0, 6);
+        let got = whole.forward(&x, &w, &ids).unwrap();
+        let want = naive(&whole, &x, &w, &ids);
+        assert!(got.allclose(&want, 1e-5, 1e-5, false));
+        // Ranks of 3 experts each sum to the whole.
+        let (r0, r1) = (experts(0, 3), experts(3, 3));
+        let halves = r0.forward(&x, &w, &ids).unwrap() + r1.forward(&x, &w, &ids).unwrap();
+        assert!(halves.allclose(&got, 1e-5, 1e-5, false));
+        assert!(r1.forward(&x, &w, &ids).unwrap().allclose(
+            &naive(&r1, &x, &w, &ids),
+            1e-5,
+            1e-5,
+            false
+        ));
+    }
+
     fn spec(routing: Routing) -> MoeSpec {
         MoeSpec {
             experts_field: "n_routed_experts",
