@@ -37,6 +37,24 @@ pub(crate) enum RopeScaling {
         /// Pre-training context length.
         original_max_position_embeddings: f64,
     },
+    /// YaRN: frequencies blended between interpolated (`/ factor`) and kept across a ramp of
+    /// dimensions, and cos/sin multiplied by an attention factor.
+    Yarn {
+        /// Context extension factor.
+        factor: f64,
+        /// Pre-training context length.
+        original_max_position_embeddings: f64,
+        /// Rotations above which a frequency is kept.
+        beta_fast: f64,
+        /// Rotations below which a frequency is interpolated.
+        beta_slow: f64,
+        /// Multiplies cos and sin.
+        attention_factor: f64,
+        /// Whether the ramp's ends are rounded outwards to whole dimensions.
+        truncate: bool,
+        /// DeepSeek's softmax-scale mscale (0 = none); unused by the rotation itself.
+        mscale_all_dim: f64,
+    },
 }
 
 /// `weight * x / sqrt(mean(x^2) + eps)`, computed in f32 and cast back like transformers does.
@@ -92,6 +110,8 @@ impl RmsNorm {
 /// Rotary position embedding: inverse frequencies fixed at load time, cos/sin per forward.
 pub(crate) struct Rotary {
     inv_freq: Tensor,
+    /// YaRN's factor on cos and sin (1 otherwise).
+    attention_factor: f64,
 }
 
 impl Rotary {
@@ -139,9 +159,47 @@ impl Rotary {
                     .f_logical_and(&wavelen.f_gt(low_wavelen)?.f_logical_not()?)?;
                 smoothed.f_where_self(&medium, &llama)?
             }
+            RopeScaling::Yarn {
+                factor,
+                original_max_position_embeddings,
+                beta_fast,
+                beta_slow,
+                truncate,
+                ..
+            } => {
+                // transformers' _compute_yarn_parameters, step for step: `pos_freqs` is
+                // theta^(2i/d), extrapolation its reciprocal, interpolation 1 / (factor * it).
+                let pos_freqs = Tensor::f_pow_scalar(rope.theta, &exponent)?;
+                let interpolation = pos_freqs.f_mul_scalar(factor)?.f_reciprocal()?;
+                let (low, high) = yarn_correction_range(
+                    head_dim as f64,
+                    rope.theta,
+                    original_max_position_embeddings,
+                    beta_fast,
+                    beta_slow,
+                    truncate,
+                );
+                let high = if low == high { high + 0.001 } else { high };
+                let ramp = Tensor::f_arange(d / 2, (Kind::Float, Device::Cpu))?
+                    .f_sub_scalar(low)?
+                    .f_div_scalar(high - low)?
+                    .f_clamp(0.0, 1.0)?;
+                let extrapolation_factor = ramp.f_neg()?.f_add_scalar(1.0)?;
+                let kept = extrapolation_factor.f_neg()?.f_add_scalar(1.0)?;
+                interpolation
+                    .f_mul(&kept)?
+                    .f_add(&inv_freq.f_mul(&extrapolation_factor)?)?
+            }
+        };
+        let attention_factor = match rope.scaling {
+            RopeScaling::Yarn {
+                attention_factor, ..
+            } => attention_factor,
+            _ => 1.0,
         };
         Ok(Rotary {
             inv_freq: inv_freq.f_to_device(device)?,
+            attention_factor,
         })
     }
 
@@ -150,8 +208,32 @@ impl Rotary {
         let pos = Tensor::f_arange(t, (Kind::Float, self.inv_freq.device()))?;
         // [t, 1] * [1, d/2] -> [t, d/2] angles; duplicated -> [t, d].
         let freqs = pos.f_unsqueeze(1)?.f_mul(&self.inv_freq.f_unsqueeze(0)?)?;
-        RopeTables::new(&Tensor::f_cat(&[&freqs, &freqs], -1)?, kind)
+        RopeTables::new(
+            &Tensor::f_cat(&[&freqs, &freqs], -1)?,
+            self.attention_factor,
+            kind,
+        )
     }
+}
+
+/// The dimensions `(low, high)` between which YaRN ramps from kept to interpolated frequencies
+/// (transformers' `find_correction_range`, in f64 as Python computes it).
+fn yarn_correction_range(
+    dim: f64,
+    base: f64,
+    original: f64,
+    beta_fast: f64,
+    beta_slow: f64,
+    truncate: bool,
+) -> (f64, f64) {
+    let at = |rotations: f64| {
+        (dim * (original / (rotations * 2.0 * std::f64::consts::PI)).ln()) / (2.0 * base.ln())
+    };
+    let (mut low, mut high) = (at(beta_fast), at(beta_slow));
+    if truncate {
+        (low, high) = (low.floor(), high.ceil());
+    }
+    (low.max(0.0), high.min(dim - 1.0))
 }
 
 /// One forward's rotary tables, shaped `[1, t, 1, ..]` for `[b, t, heads, head_dim]` inputs.
@@ -159,17 +241,31 @@ pub(crate) struct RopeTables {
     cos: Tensor,
     /// `-sin` over the first half of `head_dim`: `rotate_half` negates `x2` there.
     sin_lo_neg: Tensor,
+    /// `sin` over the second half, which holds each frequency once, as the first half does.
     sin_hi: Tensor,
 }
 
 impl RopeTables {
-    /// From the `[t, head_dim]` f32 angles of positions `0..t`.
-    fn new(emb: &Tensor, kind: Kind) -> Result<Self> {
+    /// From the `[t, head_dim]` f32 angles of positions `0..t`; cos and sin are multiplied by
+    /// `factor` in f32 (YaRN) before they are rounded to `kind`, as transformers does.
+    fn new(emb: &Tensor, factor: f64, kind: Kind) -> Result<Self> {
         let (t, d) = (emb.size()[0], emb.size()[1]);
         let half = d / 2;
+        let scaled = |x: Tensor| -> Result<Tensor> {
+            // Multiplying by 1 is exact, so plain RoPE skips the kernel.
+            Ok(if factor == 1.0 {
+                x
+            } else {
+                x.f_mul_scalar(factor)?
+            })
+        };
         // [1, t, 1, d] broadcasts over the heads of a `[b, t, heads, d]` projection output.
-        let cos = emb.f_cos()?.f_to_kind(kind)?.f_view([1, t, 1, d])?;
-        let sin = emb.f_sin()?.f_to_kind(kind)?.f_view([1, t, 1, d])?;
+        let cos = scaled(emb.f_cos()?)?
+            .f_to_kind(kind)?
+            .f_view([1, t, 1, d])?;
+        let sin = scaled(emb.f_sin()?)?
+            .f_to_kind(kind)?
+            .f_view([1, t, 1, d])?;
         Ok(RopeTables {
             cos,
             sin_lo_neg: sin.f_narrow(3, 0, half)?.f_neg()?,
@@ -195,6 +291,27 @@ impl RopeTables {
             .f_narrow(3, 0, half)?
             .f_mul_out(&rotated.f_narrow(3, half, half)?, &self.sin_hi)?;
         Ok(x.f_mul(&self.cos)?.f_add_(&rotated)?)
+    }
+
+    /// RoPE on pairs `(x0, x1), (x2, x3), ...` of `x: [b, t, heads, d]` (DeepSeek's checkpoint
+    /// layout), each pair rotated by one frequency, written de-interleaved: evens' results in
+    /// the first half, odds' in the second — transformers' `apply_rotary_pos_emb_interleave`,
+    /// `[x_even * cos - x_odd * sin, x_odd * cos + x_even * sin]` in the same order of operations.
+    /// Queries and keys both come out in that order, so their dot products are those of the
+    /// interleaved vectors.
+    pub fn apply_interleaved(&self, x: &Tensor) -> Result<Tensor> {
+        let size = x.size();
+        let half = size[3] / 2;
+        let cos = self.cos.f_narrow(3, 0, half)?;
+        let sin = &self.sin_hi;
+        let even = x.f_slice(3, 0, None, 2)?;
+        let odd = x.f_slice(3, 1, None, 2)?;
+        let out = Tensor::f_empty(size.as_slice(), (x.kind(), x.device()))?;
+        let mut lo = even.f_mul_out(&out.f_narrow(3, 0, half)?, &cos)?;
+        let _ = lo.f_sub_(&odd.f_mul(sin)?)?;
+        let mut hi = odd.f_mul_out(&out.f_narrow(3, half, half)?, &cos)?;
+        let _ = hi.f_add_(&even.f_mul(sin)?)?;
+        Ok(out)
     }
 }
 
@@ -228,12 +345,23 @@ impl Mlp {
 
     /// `[b, t, hidden] -> [b, t, hidden]` (complete on every rank).
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        self.down_proj.forward(&self.activation(x)?)
+    }
+
+    /// This rank's unsummed output (see [`RowParallelLinear::partial`]), for a MoE layer that
+    /// sums its shared expert and its routed experts in one all-reduce.
+    pub fn partial(&self, x: &Tensor) -> Result<Tensor> {
+        self.down_proj.partial(&self.activation(x)?)
+    }
+
+    /// `silu(gate(x)) * up(x)`: `[b, t, intermediate / tp]`.
+    fn activation(&self, x: &Tensor) -> Result<Tensor> {
         let n = self.local_intermediate;
         // [b, t, 2 * intermediate / tp]; SiLU runs in place in it, as nothing else holds it.
         let gate_up = self.gate_up_proj.forward(x)?;
         let gate = gate_up.f_narrow(-1, 0, n)?.f_silu_()?;
         let up = gate_up.f_narrow(-1, n, n)?;
-        self.down_proj.forward(&gate.f_mul(&up)?)
+        Ok(gate.f_mul(&up)?)
     }
 }
 
@@ -255,7 +383,7 @@ mod tests {
         // Heads 1..5 of 7, as a slice of a fused q|k|v output would be.
         let x = bf16(&[2, t, 7, d], 2).narrow(2, 1, 4);
         let before = x.copy();
-        let got = RopeTables::new(&emb, Kind::BFloat16)
+        let got = RopeTables::new(&emb, 1.0, Kind::BFloat16)
             .unwrap()
             .apply(&x)
             .unwrap();
@@ -268,6 +396,39 @@ mod tests {
         let expected = (&xt * &cos + rotated * &sin).transpose(1, 2);
         assert!(got.equal(&expected));
         assert!(x.equal(&before), "the input was written");
+    }
+
+    #[test]
+    fn interleaved_rope_equals_transformers_pairwise_formula_bit_for_bit() {
+        let (t, d) = (4, 8);
+        tch::manual_seed(7);
+        let angles = Tensor::rand([t, d / 2], (Kind::Float, Device::Cpu)).g_mul_scalar(5.0);
+        let emb = Tensor::cat(&[&angles, &angles], -1);
+        let x = bf16(&[2, t, 5, 12], 8).narrow(3, 4, d);
+        let got = RopeTables::new(&emb, 1.25, Kind::BFloat16)
+            .unwrap()
+            .apply_interleaved(&x)
+            .unwrap();
+        // transformers: cos/sin scaled in f32, rounded, then their first halves.
+        let cos = (emb.cos() * 1.25)
+            .to_kind(Kind::BFloat16)
+            .narrow(1, 0, d / 2);
+        let sin = (emb.sin() * 1.25)
+            .to_kind(Kind::BFloat16)
+            .narrow(1, 0, d / 2);
+        let (cos, sin) = (cos.view([1, t, 1, d / 2]), sin.view([1, t, 1, d / 2]));
+        let (x1, x2) = (x.slice(3, 0, None, 2), x.slice(3, 1, None, 2));
+        let expected = Tensor::cat(&[&x1 * &cos - &x2 * &sin, &x2 * &cos + &x1 * &sin], 3);
+        assert!(got.equal(&expected));
+    }
+
+    #[test]
+    fn yarn_ramp_bounds_follow_the_rotation_counts_and_stay_inside_the_head() {
+        // DeepSeek-V3: 64 rotary dims, base 10000, 4096 pre-training positions, betas 32 / 1.
+        let (low, high) = yarn_correction_range(64.0, 10000.0, 4096.0, 32.0, 1.0, true);
+        assert_eq!((low, high), (10.0, 23.0));
+        let (low, high) = yarn_correction_range(8.0, 10000.0, 1e9, 32.0, 1.0, false);
+        assert_eq!((low > 0.0, high), (true, 7.0));
     }
 
     fn norm(weight: Tensor) -> RmsNorm {

@@ -43,6 +43,7 @@ mod input;
 mod layers;
 mod load;
 mod models;
+mod moe;
 mod nccl;
 mod tp;
 

@@ -180,6 +180,13 @@ impl LoadCtx<'_> {
             .tensor(name, shape, Shard::Full, self.device, self.kind)
     }
 
+    /// The whole of `name` in f32 whatever the compute dtype: weights transformers keeps in f32
+    /// (DeepSeek-V3's router and its correction bias).
+    pub fn full_f32(&self, name: &str, shape: &[usize]) -> Result<Tensor> {
+        self.source
+            .tensor(name, shape, Shard::Full, self.device, Kind::Float)
+    }
+
     /// Rows `start..end` of `name` (full shape `shape`).
     pub fn rows(&self, name: &str, shape: &[usize], start: usize, end: usize) -> Result<Tensor> {
         self.source.tensor(

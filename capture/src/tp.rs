@@ -84,8 +84,7 @@ impl ColumnParallelLinear {
 pub(crate) struct RowParallelLinear {
     weight: Tensor,
     bias: Option<Tensor>,
-    comm: Rc<dyn Communicator>,
-    reduce: TpReduce,
+    sum: PartialSum,
 }
 
 impl RowParallelLinear {
@@ -107,32 +106,103 @@ impl RowParallelLinear {
         Ok(RowParallelLinear {
             weight,
             bias,
-            comm: ctx.comm.clone(),
-            reduce: ctx.reduce,
+            sum: PartialSum::new(ctx),
         })
     }
 
     /// `[.., in / tp] -> [.., out]`, complete on every rank.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        if self.comm.world_size() == 1 {
+        if self.sum.world_size() == 1 {
             // Nothing to sum, so the bias goes into the GEMM as in transformers' nn.Linear.
             return Ok(x.f_linear(&self.weight, self.bias.as_ref())?);
         }
-        let kind = self.weight.kind();
-        let mut y = match self.reduce {
-            TpReduce::F32 => linear_f32(x, &self.weight)?,
-            TpReduce::Compute => x.f_linear::<Tensor>(&self.weight, None)?,
-        };
-        self.comm.all_reduce_sum(&mut y)?;
-        if let Some(b) = &self.bias {
-            // In place, so an f32 sum stays f32 and the bias joins it before the one rounding.
-            y = y.f_add_(b)?;
+        self.sum
+            .finish(self.partial(x)?, self.bias.as_ref(), self.weight.kind())
+    }
+
+    /// This rank's unsummed `[.., out]` product, without bias, in [`PartialSum::kind`]: for a
+    /// caller that adds other partials (a MoE layer's experts) before the one all-reduce.
+    pub fn partial(&self, x: &Tensor) -> Result<Tensor> {
+        match self.sum.reduce {
+            TpReduce::F32 => linear_f32(x, &self.weight),
+            TpReduce::Compute => Ok(x.f_linear::<Tensor>(&self.weight, None)?),
         }
-        Ok(if y.kind() == kind {
-            y
+    }
+}
+
+/// The all-reduce that completes row-parallel outputs: partials kept in f32 or in the compute
+/// dtype (per [`TpReduce`]), summed across ranks, the bias added once and the sum rounded once.
+#[derive(Clone)]
+pub(crate) struct PartialSum {
+    comm: Rc<dyn Communicator>,
+    reduce: TpReduce,
+}
+
+impl PartialSum {
+    /// The context's communicator and reduction.
+    pub fn new(ctx: &LoadCtx) -> Self {
+        PartialSum {
+            comm: ctx.comm.clone(),
+            reduce: ctx.reduce,
+        }
+    }
+
+    /// Number of ranks taking part.
+    pub fn world_size(&self) -> usize {
+        self.comm.world_size()
+    }
+
+    /// The dtype partials of a `kind` computation are summed in.
+    pub fn kind(&self, kind: Kind) -> Kind {
+        match self.reduce {
+            TpReduce::F32 => Kind::Float,
+            TpReduce::Compute => kind,
+        }
+    }
+
+    /// Sums `partial` across ranks, adds `bias`, and returns the result as `kind`.
+    pub fn finish(&self, mut partial: Tensor, bias: Option<&Tensor>, kind: Kind) -> Result<Tensor> {
+        self.comm.all_reduce_sum(&mut partial)?;
+        if let Some(b) = bias {
+            // In place, so an f32 sum stays f32 and the bias joins it before the one rounding.
+            partial = partial.f_add_(b)?;
+        }
+        Ok(if partial.kind() == kind {
+            partial
         } else {
-            y.f_to_kind(kind)?
+            partial.f_to_kind(kind)?
         })
+    }
+}
+
+/// `y = x W^T + b` with the whole weight on every rank: the small down-projections (MLA's
+/// `q_a_proj`, `kv_a_proj_with_mqa`) whose outputs every rank needs in full.
+pub(crate) struct ReplicatedLinear {
+    weight: Tensor,
+    bias: Option<Tensor>,
+}
+
+impl ReplicatedLinear {
+    /// Loads `<prefix>.weight` of full shape `[out, in]` (and `<prefix>.bias` if `bias`).
+    pub fn load(
+        ctx: &LoadCtx,
+        prefix: &str,
+        in_features: usize,
+        out_features: usize,
+        bias: bool,
+    ) -> Result<Self> {
+        let weight = ctx.full(&format!("{prefix}.weight"), &[out_features, in_features])?;
+        let bias = if bias {
+            Some(ctx.full(&format!("{prefix}.bias"), &[out_features])?)
+        } else {
+            None
+        };
+        Ok(ReplicatedLinear { weight, bias })
+    }
+
+    /// `[.., in] -> [.., out]`.
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        Ok(x.f_linear(&self.weight, self.bias.as_ref())?)
     }
 }
 

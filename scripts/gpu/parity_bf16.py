@@ -57,7 +57,7 @@ def forward(model, batch):
     with torch.no_grad():
         o = model(ids.cuda(), attention_mask=mask.cuda(), output_hidden_states=True)
     h.remove()
-    ref = {f"layer_{l}": (captured["last"] if l == 2 else o.hidden_states[l + 1]) for l in (0, 1, 2)}
+    ref = {f"layer_{l}": (captured["last"] if l == len(model.model.layers) - 1 else o.hidden_states[l + 1]) for l in (0, 1, 2)}
     ref["final_norm"] = o.hidden_states[-1]
     return {k: v.float().cpu().numpy() for k, v in ref.items()}
 

@@ -11,8 +11,9 @@ import pyarrow.parquet as pq
 
 import plane_zstd
 import torch
-from transformers import (LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, Qwen2Config,
-                          Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM)
+from transformers import (DeepseekV3Config, DeepseekV3ForCausalLM, LlamaConfig, LlamaForCausalLM, MistralConfig,
+                          MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM,
+                          Qwen3MoeConfig, Qwen3MoeForCausalLM)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -20,6 +21,19 @@ ROOT = Path(__file__).resolve().parents[2]
 VOCAB = 131
 SMALL = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=3, vocab_size=VOCAB,
              max_position_embeddings=256, rms_norm_eps=1e-5)
+
+# Mixture-of-experts shapes: 8 experts of width 32, top-2; 8 query heads over 4 KV heads (Qwen3-MoE)
+# or 4 MLA heads (DeepSeek-V3), so that TP 2 and 4 split heads and experts evenly.
+QWEN3_MOE = dict(SMALL, num_attention_heads=8, num_key_value_heads=4, head_dim=16, num_experts=8,
+                 num_experts_per_tok=2, moe_intermediate_size=32)
+DEEPSEEK_V3 = dict(SMALL, num_attention_heads=4, num_key_value_heads=4, n_routed_experts=8, num_experts_per_tok=2,
+                   moe_intermediate_size=32, n_shared_experts=1, first_k_dense_replace=1, kv_lora_rank=16,
+                   qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=12, routed_scaling_factor=2.5)
+# YaRN (factor 4 = 256 / 64) with a short original context, so the ramp between kept and interpolated
+# frequencies falls inside the 8 rotary dimensions, and mscale != mscale_all_dim, so both the cos/sin factor
+# and the softmax scale differ from 1.
+YARN = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 64,
+        "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 0.8}
 
 ARCHS = {
     # GQA: 8 query heads share 2 KV heads.
@@ -39,6 +53,23 @@ ARCHS = {
     # q/k RMS norm, head_dim 32 != 64 / 4.
     "qwen3_qk_norm": lambda: Qwen3ForCausalLM(Qwen3Config(**SMALL, num_attention_heads=4, num_key_value_heads=2,
                                                           head_dim=32)),
+    # Every layer sparse, renormalised top-2.
+    "qwen3_moe_norm_topk": lambda: Qwen3MoeForCausalLM(Qwen3MoeConfig(**QWEN3_MOE, norm_topk_prob=True)),
+    # 4 layers, decoder_sparse_step 2 makes 1 and 3 sparse, mlp_only_layers makes 3 dense again: only
+    # layer 1 has experts. Raw softmax weights; tied embeddings.
+    "qwen3_moe_dense_mix_tied": lambda: Qwen3MoeForCausalLM(Qwen3MoeConfig(
+        **dict(QWEN3_MOE, num_hidden_layers=4), norm_topk_prob=False, decoder_sparse_step=2, mlp_only_layers=[3],
+        tie_word_embeddings=True)),
+    # Low-rank queries, YaRN, 2 groups choosing 1, a dense first layer.
+    "deepseek_v3_qlora_yarn": lambda: DeepseekV3ForCausalLM(DeepseekV3Config(
+        **DEEPSEEK_V3, q_lora_rank=24, n_group=2, topk_group=1, rope_parameters=dict(YARN))),
+    # Full-rank queries, plain RoPE, 4 groups choosing 2, tied embeddings, no renormalisation.
+    "deepseek_v3_plain_groups_tied": lambda: DeepseekV3ForCausalLM(DeepseekV3Config(
+        **DEEPSEEK_V3, q_lora_rank=None, n_group=4, topk_group=2, norm_topk_prob=False, tie_word_embeddings=True,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0})),
+    # RoPE in rotate-half layout (rope_interleave false), one group, attention biases.
+    "deepseek_v3_halves_bias": lambda: DeepseekV3ForCausalLM(DeepseekV3Config(
+        **DEEPSEEK_V3, q_lora_rank=24, n_group=1, topk_group=1, rope_interleave=False, attention_bias=True)),
 }
 
 
@@ -66,7 +97,8 @@ def run_capture(model, inputs, out, layers, *extra, final_norm=False, check=True
 
 
 def randomize(model, seed=0, scale=0.1):
-    """HF initialises norms to 1 and biases to 0; make every parameter matter."""
+    """HF initialises norms to 1, biases and DeepSeek's router correction bias to 0; make every
+    parameter matter."""
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in model.named_parameters():
@@ -77,6 +109,10 @@ def randomize(model, seed=0, scale=0.1):
                 p.copy_(0.5 * noise)
             else:
                 p.copy_(scale * noise)
+        for name, b in model.named_buffers():
+            # Of the size of the sigmoid scores' spread, so it changes which experts win.
+            if name.endswith("e_score_correction_bias"):
+                b.copy_(0.05 * torch.randn(b.shape, generator=g, dtype=torch.float32))
     return model
 
 

@@ -43,12 +43,33 @@ impl ConfigFile {
     }
 
     /// The shared decoder fields at the top level. (A multimodal wrapper that nests its
-    /// language model under `text_config` reads them from there instead.)
+    /// language model under `text_config` reads them from [`ConfigFile::section`] instead.)
     pub fn decoder(&self) -> Result<RawConfig> {
-        RawConfig::deserialize(&self.json).map_err(|e| CaptureError::Config {
+        self.fields()
+    }
+
+    /// This file's fields as `T` (an architecture's own serde mirror); errors name the file.
+    pub fn fields<T: serde::de::DeserializeOwned>(&self) -> Result<T> {
+        T::deserialize(&self.json).map_err(|e| CaptureError::Config {
             path: self.path.clone(),
             message: e.to_string(),
         })
+    }
+
+    /// The object under `key` (e.g. a wrapper's `text_config`) as a config of its own.
+    pub fn section(&self, key: &str) -> Result<ConfigFile> {
+        match self.json.get(key) {
+            Some(json) if json.is_object() => Ok(ConfigFile {
+                path: self.path.clone(),
+                json: json.clone(),
+            }),
+            _ => Err(CaptureError::Config {
+                path: self.path.clone(),
+                message: format!(
+                    "no {key:?} object (the language model's config is expected there)"
+                ),
+            }),
+        }
     }
 }
 
@@ -84,8 +105,20 @@ pub(crate) struct RawRope {
     pub low_freq_factor: Option<f64>,
     /// llama3: high-frequency factor.
     pub high_freq_factor: Option<f64>,
-    /// llama3: context length the model was pre-trained with.
+    /// llama3, yarn: context length the model was pre-trained with.
     pub original_max_position_embeddings: Option<f64>,
+    /// yarn: rotations above which frequencies are kept (default 32).
+    pub beta_fast: Option<f64>,
+    /// yarn: rotations below which frequencies are interpolated (default 1).
+    pub beta_slow: Option<f64>,
+    /// yarn: explicit factor on cos/sin (else derived from `factor` and the mscales).
+    pub attention_factor: Option<f64>,
+    /// yarn: numerator mscale of the derived attention factor.
+    pub mscale: Option<f64>,
+    /// yarn: denominator mscale; DeepSeek also squares it into the softmax scale.
+    pub mscale_all_dim: Option<f64>,
+    /// yarn: whether the correction range is rounded outwards to whole dimensions (default true).
+    pub truncate: Option<bool>,
 }
 
 /// The decoder fields of `config.json` exactly as Hugging Face checkpoints publish them;
@@ -126,6 +159,10 @@ pub(crate) struct RawConfig {
     pub use_sliding_window: Option<bool>,
     /// Attention kind of every layer (Qwen2/3, transformers 5).
     pub layer_types: Option<Vec<String>>,
+    /// Longest context (yarn derives its factor from it when the file gives none).
+    pub max_position_embeddings: Option<f64>,
+    /// Pre-training context at the top level (Phi-3 style); it wins over the RoPE section's.
+    pub original_max_position_embeddings: Option<f64>,
 }
 
 impl RawConfig {
@@ -166,13 +203,63 @@ impl RawConfig {
                     )
                 }
             },
+            "yarn" => self.yarn(&rope)?,
             other => {
                 return Err(format!(
-                    "rope_type {other:?}; implemented: default, linear, llama3"
+                    "rope_type {other:?}; implemented: default, linear, llama3, yarn"
                 ))
             }
         };
         Ok(Rope { theta, scaling })
+    }
+
+    /// YaRN's parameters with transformers' defaults and derivations (`_compute_yarn_parameters`).
+    fn yarn(&self, rope: &RawRope) -> std::result::Result<RopeScaling, String> {
+        let original = self
+            .original_max_position_embeddings
+            .or(rope.original_max_position_embeddings)
+            .or(self.max_position_embeddings)
+            .filter(|o| *o > 0.0)
+            .ok_or("yarn RoPE scaling needs original_max_position_embeddings > 0")?;
+        let factor = match (rope.factor, self.max_position_embeddings) {
+            (Some(f), _) => f,
+            (None, Some(max)) => max / original,
+            (None, None) => {
+                return Err("yarn RoPE scaling needs a factor (or max_position_embeddings)".into())
+            }
+        };
+        if factor <= 0.0 {
+            return Err(format!(
+                "yarn RoPE scaling needs a positive factor, got {factor}"
+            ));
+        }
+        let mscale = |scale: f64, m: f64| {
+            if scale <= 1.0 {
+                1.0
+            } else {
+                0.1 * m * scale.ln() + 1.0
+            }
+        };
+        // A zero mscale counts as absent, as Python's truthiness makes it in transformers.
+        let nonzero = |v: Option<f64>| v.filter(|m| *m != 0.0);
+        let attention_factor = match (
+            rope.attention_factor,
+            nonzero(rope.mscale),
+            nonzero(rope.mscale_all_dim),
+        ) {
+            (Some(a), _, _) => a,
+            (None, Some(m), Some(all)) => mscale(factor, m) / mscale(factor, all),
+            _ => mscale(factor, 1.0),
+        };
+        Ok(RopeScaling::Yarn {
+            factor,
+            original_max_position_embeddings: original,
+            beta_fast: nonzero(rope.beta_fast).unwrap_or(32.0),
+            beta_slow: nonzero(rope.beta_slow).unwrap_or(1.0),
+            attention_factor,
+            truncate: rope.truncate.unwrap_or(true),
+            mscale_all_dim: rope.mscale_all_dim.unwrap_or(0.0),
+        })
     }
 
     /// Refuses sliding-window layers (Qwen2/3 spell them `use_sliding_window` and
@@ -227,9 +314,45 @@ mod tests {
     #[test]
     fn rejects_unknown_rope_type() {
         let c = raw(&format!(
-            r#"{{{BASE}, "rope_scaling": {{"rope_type": "yarn", "factor": 4.0}}}}"#
+            r#"{{{BASE}, "rope_scaling": {{"rope_type": "longrope", "factor": 4.0}}}}"#
         ));
-        assert!(c.rope().unwrap_err().contains("rope_type \"yarn\""));
+        assert!(c.rope().unwrap_err().contains("rope_type \"longrope\""));
+    }
+
+    #[test]
+    fn yarn_derives_the_attention_factor_from_the_mscales_and_defaults_the_betas() {
+        let c = raw(&format!(
+            r#"{{{BASE}, "max_position_embeddings": 4096, "rope_scaling": {{"type": "yarn",
+            "factor": 40.0, "mscale": 1.0, "mscale_all_dim": 0.707, "original_max_position_embeddings": 4096}}}}"#
+        ));
+        let RopeScaling::Yarn {
+            attention_factor,
+            beta_fast,
+            beta_slow,
+            mscale_all_dim,
+            ..
+        } = c.rope().unwrap().scaling
+        else {
+            panic!("not yarn")
+        };
+        let m = |x: f64| 0.1 * x * 40f64.ln() + 1.0;
+        assert_eq!(attention_factor, m(1.0) / m(0.707));
+        assert_eq!((beta_fast, beta_slow, mscale_all_dim), (32.0, 1.0, 0.707));
+    }
+
+    #[test]
+    fn yarn_without_factor_or_context_names_what_is_missing() {
+        let c = raw(&format!(
+            r#"{{{BASE}, "rope_scaling": {{"type": "yarn"}}}}"#
+        ));
+        assert!(c
+            .rope()
+            .unwrap_err()
+            .contains("original_max_position_embeddings"));
+        let c = raw(&format!(
+            r#"{{{BASE}, "rope_scaling": {{"type": "yarn", "original_max_position_embeddings": 64}}}}"#
+        ));
+        assert!(c.rope().unwrap_err().contains("needs a factor"));
     }
 
     #[test]

@@ -9,8 +9,9 @@ use tch::{Kind, Tensor};
 use super::hf_config::{ConfigFile, RawConfig};
 use super::{Captures, DecoderModel, ModelConfig, ModelInfo};
 use crate::error::{CaptureError, Result};
-use crate::layers::{Mlp, RmsNorm, Rope, RopeTables, Rotary};
+use crate::layers::{RmsNorm, Rope, RopeTables, Rotary};
 use crate::load::LoadCtx;
+use crate::moe::{FeedForward, MoeLayers};
 use crate::tp::{check_split, ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding};
 
 /// Llama's validated runtime config. Mistral, Qwen2 and Qwen3 are Llama-shaped: they read
@@ -45,6 +46,8 @@ pub(crate) struct LlamaConfig {
     pub mlp_bias: bool,
     /// Sliding attention window (Mistral), if any.
     pub sliding_window: Option<usize>,
+    /// Mixture-of-experts layers (Qwen3-MoE), if any; the others have the dense MLP.
+    pub moe: Option<MoeLayers>,
     /// Builds this family's model from these fields: Llama's stack, or a family's variant.
     pub model: LoadModel,
 }
@@ -125,6 +128,7 @@ impl LlamaConfig {
             o_bias: false,
             mlp_bias: false,
             sliding_window: None,
+            moe: None,
             model: |ctx, cfg| Ok(Box::new(Model::<Attention>::load(ctx, cfg)?)),
         })
     }
@@ -141,14 +145,16 @@ impl ModelConfig for LlamaConfig {
     }
 
     fn check_tp(&self, tp: usize) -> Result<()> {
-        check_split(
-            tp,
-            &[
-                ("num_attention_heads", self.num_heads),
-                ("num_key_value_heads", self.num_kv_heads),
-                ("intermediate_size", self.intermediate_size),
-            ],
-        )
+        let mlp = ("intermediate_size", self.intermediate_size);
+        let mut counts = vec![
+            ("num_attention_heads", self.num_heads),
+            ("num_key_value_heads", self.num_kv_heads),
+        ];
+        match &self.moe {
+            Some(moe) => counts.extend(moe.split_counts(mlp)),
+            None => counts.push(mlp),
+        }
+        check_split(tp, &counts)
     }
 
     fn load(&self, ctx: &LoadCtx) -> Result<Box<dyn DecoderModel>> {
@@ -245,16 +251,18 @@ impl Attention {
     }
 }
 
-/// Pre-norm decoder layer: `x + attn(norm(x))`, then `x + mlp(norm(x))`.
+/// Pre-norm decoder layer: `x + attn(norm(x))`, then `x + mlp(norm(x))` (the MLP dense, or a
+/// mixture of experts).
 struct DecoderLayer<A> {
     input_layernorm: RmsNorm,
     self_attn: A,
     post_attention_layernorm: RmsNorm,
-    mlp: Mlp,
+    mlp: FeedForward,
 }
 
 impl<A: SelfAttention> DecoderLayer<A> {
-    fn load(ctx: &LoadCtx, prefix: &str, cfg: &LlamaConfig) -> Result<Self> {
+    fn load(ctx: &LoadCtx, layer: usize, cfg: &LlamaConfig) -> Result<Self> {
+        let prefix = format!("model.layers.{layer}");
         let (h, eps) = (cfg.hidden_size, cfg.rms_norm_eps);
         Ok(DecoderLayer {
             input_layernorm: RmsNorm::load(ctx, &format!("{prefix}.input_layernorm"), h, eps)?,
@@ -265,12 +273,14 @@ impl<A: SelfAttention> DecoderLayer<A> {
                 h,
                 eps,
             )?,
-            mlp: Mlp::load(
+            mlp: FeedForward::load(
                 ctx,
                 &format!("{prefix}.mlp"),
+                layer,
                 cfg.hidden_size,
                 cfg.intermediate_size,
                 cfg.mlp_bias,
+                cfg.moe.as_ref(),
             )?,
         })
     }
@@ -303,7 +313,7 @@ impl<A: SelfAttention> Model<A> {
     /// Loads this rank's slice of every weight.
     pub fn load(ctx: &LoadCtx, cfg: &LlamaConfig) -> Result<Self> {
         let layers = (0..cfg.num_layers)
-            .map(|i| DecoderLayer::load(ctx, &format!("model.layers.{i}"), cfg))
+            .map(|i| DecoderLayer::load(ctx, i, cfg))
             .collect::<Result<_>>()?;
         Ok(Model {
             embed_tokens: VocabParallelEmbedding::load(
@@ -373,8 +383,8 @@ mod tests {
             .contains("not a multiple of num_key_value_heads = 3"));
         assert!(e(serde_json::json!({"head_dim": 7})).contains("head_dim = 7 must be even"));
         assert!(
-            e(serde_json::json!({"rope_scaling": {"rope_type": "yarn"}}))
-                .contains("rope_type \"yarn\"")
+            e(serde_json::json!({"rope_scaling": {"rope_type": "longrope"}}))
+                .contains("rope_type \"longrope\"")
         );
     }
 

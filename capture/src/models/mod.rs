@@ -8,11 +8,13 @@ use tch::Tensor;
 use crate::error::{CaptureError, Result};
 use crate::load::LoadCtx;
 
+mod deepseek_v3;
 mod hf_config;
 mod llama;
 mod mistral;
 mod qwen2;
 mod qwen3;
+mod qwen3_moe;
 pub(crate) mod registry;
 
 /// What the rest of the capture needs to know of a checkpoint's model: its architecture's

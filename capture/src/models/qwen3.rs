@@ -29,7 +29,7 @@ pub(crate) fn parse(file: &ConfigFile) -> Result<Box<dyn ModelConfig>> {
 
 /// Llama's attention with an RMS norm on each query and key head; this rank holds
 /// `heads / tp` query heads.
-struct Attention {
+pub(crate) struct Attention {
     /// The q|k|v and o projections and this rank's head counts.
     base: llama::Attention,
     q_norm: RmsNorm,

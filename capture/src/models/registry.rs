@@ -6,7 +6,7 @@
 use std::path::Path;
 
 use super::hf_config::ConfigFile;
-use super::{llama, mistral, qwen2, qwen3, ModelConfig};
+use super::{deepseek_v3, llama, mistral, qwen2, qwen3, qwen3_moe, ModelConfig};
 use crate::error::{CaptureError, Result};
 
 /// One implemented architecture.
@@ -40,6 +40,21 @@ const ENTRIES: &[Entry] = &[
         model_types: &["qwen3"],
         parse: qwen3::parse,
     },
+    Entry {
+        architectures: &["Qwen3MoeForCausalLM"],
+        model_types: &["qwen3_moe"],
+        parse: qwen3_moe::parse,
+    },
+    Entry {
+        architectures: &["DeepseekV3ForCausalLM"],
+        model_types: &["deepseek_v3", "kimi_k2"],
+        parse: deepseek_v3::parse,
+    },
+    Entry {
+        architectures: &["KimiK25ForConditionalGeneration"],
+        model_types: &["kimi_k25"],
+        parse: deepseek_v3::parse_kimi_k25,
+    },
 ];
 
 /// Reads `<dir>/config.json` and converts it into its architecture's validated config.
@@ -72,8 +87,12 @@ fn entry_for(file: &ConfigFile) -> Result<&'static Entry> {
 mod tests {
     use super::*;
 
+    /// The test config with `names` added, its decoder fields also nested as a wrapper's
+    /// `text_config` (which the other families ignore).
     fn parse(names: serde_json::Value) -> Result<Box<dyn ModelConfig>> {
-        let f = ConfigFile::for_test(names);
+        let mut f = ConfigFile::for_test(names);
+        let text = ConfigFile::for_test(serde_json::json!({})).json;
+        f.json["text_config"] = text;
         (entry_for(&f)?.parse)(&f)
     }
 
@@ -82,8 +101,10 @@ mod tests {
         for e in ENTRIES {
             let by_class = parse(serde_json::json!({"architectures": [e.architectures[0]]}));
             assert_eq!(by_class.unwrap().info().architecture, e.architectures[0]);
-            let by_type = parse(serde_json::json!({"model_type": e.model_types[0]}));
-            assert_eq!(by_type.unwrap().info().architecture, e.architectures[0]);
+            for t in e.model_types {
+                let by_type = parse(serde_json::json!({ "model_type": t }));
+                assert_eq!(by_type.unwrap().info().architecture, e.architectures[0]);
+            }
         }
     }
 
@@ -96,7 +117,8 @@ mod tests {
         assert_eq!(
             e,
             "unknown architecture \"GPT2LMHeadModel\"; supported: LlamaForCausalLM, \
-             MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM"
+             MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM, \
+             DeepseekV3ForCausalLM, KimiK25ForConditionalGeneration"
         );
         let e = parse(serde_json::json!({})).unwrap_err().to_string();
         assert!(e.contains("<no architectures and no model_type>"), "{e}");
