@@ -1,26 +1,47 @@
 #!/usr/bin/env python3
-"""Loader benchmark: hslake vs. one torch.save file per sample read with torch.load.
+"""Loader benchmark: hslake against its peers on the very same samples, in one run.
 
-Writes one synthetic dataset with hslake, exports the very same samples as one torch.save file
-per sample in SpecForge's layout (input_ids [T], loss_mask [T], aux_hidden_state [1, T, 3H],
-hidden_state [1, T, H]), then reads a full shuffled epoch with
-  1. torch DataLoader (torch.load per file, shuffle, pad-collate, `--workers` worker processes),
-  2. hslake.Loader from local disk (`--workers` decode threads),
-  3. hslake.Loader from a loopback S3 server (moto_server, started here unless
-     HSLAKE_TEST_S3_ENDPOINT is set),
-each in a fresh subprocess, and reports tokens/s, bytes on disk, peak RSS (summed over the
-reader's process tree, sampled every 50 ms) and time to first batch (from building the
-loader to holding the first batch). All readers deliver the same padded batch: input_ids,
-loss_mask, attention_mask [B, T], aux [B, T, 3H] and target [B, T, H] in bf16.
+Writes one synthetic dataset with hslake, then the same samples (read back in storage order)
+in each peer's format, and reads one full shuffled epoch with every reader, each in a fresh
+subprocess:
+  torch.load   one torch.save file per sample (SpecForge's layout), torch DataLoader, shuffle;
+  lance take   pylance: `take()` of shuffled indices, one batch per call, DataLoader workers;
+  lance ds     pylance's own `lance.torch.data.LanceDataset` (contiguous batches, the same
+               order every epoch: no shuffle, shown as its upper bound);
+  mosaicml     mosaicml-streaming MDS shards (zstd), `StreamingDataset(shuffle=True)`;
+  hslake       `hslake.Loader` from local disk, window shuffle (and from a loopback S3 server
+               with --s3);
+  hslake_all   the same with one window of every row group: a per-sample permutation whose
+               memory grows with the dataset (see docs/PERFORMANCE.md).
+Peers use `--workers` DataLoader worker processes, hslake `--workers` decode threads. Every
+reader delivers the same padded batch (input_ids, loss_mask, attention_mask [B, T],
+aux_hidden_states [B, T, 3H] and target_hidden_states [B, T, H] in bf16, sample_ids [B]).
 
-Build the module optimised first:  cargo build --release -p hslake-python && bash scripts/python_module.sh release
-Usage: .venv/bin/python scripts/bench_loader.py --samples 100000 --hidden 16 --out /tmp/hsbench
+Correctness (the run fails, exit 1, if any reader is wrong): every sample exactly once per
+epoch, and one probe sample's tensors bit-equal to what hslake wrote (sha256 of its
+unpadded input_ids, loss_mask, aux and target bits).
+
+Reported per reader: tokens/s over the epoch, time to the first batch (from building the
+reader), CPU seconds (user+system of the reader's process tree), peak proportional set size
+(PSS, summed over the tree, sampled every 50 ms: shared pages counted once), bytes on disk
+and write time of its format, and the shuffle-mixing metric: distinct runs of 64
+consecutive storage-order samples in a batch, averaged over full batches (a full per-sample
+permutation gives about 30.5 for batches of 32; reading in storage order gives 1-2).
+
+Peers (pylance, mosaicml-streaming) are installed into .venv on first use from
+requirements-peers.txt with --no-deps, which leaves torch and numpy alone.
+The hslake module must be optimised (scripts/setup.sh installs such a build); the script warns
+loudly when it is not. Real EAGLE-3 sizes: scripts/bench_loader_real.sh.
+
+Usage: .venv/bin/python scripts/bench_loader.py --samples 20000 --hidden 64 --out /tmp/hsbench
 """
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
+import resource
 import shutil
 import socket
 import subprocess
@@ -28,148 +49,333 @@ import sys
 import time
 from pathlib import Path
 
-LAYERS = [1, 2, 3]
+ROOT = Path(__file__).resolve().parent.parent
+RUN = 64  # storage-order run length of the mixing metric
+READERS = ["torch", "lance_take", "lance_dataset", "mosaicml", "hslake", "hslake_all"]
+CHILD_IMPORTS = {"lance_take": ["lance"], "lance_dataset": ["lance", "lance.torch.data"], "mosaicml": ["streaming"],
+                 "hslake": ["hslake"], "hslake_all": ["hslake"]}
 
 
-def tree_rss(pid: int) -> int:
-    """Resident bytes of a process and all its descendants."""
-    total, todo = 0, [pid]
+def tree_pids(pid: int) -> list[int]:
+    out, todo = [], [pid]
     while todo:
         p = todo.pop()
+        out.append(p)
         try:
-            with open(f"/proc/{p}/status") as f:
-                for line in f:
-                    if line.startswith("VmRSS:"):
-                        total += int(line.split()[1]) * 1024
             for t in os.listdir(f"/proc/{p}/task"):
                 with open(f"/proc/{p}/task/{t}/children") as f:
                     todo += [int(c) for c in f.read().split()]
+        except (FileNotFoundError, ProcessLookupError, PermissionError):
+            pass
+    return out
+
+
+def tree_pss(pid: int) -> int:
+    """Proportional set size of a process and its descendants: pages shared between them
+    (torch's libraries in forked DataLoader workers) count once, not once per process."""
+    total = 0
+    for p in tree_pids(pid):
+        try:
+            with open(f"/proc/{p}/smaps_rollup") as f:
+                for line in f:
+                    if line.startswith("Pss:"):
+                        total += int(line.split()[1]) * 1024
+                        break
         except (FileNotFoundError, ProcessLookupError, PermissionError):
             pass
     return total
 
 
 def run_child(args: list[str], env: dict | None = None) -> dict:
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     p = subprocess.Popen([sys.executable, __file__, "--child", *args], stdout=subprocess.PIPE, env=env)
     peak = 0
     while p.poll() is None:
-        peak = max(peak, tree_rss(p.pid))
+        peak = max(peak, tree_pss(p.pid))
         time.sleep(0.05)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
     out = p.stdout.read().decode()
     if p.returncode != 0:
-        raise SystemExit(f"child {args} failed ({p.returncode}): {out}")
+        raise SystemExit(f"FAILED: reader {args[0]} exited with {p.returncode}: {out[-2000:]}")
     r = json.loads(out.strip().splitlines()[-1])
-    r["peak_rss"] = peak
+    r["peak_pss"] = peak
+    r["cpu_s"] = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     return r
 
 
-def dir_bytes(d: Path) -> tuple[int, int]:
-    """(apparent bytes, allocated bytes) of the files under d."""
-    app = alloc = 0
-    for root, _, files in os.walk(d):
-        for f in files:
-            st = os.stat(os.path.join(root, f))
-            app += st.st_size
-            alloc += st.st_blocks * 512
-    return app, alloc
+def dir_bytes(d: Path) -> int:
+    """Allocated bytes of the files under d."""
+    return sum(os.stat(os.path.join(r, f)).st_blocks * 512 for r, _, fs in os.walk(d) for f in fs)
 
 
-# --- children: one reader each ------------------------------------------------------------
+# --- one padded batch, the same for every reader -----------------------------------------------
 
-def child_torch(pt_dir: str, batch_size: int, workers: int, max_seconds: float) -> dict:
+def pad_collate(items: list[dict]) -> dict:
+    """Items of sample_id, input_ids [T], loss_mask [T], aux [T, 3H] and target [T, H] (bf16)."""
     import torch
 
-    files = sorted(Path(pt_dir).glob("*.pt"))
+    n = len(items)
+    t = max(x["input_ids"].shape[0] for x in items)
+    k = items[0]["aux"].shape[-1]
+    h = items[0]["target"].shape[-1]
+    ids = torch.zeros(n, t, dtype=torch.long)
+    mask = torch.zeros(n, t, dtype=torch.long)
+    att = torch.zeros(n, t, dtype=torch.long)
+    aux = torch.zeros(n, t, k, dtype=torch.bfloat16)
+    tgt = torch.zeros(n, t, h, dtype=torch.bfloat16)
+    for i, x in enumerate(items):
+        m = x["input_ids"].shape[0]
+        ids[i, :m] = x["input_ids"]
+        mask[i, :m] = x["loss_mask"]
+        att[i, :m] = 1
+        aux[i, :m] = x["aux"]
+        tgt[i, :m] = x["target"]
+    return {"input_ids": ids, "loss_mask": mask, "attention_mask": att, "aux_hidden_states": aux,
+            "target_hidden_states": tgt,
+            "sample_ids": torch.tensor([int(x["sample_id"]) for x in items], dtype=torch.long)}
+
+
+def arrow_items(table, hidden: int, k: int) -> list[dict]:
+    """Rows of an Arrow table/batch (the Lance layout) as pad_collate items, without copies."""
+    import numpy as np
+    import torch
+
+    cols = {c: table.column(c) for c in ("sample_id", "input_ids", "loss_mask", "aux", "target")}
+    out = []
+    for i in range(table.num_rows):
+        ids = torch.from_numpy(cols["input_ids"][i].values.to_numpy(zero_copy_only=False))
+        t = ids.shape[0]
+        aux = np.frombuffer(cols["aux"][i].as_buffer(), dtype=np.int16).reshape(t, k * hidden)
+        tgt = np.frombuffer(cols["target"][i].as_buffer(), dtype=np.int16).reshape(t, hidden)
+        out.append({"sample_id": cols["sample_id"][i].as_py(), "input_ids": ids,
+                    "loss_mask": torch.from_numpy(cols["loss_mask"][i].values.to_numpy(zero_copy_only=False)),
+                    "aux": torch.from_numpy(aux).view(torch.bfloat16),
+                    "target": torch.from_numpy(tgt).view(torch.bfloat16)})
+    return out
+
+
+def sample_digest(input_ids, loss_mask, aux, target) -> str:
+    """sha256 over one sample's unpadded tensors (bf16 as its bits, ids and mask as int64)."""
+    import torch
+
+    h = hashlib.sha256()
+    for t, dt in ((input_ids, torch.int64), (loss_mask, torch.int64), (aux, torch.int16), (target, torch.int16)):
+        t = t.contiguous()
+        h.update((t.to(dt) if dt == torch.int64 else t.view(dt)).numpy().tobytes())
+    return h.hexdigest()
+
+
+# --- children: one reader each ------------------------------------------------------------------
+
+def child_torch(c: dict):
+    import torch
+
+    files = sorted(Path(c["dir"]).glob("*.pt"))
 
     class PtFiles(torch.utils.data.Dataset):
         def __len__(self):
             return len(files)
 
         def __getitem__(self, i):
-            return torch.load(files[i])
+            x = torch.load(files[i])
+            return {"sample_id": int(files[i].stem), "input_ids": x["input_ids"], "loss_mask": x["loss_mask"],
+                    "aux": x["aux_hidden_state"][0], "target": x["hidden_state"][0]}
 
-    def pad_collate(items):
-        n = len(items)
-        t = max(x["input_ids"].shape[0] for x in items)
-        h = items[0]["hidden_state"].shape[-1]
-        k = items[0]["aux_hidden_state"].shape[-1]
-        ids = torch.zeros(n, t, dtype=torch.long)
-        mask = torch.zeros(n, t, dtype=torch.long)
-        att = torch.zeros(n, t, dtype=torch.long)
-        aux = torch.zeros(n, t, k, dtype=torch.bfloat16)
-        tgt = torch.zeros(n, t, h, dtype=torch.bfloat16)
-        for i, x in enumerate(items):
-            m = x["input_ids"].shape[0]
-            ids[i, :m] = x["input_ids"]
-            mask[i, :m] = x["loss_mask"]
-            att[i, :m] = 1
-            aux[i, :m] = x["aux_hidden_state"][0]
-            tgt[i, :m] = x["hidden_state"][0]
-        return {"input_ids": ids, "loss_mask": mask, "attention_mask": att,
-                "aux_hidden_states": aux, "target_hidden_states": tgt}
-
-    t0 = time.perf_counter()
     g = torch.Generator().manual_seed(0)
-    dl = torch.utils.data.DataLoader(PtFiles(), batch_size=batch_size, shuffle=True, num_workers=workers,
-                                     collate_fn=pad_collate, generator=g, persistent_workers=False)
-    return drain(dl, t0, max_seconds)
+    return torch.utils.data.DataLoader(PtFiles(), batch_size=c["batch_size"], shuffle=True,
+                                       num_workers=c["workers"], collate_fn=pad_collate, generator=g)
 
 
-def child_hslake(url: str, batch_size: int, workers: int, max_seconds: float, window: int, prefetch: int) -> dict:
+def child_lance_take(c: dict):
+    import lance
+    import torch
+
+    cols = ["sample_id", "input_ids", "loss_mask", "aux", "target"]
+
+    class Take(torch.utils.data.Dataset):
+        def __init__(self):
+            self.ds = None  # opened in each worker: a Lance dataset is not fork-safe
+
+        def __len__(self):
+            return c["samples"]
+
+        def __getitem__(self, idx: list[int]):
+            if self.ds is None:
+                self.ds = lance.dataset(c["dir"])
+            return pad_collate(arrow_items(self.ds.take(idx, columns=cols), c["hidden"], c["k"]))
+
+    g = torch.Generator().manual_seed(0)
+    sampler = torch.utils.data.BatchSampler(torch.utils.data.RandomSampler(range(c["samples"]), generator=g),
+                                            c["batch_size"], drop_last=False)
+    return torch.utils.data.DataLoader(Take(), batch_size=None, sampler=sampler, num_workers=c["workers"])
+
+
+def lance_batch(batch, hidden: int, k: int, **_) -> dict:
+    return pad_collate(arrow_items(batch, hidden, k))
+
+
+def child_lance_dataset(c: dict):
+    import functools
+
+    import torch
+    from lance.torch.data import LanceDataset
+
+    ds = LanceDataset(c["dir"], batch_size=c["batch_size"],
+                      columns=["sample_id", "input_ids", "loss_mask", "aux", "target"],
+                      to_tensor_fn=functools.partial(lance_batch, hidden=c["hidden"], k=c["k"]))
+    # LanceDataset opens the dataset here; a forked worker using it crashed (segfault, 1 in 2
+    # runs), as pylance warns ("lance is not fork-safe"), so workers are spawned.
+    return torch.utils.data.DataLoader(ds, batch_size=None, num_workers=c["workers"],
+                                       multiprocessing_context="spawn" if c["workers"] else None)
+
+
+def child_mosaicml(c: dict):
+    import numpy as np
+    import torch
+    from streaming import StreamingDataset
+    from streaming.base.util import clean_stale_shared_memory
+
+    clean_stale_shared_memory()
+    hidden, k = c["hidden"], c["k"]
+
+    class Mds(StreamingDataset):
+        def __getitem__(self, i):
+            x = super().__getitem__(i)
+            t = x["input_ids"].shape[0]
+            return {"sample_id": int(x["sample_id"]), "input_ids": torch.from_numpy(x["input_ids"]),
+                    "loss_mask": torch.from_numpy(x["loss_mask"]),
+                    "aux": torch.from_numpy(np.frombuffer(x["aux"], np.int16).reshape(t, k * hidden)).view(torch.bfloat16),
+                    "target": torch.from_numpy(np.frombuffer(x["target"], np.int16).reshape(t, hidden)).view(torch.bfloat16)}
+
+    ds = Mds(local=c["dir"], shuffle=True, shuffle_seed=1, batch_size=c["batch_size"])
+    return torch.utils.data.DataLoader(ds, batch_size=c["batch_size"], num_workers=c["workers"],
+                                       collate_fn=pad_collate)
+
+
+def child_hslake(c: dict):
     import hslake
 
-    t0 = time.perf_counter()
-    loader = hslake.Loader(url, batch_size=batch_size, decode_threads=workers, seed=0, shuffle=True,
-                           shuffle_window=window, prefetch_row_groups=prefetch, aux_layers=LAYERS,
-                           target="final_norm")
-    return drain(loader, t0, max_seconds)
+    return hslake.Loader(c["url"], batch_size=c["batch_size"], decode_threads=c["workers"], seed=0,
+                         aux_layers=c["layers"], target="final_norm", **c["options"])
 
 
-def own_rss() -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    return 0
+def child_hslake_all(c: dict):
+    return child_hslake(c)
 
 
-def drain(it, t0: float, max_seconds: float) -> dict:
-    rss0 = own_rss()  # after importing torch (and hslake): the part no loader setting changes
+def drain(it, t0: float, c: dict) -> dict:
     first = None
-    tokens = samples = batches = 0
+    tokens = batches = 0
+    ids: list[int] = []
+    mixing: list[int] = []
+    digest = None
     for b in it:
         if first is None:
             first = time.perf_counter() - t0
-        tokens += int(b["attention_mask"].sum())
-        samples += b["input_ids"].shape[0]
+        att = b["attention_mask"]
+        tokens += int(att.sum())
+        batch_ids = b["sample_ids"].tolist()
+        ids += batch_ids
         batches += 1
-        if time.perf_counter() - t0 > max_seconds:
+        if len(batch_ids) == c["batch_size"]:
+            mixing.append(len({s // RUN for s in batch_ids}))
+        if c["probe"] in batch_ids:
+            i = batch_ids.index(c["probe"])
+            n = int(att[i].sum())
+            digest = sample_digest(b["input_ids"][i, :n], b["loss_mask"][i, :n], b["aux_hidden_states"][i, :n],
+                                   b["target_hidden_states"][i, :n])
+        if time.perf_counter() - t0 > c["max_seconds"]:
             break
     secs = time.perf_counter() - t0
-    return {"tokens": tokens, "samples": samples, "batches": batches, "seconds": secs, "first_batch_s": first,
-            "rss_after_import": rss0}
+    seen = set(ids)
+    return {"tokens": tokens, "samples": len(ids), "batches": batches, "seconds": secs, "first_batch_s": first,
+            "duplicates": len(ids) - len(seen), "missing": c["samples"] - len(seen & set(range(c["samples"]))),
+            "foreign": len(seen - set(range(c["samples"]))), "probe_digest": digest,
+            "mixing": sum(mixing) / len(mixing) if mixing else float("nan")}
 
 
-# --- setup ------------------------------------------------------------------------------------
+# --- writing the peers' formats -----------------------------------------------------------------
 
-def export_pt(url: str, pt_dir: Path) -> None:
-    """The same samples as one torch.save file per sample, SpecForge layout."""
+def storage_order(url: str, layers: list[int]):
+    """(sample_id, input_ids, loss_mask, aux [T, 3H], target [T, H]) in storage order."""
     import hslake
-    import torch
 
-    pt_dir.mkdir(parents=True)
-    loader = hslake.Loader(url, batch_size=256, shuffle=False, aux_layers=LAYERS, target="final_norm")
-    for b in loader:
+    for b in hslake.Loader(url, batch_size=64, shuffle=False, aux_layers=layers, target="final_norm"):
         lens = b["attention_mask"].sum(1).tolist()
         for i, sid in enumerate(b["sample_ids"].tolist()):
             n = lens[i]
-            torch.save({
-                "input_ids": b["input_ids"][i, :n].clone(),
-                "loss_mask": b["loss_mask"][i, :n].clone(),
-                "aux_hidden_state": b["aux_hidden_states"][i, :n].clone().unsqueeze(0),
-                "hidden_state": b["target_hidden_states"][i, :n].clone().unsqueeze(0),
-            }, pt_dir / f"{sid:08d}.pt")
+            yield (sid, b["input_ids"][i, :n], b["loss_mask"][i, :n], b["aux_hidden_states"][i, :n],
+                   b["target_hidden_states"][i, :n])
 
+
+def write_pt(url: str, layers: list[int], d: Path) -> None:
+    import torch
+
+    d.mkdir(parents=True)
+    for sid, ids, mask, aux, tgt in storage_order(url, layers):
+        torch.save({"input_ids": ids.clone(), "loss_mask": mask.clone(),
+                    "aux_hidden_state": aux.clone().unsqueeze(0), "hidden_state": tgt.clone().unsqueeze(0)},
+                   d / f"{sid:08d}.pt")
+
+
+def write_lance(url: str, layers: list[int], d: Path) -> None:
+    import lance
+    import pyarrow as pa
+    import torch
+
+    schema = pa.schema([("sample_id", pa.int64()), ("input_ids", pa.list_(pa.int64())),
+                        ("loss_mask", pa.list_(pa.int64())), ("aux", pa.large_binary()),
+                        ("target", pa.large_binary())])
+
+    def batches():
+        rows = []
+        for sid, ids, mask, aux, tgt in storage_order(url, layers):
+            rows.append((sid, ids.tolist(), mask.tolist(), aux.contiguous().view(torch.int16).numpy().tobytes(),
+                         tgt.contiguous().view(torch.int16).numpy().tobytes()))
+            if len(rows) == 256:
+                yield pa.RecordBatch.from_arrays([pa.array(list(col), t) for col, t in
+                                                  zip(zip(*rows), schema.types)], schema=schema)
+                rows = []
+        if rows:
+            yield pa.RecordBatch.from_arrays([pa.array(list(col), t) for col, t in zip(zip(*rows), schema.types)],
+                                             schema=schema)
+
+    # Several fragments, so that LanceDataset spreads them over the DataLoader workers.
+    lance.write_dataset(pa.RecordBatchReader.from_batches(schema, batches()), str(d), max_rows_per_file=2048)
+
+
+def write_mds(url: str, layers: list[int], d: Path) -> None:
+    import torch
+    from streaming import MDSWriter
+
+    cols = {"sample_id": "int64", "input_ids": "ndarray:int64", "loss_mask": "ndarray:int64", "aux": "bytes",
+            "target": "bytes"}
+    with MDSWriter(out=str(d), columns=cols, compression="zstd", size_limit="64mb") as w:
+        for sid, ids, mask, aux, tgt in storage_order(url, layers):
+            w.write({"sample_id": sid, "input_ids": ids.numpy(), "loss_mask": mask.numpy(),
+                     "aux": aux.contiguous().view(torch.int16).numpy().tobytes(),
+                     "target": tgt.contiguous().view(torch.int16).numpy().tobytes()})
+
+
+def probe_digest(url: str, layers: list[int], probe: int) -> str:
+    for sid, ids, mask, aux, tgt in storage_order(url, layers):
+        if sid == probe:
+            return sample_digest(ids, mask, aux, tgt)
+    raise SystemExit(f"FAILED: sample {probe} is not in {url}")
+
+
+def ensure_peers() -> None:
+    """Install the peer readers on first use, without touching torch or numpy."""
+    try:
+        import lance  # noqa: F401
+        import streaming  # noqa: F401
+    except ImportError:
+        print("installing the peer readers (requirements-peers.txt, --no-deps)", file=sys.stderr)
+        subprocess.check_call([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "-r",
+                               str(ROOT / "requirements-peers.txt")])
+
+
+# --- S3 ------------------------------------------------------------------------------------------
 
 def start_moto() -> tuple[subprocess.Popen, str]:
     s = socket.socket()
@@ -201,92 +407,163 @@ def upload(local: Path, endpoint: str, bucket: str, prefix: str) -> None:
             s3.upload_file(str(full), bucket, f"{prefix}/{full.relative_to(local)}")
 
 
+# --- main ----------------------------------------------------------------------------------------
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--samples", type=int, default=100_000)
+    ap.add_argument("--samples", type=int, default=20_000)
     ap.add_argument("--seq-len", default="32:160")
-    ap.add_argument("--hidden", type=int, default=16)
+    ap.add_argument("--hidden", type=int, default=64)
+    ap.add_argument("--aux-layers", default="1,2,3", help="captured aux layers (plus final_norm as target)")
     ap.add_argument("--batch-size", type=int, default=32)
-    ap.add_argument("--workers", type=int, default=2, help="torch DataLoader workers = hslake decode threads")
+    ap.add_argument("--workers", type=int, default=2, help="DataLoader workers of peers = hslake decode threads")
     ap.add_argument("--row-group-mb", type=float, default=4.0)
     ap.add_argument("--shuffle-window", type=int, default=16)
     ap.add_argument("--prefetch-row-groups", type=int, default=4)
-    ap.add_argument("--skip-torch", action="store_true", help="only the hslake readers")
-    ap.add_argument("--max-seconds", type=float, default=600.0, help="stop a reader after this long")
+    ap.add_argument("--readers", default=",".join(READERS), help=f"subset of {','.join(READERS)}")
+    ap.add_argument("--max-seconds", type=float, default=900.0,
+                    help="stop a reader after this long (the epoch check then fails)")
     ap.add_argument("--out", default="/tmp/hslake-bench")
-    ap.add_argument("--skip-s3", action="store_true")
+    ap.add_argument("--s3", action="store_true", help="also hslake from a loopback S3 server (moto)")
     ap.add_argument("--keep", action="store_true", help="reuse the datasets in --out if present")
-    ap.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
+    ap.add_argument("--json-out", help="also write the results as JSON here")
+    ap.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     a = ap.parse_args()
 
     if a.child:
-        kind, *rest = a.child
-        if kind == "torch":
-            r = child_torch(rest[0], int(rest[1]), int(rest[2]), float(rest[3]))
-        else:
-            r = child_hslake(rest[0], int(rest[1]), int(rest[2]), float(rest[3]), int(rest[4]), int(rest[5]))
-        print(json.dumps(r))
+        kind, cfg = a.child[0], json.loads(a.child[1])
+        import importlib
+        import warnings
+
+        # Read-only numpy views are never written through; Lance is opened after the fork.
+        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+        warnings.filterwarnings("ignore", message="lance is not fork-safe")
+        # Imports are not the reader's time to first batch.
+        for m in ["torch", *CHILD_IMPORTS.get(kind, [])]:
+            importlib.import_module(m)
+        t0 = time.perf_counter()
+        reader = globals()[f"child_{kind}"](cfg)
+        print(json.dumps(drain(reader, t0, cfg)))
         return
 
     import hslake
 
-    out = Path(a.out)
-    ds_dir, pt_dir = out / "hslake", out / "pt"
-    lo, hi = (int(x) for x in a.seq_len.split(":"))
-    if not (a.keep and ds_dir.exists() and pt_dir.exists()):
-        shutil.rmtree(out, ignore_errors=True)
-        t = time.perf_counter()
-        hslake.write_synthetic(str(ds_dir), a.samples, (lo, hi), a.hidden, LAYERS, final_norm=True, seed=0,
-                               row_group_bytes=int(a.row_group_mb * (1 << 20)), shard_bytes=64 << 20)
-        print(f"wrote hslake dataset in {time.perf_counter() - t:.1f} s", file=sys.stderr)
-        t = time.perf_counter()
-        export_pt(f"file://{ds_dir}", pt_dir)
-        print(f"wrote {a.samples} torch.save files in {time.perf_counter() - t:.1f} s", file=sys.stderr)
+    # Modules from before build_info existed were all dev-profile builds unless told otherwise.
+    build = hslake.build_info() if hasattr(hslake, "build_info") else {
+        "describe": "unknown (module without build_info)", "benchmark_warning": "module without build_info"}
+    if build["benchmark_warning"]:
+        bar = "!" * 100
+        print(f"{bar}\nWARNING: {build['benchmark_warning']}\n{bar}", file=sys.stderr)
+    readers = [r for r in a.readers.split(",") if r]
+    unknown = set(readers) - set(READERS)
+    if unknown:
+        raise SystemExit(f"unknown readers {sorted(unknown)}; expected some of {READERS}")
+    if {"lance_take", "lance_dataset", "mosaicml"} & set(readers):
+        ensure_peers()
 
-    counts = hslake.Dataset(str(ds_dir)).counts()
-    results = {}
-    common = [str(a.batch_size), str(a.workers), str(a.max_seconds)]
-    hs = [str(a.shuffle_window), str(a.prefetch_row_groups)]
-    if not a.skip_torch:
-        results["torch.load files (DataLoader)"] = run_child(["torch", str(pt_dir), *common])
-    results["hslake, local disk"] = run_child(["hslake", f"file://{ds_dir}", *common, *hs])
-    moto = None
-    if not a.skip_s3:
-        endpoint = os.environ.get("HSLAKE_TEST_S3_ENDPOINT")
-        if not endpoint:
-            moto, endpoint = start_moto()
-        try:
-            bucket = f"bench-{os.getpid()}"
+    layers = [int(x) for x in a.aux_layers.split(",")]
+    lo, hi = (int(x) for x in a.seq_len.split(":"))
+    out = Path(a.out)
+    dirs = {"hslake": out / "hslake", "torch": out / "pt", "lance": out / "lance", "mosaicml": out / "mds"}
+    fmt_of = {"torch": "torch", "lance_take": "lance", "lance_dataset": "lance", "mosaicml": "mosaicml",
+              "hslake": "hslake", "hslake_all": "hslake"}
+    writers = {"torch": write_pt, "lance": write_lance, "mosaicml": write_mds}
+    times_file = out / "write_seconds.json"
+    if not a.keep:
+        shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True, exist_ok=True)
+    write_s = json.loads(times_file.read_text()) if times_file.exists() else {}
+    url = f"file://{dirs['hslake']}"
+    if not dirs["hslake"].exists():
+        t = time.perf_counter()
+        hslake.write_synthetic(str(dirs["hslake"]), a.samples, (lo, hi), a.hidden, layers, final_norm=True, seed=0,
+                               row_group_bytes=int(a.row_group_mb * (1 << 20)), shard_bytes=64 << 20)
+        write_s["hslake"] = time.perf_counter() - t
+    for fmt in sorted({fmt_of[r] for r in readers} - {"hslake"}):
+        if not dirs[fmt].exists():
             t = time.perf_counter()
-            upload(ds_dir, endpoint, bucket, "ds")
-            print(f"uploaded to S3 in {time.perf_counter() - t:.1f} s", file=sys.stderr)
+            writers[fmt](url, layers, dirs[fmt])
+            # Includes reading the samples back from hslake in storage order (a small part).
+            write_s[fmt] = time.perf_counter() - t
+    times_file.write_text(json.dumps(write_s))
+    counts = hslake.Dataset(str(dirs["hslake"])).counts()
+    n = counts["num_samples"]
+    if n != a.samples:
+        raise SystemExit(f"{dirs['hslake']} holds {n} samples, not --samples {a.samples}; drop --keep")
+    probe = n // 2 + 7
+    expected = probe_digest(url, layers, probe)
+
+    common = {"batch_size": a.batch_size, "workers": a.workers, "max_seconds": a.max_seconds, "samples": n,
+              "hidden": a.hidden, "k": len(layers), "layers": layers, "probe": probe}
+    hs_opts = {"shuffle_window": a.shuffle_window, "prefetch_row_groups": a.prefetch_row_groups}
+    runs = []  # (name, reader kind, format, config, env)
+    names = {"torch": "torch.load files (DataLoader)", "lance_take": "Lance take() of shuffled indices",
+             "lance_dataset": "Lance LanceDataset (contiguous, unshuffled)",
+             "mosaicml": "MosaicML streaming (MDS, zstd)"}
+    for r in readers:
+        if r == "hslake":
+            runs.append((f"hslake, window shuffle ({a.shuffle_window} row groups)", "hslake", "hslake",
+                         {**common, "url": url, "options": hs_opts}, None))
+        elif r == "hslake_all":
+            # One window of every row group: a per-sample permutation of the epoch, but the loader
+            # then holds each row group from its first to its last use (most of the dataset).
+            runs.append(("hslake, one window of all row groups", "hslake_all", "hslake",
+                         {**common, "url": url, "options": {**hs_opts, "shuffle_window": 1 << 30}}, None))
+        else:
+            runs.append((names[r], r, fmt_of[r], {**common, "dir": str(dirs[fmt_of[r]])}, None))
+    moto = None
+    try:
+        if a.s3 and "hslake" in readers:
+            endpoint = os.environ.get("HSLAKE_TEST_S3_ENDPOINT")
+            if not endpoint:
+                moto, endpoint = start_moto()
+            bucket = f"bench-{os.getpid()}"
+            upload(dirs["hslake"], endpoint, bucket, "ds")
             env = dict(os.environ, AWS_ENDPOINT=endpoint, AWS_ALLOW_HTTP="true", AWS_ACCESS_KEY_ID="testing",
                        AWS_SECRET_ACCESS_KEY="testing", AWS_REGION="us-east-1")
-            results["hslake, loopback S3 (moto)"] = run_child(
-                ["hslake", f"s3://{bucket}/ds", *common, *hs], env)
-        finally:
-            if moto:
-                moto.terminate()
+            runs.append(("hslake, loopback S3 (moto), window shuffle", "hslake", "hslake",
+                         {**common, "url": f"s3://{bucket}/ds", "options": hs_opts}, env))
+        results = {}
+        for name, kind, fmt, cfg, env in runs:
+            print(f"reading: {name}", file=sys.stderr)
+            r = run_child([kind, json.dumps(cfg)], env)
+            r["format"] = fmt
+            results[name] = r
+    finally:
+        if moto:
+            moto.terminate()
 
-    pt_bytes, pt_alloc = dir_bytes(pt_dir)
-    ds_bytes, ds_alloc = dir_bytes(ds_dir)
-    base = results.get("torch.load files (DataLoader)")
-    base_tps = base["tokens"] / base["seconds"] if base else float("nan")
-    print(f"\n{a.samples} samples, {counts['num_tokens']} tokens, seq_len {a.seq_len}, hidden {a.hidden}, "
-          f"aux layers {LAYERS} + final_norm, bf16; batch {a.batch_size}, {a.workers} workers/threads; "
-          f"shuffle_window {a.shuffle_window}, prefetch_row_groups {a.prefetch_row_groups}, "
-          f"row groups of {a.row_group_mb} MiB raw; "
-          f"{os.cpu_count()} CPUs")
-    print(f"bytes on disk: torch.save files {pt_bytes / 1e6:.1f} MB ({pt_alloc / 1e6:.1f} MB allocated); "
-          f"hslake {ds_bytes / 1e6:.1f} MB ({ds_alloc / 1e6:.1f} MB allocated); "
-          f"raw tensors {counts['raw_bytes'] / 1e6:.1f} MB\n")
-    print("| reader | samples | tokens/s | vs torch.load | first batch | peak RSS (tree) | RSS after imports |")
-    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+    print(f"\n{n} samples, {counts['num_tokens']} tokens, seq_len {a.seq_len}, hidden {a.hidden}, "
+          f"aux layers {layers} + final_norm, bf16; batch {a.batch_size}; {a.workers} DataLoader workers "
+          f"(peers) / decode threads (hslake); hslake row groups of {a.row_group_mb} MiB raw, "
+          f"prefetch_row_groups {a.prefetch_row_groups}; {os.cpu_count()} CPUs; hslake build: {build['describe']}")
+    if build["benchmark_warning"]:
+        print(f"WARNING: {build['benchmark_warning']}")
+    print(f"raw tensors {counts['raw_bytes'] / 1e6:.1f} MB\n")
+    print("| reader | tokens/s | first batch | CPU s | peak PSS | on disk | write | mixing (of 32) |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for name, r in results.items():
-        tps = r["tokens"] / r["seconds"]
-        print(f"| {name} | {r['samples']} | {tps:,.0f} | {tps / base_tps:.1f}x | {r['first_batch_s']:.3f} s "
-              f"| {r['peak_rss'] / 2**20:.0f} MiB | {r['rss_after_import'] / 2**20:.0f} MiB |")
-    print(json.dumps({"results": results, "pt_bytes": pt_bytes, "hslake_bytes": ds_bytes, "counts": counts}))
+        f = r["format"]
+        print(f"| {name} | {r['tokens'] / r['seconds']:,.0f} | {r['first_batch_s']:.2f} s | {r['cpu_s']:.1f} "
+              f"| {r['peak_pss'] / 2**20:.0f} MiB | {dir_bytes(dirs[f]) / 1e6:.0f} MB "
+              f"| {write_s.get(f, float('nan')):.1f} s | {r['mixing']:.1f} |")
+    failures = []
+    for name, r in results.items():
+        if r["samples"] == 0 or r["missing"] or r["duplicates"] or r["foreign"]:
+            failures.append(f"{name}: {r['samples']} samples read, {r['missing']} missing, {r['duplicates']} "
+                            f"repeated, {r['foreign']} unknown ids (expected each of {n} exactly once)")
+        if r["probe_digest"] != expected:
+            failures.append(f"{name}: sample {probe} differs from what hslake wrote "
+                            f"(sha256 {r['probe_digest']} != {expected})")
+    summary = {"results": results, "write_seconds": write_s, "counts": counts, "build": build,
+               "bytes": {f: dir_bytes(d) for f, d in dirs.items() if d.exists()}, "failures": failures}
+    if a.json_out:
+        Path(a.json_out).write_text(json.dumps(summary, indent=1))
+    print(json.dumps(summary))
+    if failures:
+        print("\nFAILED correctness checks:\n  " + "\n  ".join(failures), file=sys.stderr)
+        sys.exit(1)
+    print("\nall readers returned every sample exactly once, probe sample bit-equal", file=sys.stderr)
 
 
 if __name__ == "__main__":

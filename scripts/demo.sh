@@ -9,6 +9,9 @@ bash scripts/setup.sh
 export PATH="$ROOT/.venv/bin:$PATH"
 OUT="file://$ROOT/.cache/default/dataset"
 rm -rf "$ROOT/.cache/default/dataset"
+# target/debug is setup's one build: the dev profile with the read/write path at opt-level 3
+# (Cargo.toml); --version says so.
+target/debug/hslake --version
 target/debug/hslake capture --model .cache/models/SmolLM2-135M-Instruct --input .cache/default/samples.jsonl \
   --output "$OUT" --layers 2,15,27,29 --final-norm --device cpu --dtype bf16 --max-tokens-per-batch 4096
 target/debug/hslake verify "$OUT"

@@ -2,8 +2,8 @@
 # Installs the Python module `hslake` (python/: pyo3) into .venv as an editable package: the
 # pure-Python wrapper python/hslake/ plus the native library that `cargo build --workspace`
 # made (target/<profile>/libhslake.so, copied to python/hslake/_hslake.abi3.so).
-# scripts/setup.sh calls it after its dev build. For benchmarks, install the optimised module:
-#   cargo build --release -p hslake-python && bash scripts/python_module.sh release
+# scripts/setup.sh calls it after its dev build, whose hot crates are optimised (Cargo.toml); a
+# full release module is `cargo build --release -p hslake-python && bash scripts/python_module.sh release`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -18,4 +18,4 @@ cp "$so" python/hslake/_hslake.abi3.so.tmp
 mv python/hslake/_hslake.abi3.so.tmp python/hslake/_hslake.abi3.so
 site=$("$ROOT/.venv/bin/python3" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 echo "$ROOT/python" > "$site/hslake.pth"
-"$ROOT/.venv/bin/python3" -c 'import hslake; print("setup: hslake", hslake.__version__, "python module installed")' >&2
+"$ROOT/.venv/bin/python3" -c 'import hslake; print("setup: hslake", hslake.__version__, "python module installed:", hslake.build_info()["describe"])' >&2

@@ -8,7 +8,7 @@ mod cmd;
 
 /// A data lake for the hidden states EAGLE-3 draft models train on.
 #[derive(Parser)]
-#[command(name = "hslake", version, about)]
+#[command(name = "hslake", version = version_line(), about)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -50,6 +50,19 @@ enum Command {
     #[cfg(feature = "capture")]
     #[command(subcommand, hide = true)]
     Debug(cmd::debug::Debug),
+}
+
+/// `hslake --version`: the version and which build this is, since a dev-profile store is many
+/// times slower than the one the documented figures come from.
+fn version_line() -> &'static str {
+    static LINE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    LINE.get_or_init(|| {
+        format!(
+            "{} ({})",
+            env!("CARGO_PKG_VERSION"),
+            hslake_store::build_info::describe()
+        )
+    })
 }
 
 fn main() -> std::process::ExitCode {

@@ -174,3 +174,15 @@ fn cp_and_back_then_vacuum_removes_only_orphans() {
     .success());
     assert!(out.join("layer_3.npy").exists());
 }
+
+#[test]
+fn version_names_the_build_profile_and_opt_level() {
+    let o = hslake(&["--version"]);
+    assert!(o.status.success());
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(out.starts_with("hslake 0."), "{out}");
+    assert!(
+        out.contains("profile ") && out.contains("opt-level "),
+        "{out}"
+    );
+}

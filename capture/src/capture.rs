@@ -43,6 +43,7 @@ pub async fn capture_with(
 ) -> Result<CaptureSummary> {
     tokio::task::spawn_blocking(move || {
         let checked = CheckedModel::check(opts.engine)?;
+        checked.check_memory(opts.job.max_tokens_per_batch, opts.job.points.len())?;
         let prepared = opts.job.prepare(checked.model(), checked.options())?;
         let mut engine = Engine::load(checked)?;
         engine.run_prepared(prepared, &progress, &cancel)

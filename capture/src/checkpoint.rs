@@ -10,6 +10,7 @@ use tch::{Device, Kind, Tensor};
 
 use crate::error::{CaptureError, Result, TensorProblem};
 use crate::load::{Shard, TensorSource};
+use crate::quant::Quantization;
 
 struct MappedFile {
     path: PathBuf,
@@ -23,6 +24,7 @@ pub(crate) struct Checkpoint {
     dir: PathBuf,
     files: Vec<MappedFile>,
     by_name: HashMap<String, usize>,
+    quant: Quantization,
 }
 
 impl Checkpoint {
@@ -92,7 +94,14 @@ impl Checkpoint {
             dir: dir.to_path_buf(),
             files,
             by_name,
+            quant: Quantization::None,
         })
+    }
+
+    /// The same checkpoint, its linear weights stored as `quant` says (from its config.json).
+    pub fn with_quantization(mut self, quant: Quantization) -> Self {
+        self.quant = quant;
+        self
     }
 
     /// The checkpoint's problems as one error that names the directory and its files.
@@ -119,12 +128,23 @@ impl Checkpoint {
         Some((file, file.infos.get(name)?))
     }
 
-    /// Checks that `name` exists with the full shape `expected` and a loadable dtype, reading
-    /// no data; returns that dtype.
+    /// Checks that `name` exists with the full shape `expected` and a float dtype (converted
+    /// to the compute dtype as it loads), reading no data; returns that dtype.
     pub fn check(
         &self,
         name: &str,
         expected: &[usize],
+    ) -> std::result::Result<Kind, TensorProblem> {
+        self.check_stored(name, expected, FLOATS)
+    }
+
+    /// Checks that `name` exists with the full shape `expected` and one of the dtypes
+    /// `accept`, reading no data; returns that dtype.
+    pub fn check_stored(
+        &self,
+        name: &str,
+        expected: &[usize],
+        accept: &[Kind],
     ) -> std::result::Result<Kind, TensorProblem> {
         let (_, info) = self.info(name).ok_or_else(|| TensorProblem::Missing {
             name: name.to_string(),
@@ -136,22 +156,21 @@ impl Checkpoint {
                 got: info.shape.clone(),
             });
         }
-        kind_of(name, info.dtype)
+        match kind_of(info.dtype) {
+            Some(kind) if accept.contains(&kind) => Ok(kind),
+            _ => Err(TensorProblem::WrongDtype {
+                name: name.into(),
+                dtype: format!("{:?}", info.dtype),
+                expected: dtype_names(accept),
+            }),
+        }
     }
-}
 
-impl TensorSource for Checkpoint {
-    /// Copies this rank's slice of `name` out of the map to `device` as `kind`.
-    fn tensor(
-        &self,
-        name: &str,
-        shape: &[usize],
-        shard: Shard,
-        device: Device,
-        kind: Kind,
-    ) -> Result<Tensor> {
+    /// This rank's `shard` of `name` (full shape `shape`, dtype one of `accept`), copied out of
+    /// the map into a CPU tensor of the stored dtype.
+    fn read(&self, name: &str, shape: &[usize], shard: Shard, accept: &[Kind]) -> Result<Tensor> {
         let problem = |p| self.error(vec![p]);
-        let stored = self.check(name, shape).map_err(problem)?;
+        let stored = self.check_stored(name, shape, accept).map_err(problem)?;
         let local = shard.local_shape(name, shape).map_err(problem)?;
         let (file, info) = self
             .info(name)
@@ -180,8 +199,48 @@ impl TensorSource for Checkpoint {
             }
         };
         let dims: Vec<i64> = local.iter().map(|&d| d as i64).collect();
-        let t = Tensor::f_from_data_size(&data, &dims, stored)?;
+        Ok(Tensor::f_from_data_size(&data, &dims, stored)?)
+    }
+}
+
+/// The dtypes a dense weight may be stored in.
+const FLOATS: &[Kind] = &[Kind::BFloat16, Kind::Half, Kind::Float];
+
+impl TensorSource for Checkpoint {
+    /// Copies this rank's slice of `name` out of the map to `device` as `kind`.
+    fn tensor(
+        &self,
+        name: &str,
+        shape: &[usize],
+        shard: Shard,
+        device: Device,
+        kind: Kind,
+    ) -> Result<Tensor> {
+        let t = self.read(name, shape, shard, FLOATS)?;
         Ok(t.f_to_device(device)?.f_to_kind(kind)?)
+    }
+
+    fn stored(
+        &self,
+        name: &str,
+        shape: &[usize],
+        shard: Shard,
+        device: Device,
+        accept: &[Kind],
+    ) -> Result<Tensor> {
+        Ok(self.read(name, shape, shard, accept)?.f_to_device(device)?)
+    }
+
+    fn has(&self, name: &str) -> bool {
+        self.info(name).is_some()
+    }
+
+    fn quantization(&self) -> &Quantization {
+        &self.quant
+    }
+
+    fn reads_data(&self) -> bool {
+        true
     }
 
     fn concat(&self, mut parts: Vec<Tensor>) -> Result<Tensor> {
@@ -192,15 +251,36 @@ impl TensorSource for Checkpoint {
     }
 }
 
-fn kind_of(name: &str, dtype: Dtype) -> std::result::Result<Kind, TensorProblem> {
-    match dtype {
-        Dtype::BF16 => Ok(Kind::BFloat16),
-        Dtype::F16 => Ok(Kind::Half),
-        Dtype::F32 => Ok(Kind::Float),
-        other => Err(TensorProblem::WrongDtype {
-            name: name.into(),
-            dtype: format!("{other:?}"),
-        }),
+/// The libtorch dtype of a safetensors dtype this crate reads.
+fn kind_of(dtype: Dtype) -> Option<Kind> {
+    Some(match dtype {
+        Dtype::BF16 => Kind::BFloat16,
+        Dtype::F16 => Kind::Half,
+        Dtype::F32 => Kind::Float,
+        Dtype::F8_E4M3 => Kind::Float8e4m3fn,
+        Dtype::I32 => Kind::Int,
+        Dtype::I64 => Kind::Int64,
+        _ => return None,
+    })
+}
+
+/// `kinds` as safetensors names them, for errors: "one of BF16, F16, F32".
+fn dtype_names(kinds: &[Kind]) -> String {
+    let name = |k: &Kind| match k {
+        Kind::BFloat16 => "BF16",
+        Kind::Half => "F16",
+        Kind::Float => "F32",
+        Kind::Float8e4m3fn => "F8_E4M3",
+        Kind::Int => "I32",
+        Kind::Int64 => "I64",
+        _ => "?",
+    };
+    match kinds {
+        [one] => name(one).to_string(),
+        many => format!(
+            "one of {}",
+            many.iter().map(name).collect::<Vec<_>>().join(", ")
+        ),
     }
 }
 

@@ -31,6 +31,7 @@ extern "C" {
         stream: CudaStream,
     ) -> c_int;
     fn cudaGetErrorString(error: c_int) -> *const c_char;
+    fn cudaMemGetInfo(free: *mut usize, total: *mut usize) -> c_int;
     fn cudaHostRegister(ptr: *mut c_void, size: usize, flags: u32) -> c_int;
     fn cudaHostUnregister(ptr: *mut c_void) -> c_int;
 }
@@ -50,6 +51,19 @@ fn check(code: c_int, what: &str) -> Result<()> {
 pub fn set_device(device: usize) -> Result<()> {
     // SAFETY: plain FFI call with a value argument.
     check(unsafe { cudaSetDevice(device as c_int) }, "cudaSetDevice")
+}
+
+/// Bytes free on GPU `device`, as the driver reports them (memory other processes hold is not
+/// free). Makes `device` current on the calling thread.
+pub fn free_memory(device: usize) -> Result<u64> {
+    set_device(device)?;
+    let (mut free, mut total) = (0usize, 0usize);
+    // SAFETY: both are valid out-pointers.
+    check(
+        unsafe { cudaMemGetInfo(&mut free, &mut total) },
+        "cudaMemGetInfo",
+    )?;
+    Ok(free as u64)
 }
 
 /// A CUDA event; owned by one thread (raw pointers keep it `!Send`).

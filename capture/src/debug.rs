@@ -101,8 +101,8 @@ pub fn prefill(opts: &PrefillOptions) -> Result<PrefillReport> {
         )));
     }
     let kind = e.compute_kind()?;
-    let config = registry::read_config(&e.model_dir)?;
-    let checkpoint = Checkpoint::open(&e.model_dir)?;
+    let (config, quant) = registry::read_model(&e.model_dir)?;
+    let checkpoint = Checkpoint::open(&e.model_dir)?.with_quantization(quant);
     crate::dry_run::check_checkpoint(&*config, &checkpoint, e.tp, kind)?;
     let vocab = config.info().vocab_size as i64;
     let ids = Tensor::f_randint(vocab, [opts.batch * opts.seq], (Kind::Int64, Device::Cpu))?;

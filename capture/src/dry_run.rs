@@ -12,14 +12,30 @@ use crate::comm::Communicator;
 use crate::error::{CaptureError, Result, TensorProblem};
 use crate::load::{LoadCtx, NormKernel, Shard, TensorSource};
 use crate::models::ModelConfig;
+use crate::quant::Quantization;
 
-/// A tensor a model reads: its checkpoint name and full (unsharded) shape.
+/// A tensor a model reads: its checkpoint name and full (unsharded) shape, and what rank 0
+/// holds of it in device memory.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct TensorSpec {
     /// Checkpoint name.
     pub name: String,
     /// Full shape.
     pub shape: Vec<usize>,
+    /// Rank 0's part of it.
+    pub local: Vec<usize>,
+    /// Its dtype in device memory: the compute dtype, f32 for what stays f32, or the stored
+    /// dtype of a quantized weight.
+    pub kind: Kind,
+    /// Vocabulary rows of an embedding (never an operand of a GEMM).
+    pub rows: bool,
+}
+
+impl TensorSpec {
+    /// Bytes rank 0 holds of it.
+    pub fn local_bytes(&self) -> u64 {
+        self.local.iter().product::<usize>() as u64 * self.kind.elt_size_in_bytes() as u64
+    }
 }
 
 /// Loads `cfg`'s model as rank 0 of `tp` against `checkpoint`'s headers, reading no tensor
@@ -64,6 +80,37 @@ struct DryRun<'a> {
 }
 
 impl DryRun<'_> {
+    /// Records `name` and checks it with `check`, answering with a placeholder of this rank's
+    /// shape; a problem is noted and the load goes on with the expected shape, so that one run
+    /// finds every problem.
+    fn record(
+        &self,
+        name: &str,
+        shape: &[usize],
+        shard: Shard,
+        kind: Kind,
+        check: impl FnOnce(&Checkpoint) -> std::result::Result<Kind, TensorProblem>,
+    ) -> Result<Tensor> {
+        let checked = match self.checkpoint {
+            Some(c) => check(c).map(drop),
+            None => Ok(()),
+        };
+        let local = checked
+            .and_then(|()| shard.local_shape(name, shape))
+            .unwrap_or_else(|p| {
+                self.problems.borrow_mut().push(p);
+                shape.to_vec()
+            });
+        self.read.borrow_mut().push(TensorSpec {
+            name: name.to_string(),
+            shape: shape.to_vec(),
+            local: local.clone(),
+            kind,
+            rows: matches!(shard, Shard::Rows { .. }),
+        });
+        placeholder(&local, kind)
+    }
+
     fn load(&self, cfg: &dyn ModelConfig, tp: usize, kind: Kind) -> Result<()> {
         let ctx = LoadCtx {
             source: self,
@@ -92,23 +139,37 @@ impl TensorSource for DryRun<'_> {
         _device: Device,
         kind: Kind,
     ) -> Result<Tensor> {
-        self.read.borrow_mut().push(TensorSpec {
-            name: name.to_string(),
-            shape: shape.to_vec(),
-        });
-        let checked = match self.checkpoint {
-            Some(c) => c.check(name, shape).map(drop),
-            None => Ok(()),
-        };
-        // A problem is noted and the load goes on with the expected shape, so that one run
-        // finds every problem.
-        let local = checked
-            .and_then(|()| shard.local_shape(name, shape))
-            .unwrap_or_else(|p| {
-                self.problems.borrow_mut().push(p);
-                shape.to_vec()
-            });
-        placeholder(&local, kind)
+        self.record(name, shape, shard, kind, |c| c.check(name, shape))
+    }
+
+    fn stored(
+        &self,
+        name: &str,
+        shape: &[usize],
+        shard: Shard,
+        _device: Device,
+        accept: &[Kind],
+    ) -> Result<Tensor> {
+        let kind = self
+            .checkpoint
+            .and_then(|c| c.check_stored(name, shape, accept).ok())
+            .unwrap_or(accept[0]);
+        self.record(name, shape, shard, kind, |c| {
+            c.check_stored(name, shape, accept)
+        })
+    }
+
+    fn has(&self, name: &str) -> bool {
+        self.checkpoint.is_some_and(|c| c.has(name))
+    }
+
+    fn quantization(&self) -> &Quantization {
+        static NONE: Quantization = Quantization::None;
+        self.checkpoint.map_or(&NONE, |c| c.quantization())
+    }
+
+    fn reads_data(&self) -> bool {
+        false
     }
 
     fn concat(&self, parts: Vec<Tensor>) -> Result<Tensor> {
@@ -272,6 +333,79 @@ mod tests {
             .to_string();
         assert!(
             e.contains("tensor \"model.layers.0.self_attn.q_proj.weight\": dimension 0 of size 16 does not split into 3 equal parts"),
+            "{e}"
+        );
+    }
+
+    /// The tiny Llama with FP8 blocks of 4 x 8 on every projection (4 rows, so that its 8-row
+    /// k_proj splits 2 ways into whole blocks); `f32_weight` names one
+    /// projection whose weight is left in F32 beside its scales.
+    fn fp8_llama(dir: &std::path::Path, f32_weight: Option<&str>) -> Checkpoint {
+        write_model(dir, TINY_LLAMA, None);
+        let plain = tensors_read(&*registry::read_config(dir).unwrap()).unwrap();
+        let mut tensors: Vec<(String, Vec<usize>, safetensors::Dtype)> = vec![];
+        for s in plain {
+            let Some(module) = s.name.strip_suffix("_proj.weight") else {
+                tensors.push((s.name, s.shape, safetensors::Dtype::F32));
+                continue;
+            };
+            let grid = vec![s.shape[0].div_ceil(4), s.shape[1].div_ceil(8)];
+            tensors.push((
+                format!("{module}_proj.weight_scale_inv"),
+                grid,
+                safetensors::Dtype::F32,
+            ));
+            let dtype = match f32_weight == Some(s.name.as_str()) {
+                true => safetensors::Dtype::F32,
+                false => safetensors::Dtype::F8_E4M3,
+            };
+            tensors.push((s.name, s.shape, dtype));
+        }
+        let bytes: Vec<Vec<u8>> = tensors
+            .iter()
+            .map(|(_, s, d)| vec![0u8; d.bitsize() / 8 * s.iter().product::<usize>()])
+            .collect();
+        let views: Vec<(String, TensorView)> = tensors
+            .iter()
+            .zip(&bytes)
+            .map(|((n, s, d), b)| (n.clone(), TensorView::new(*d, s.clone(), b).unwrap()))
+            .collect();
+        safetensors::serialize_to_file(views, None, &dir.join("model.safetensors")).unwrap();
+        let config: serde_json::Value = serde_json::json!({"quantization_config": {
+            "quant_method": "fp8", "fmt": "e4m3", "weight_block_size": [4, 8]}});
+        let quant = crate::quant::Quantization::from_config(&config).unwrap();
+        Checkpoint::open(dir).unwrap().with_quantization(quant)
+    }
+
+    #[test]
+    fn quantized_weights_are_listed_with_their_stored_dtype_and_scales() {
+        let d = tempfile::tempdir().unwrap();
+        let checkpoint = fp8_llama(d.path(), None);
+        let cfg = registry::read_config(d.path()).unwrap();
+        let specs = check_checkpoint(&*cfg, &checkpoint, 2, Kind::BFloat16).unwrap();
+        let find = |n: &str| specs.iter().find(|s| s.name == n).unwrap();
+        let q = find("model.layers.0.self_attn.q_proj.weight");
+        assert_eq!((q.local.clone(), q.kind), (vec![8, 16], Kind::Float8e4m3fn));
+        let down = find("model.layers.1.mlp.down_proj.weight_scale_inv");
+        // [16, 32] in blocks of 4 x 8, split along its inputs: [4, 4] scales, 2 columns a rank.
+        assert_eq!((down.local.clone(), down.kind), (vec![4, 2], Kind::Float));
+        // Every projection (7 per layer) adds its scales; norms and the embedding stay bf16.
+        assert_eq!(specs.len(), 2 + 2 * 9 + 2 * 7);
+        assert_eq!(find("model.norm.weight").kind, Kind::BFloat16);
+    }
+
+    #[test]
+    fn a_quantized_weight_stored_as_floats_is_named_with_the_dtype_expected() {
+        let d = tempfile::tempdir().unwrap();
+        let checkpoint = fp8_llama(d.path(), Some("model.layers.1.mlp.up_proj.weight"));
+        let cfg = registry::read_config(d.path()).unwrap();
+        let e = check_checkpoint(&*cfg, &checkpoint, 1, Kind::BFloat16)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.ends_with(
+                ": tensor \"model.layers.1.mlp.up_proj.weight\" has dtype F32, expected F8_E4M3"
+            ),
             "{e}"
         );
     }

@@ -63,6 +63,18 @@ pub enum CaptureError {
         /// Each tensor that is missing or does not fit, in the order the model reads them.
         problems: Vec<TensorProblem>,
     },
+    /// A quantized weight cannot be read as its format requires (a tile cut by the TP split,
+    /// a group size that does not divide, a `weight_shape` that disagrees with the config).
+    #[error("quantized weight {name:?}: {message}")]
+    Quantization {
+        /// The linear module (`model.layers.3.mlp.experts.7.gate_proj`).
+        name: String,
+        /// What is wrong and what was expected.
+        message: String,
+    },
+    /// The model and one batch's activations do not fit the GPUs' memory.
+    #[error("not enough GPU memory: {0}")]
+    Memory(String),
     /// One input record is unusable.
     #[error("{path}: {location}: {message}")]
     Input {
@@ -128,6 +140,8 @@ pub enum TensorProblem {
         name: String,
         /// The dtype in the file.
         dtype: String,
+        /// The dtypes this tensor may have.
+        expected: String,
     },
     /// A dimension that tensor parallelism splits is not a multiple of the TP size.
     Unsplittable {
@@ -154,10 +168,11 @@ impl std::fmt::Display for TensorProblem {
                 f,
                 "tensor {name:?} has shape {got:?}, expected {expected:?} from config.json"
             ),
-            TensorProblem::WrongDtype { name, dtype } => write!(
-                f,
-                "tensor {name:?} has dtype {dtype}, expected one of BF16, F16, F32"
-            ),
+            TensorProblem::WrongDtype {
+                name,
+                dtype,
+                expected,
+            } => write!(f, "tensor {name:?} has dtype {dtype}, expected {expected}"),
             TensorProblem::Unsplittable {
                 name,
                 dim,

@@ -45,6 +45,7 @@ mod load;
 mod models;
 mod moe;
 mod nccl;
+mod quant;
 mod tp;
 
 pub use capture::{capture, capture_with, CaptureOptions};

@@ -8,6 +8,7 @@ use tch::{Device, Kind, Tensor};
 
 use crate::comm::Communicator;
 use crate::error::{Result, TensorProblem};
+use crate::quant::{Quantization, Weight};
 
 /// How RMS norms are computed on CUDA.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -142,6 +143,27 @@ pub(crate) trait TensorSource {
         kind: Kind,
     ) -> Result<Tensor>;
 
+    /// This rank's `shard` of `name` as stored (no conversion), on `device`; its dtype must be
+    /// one of `accept` (quantized weights: float8_e4m3fn values, packed int32 codes).
+    fn stored(
+        &self,
+        name: &str,
+        shape: &[usize],
+        shard: Shard,
+        device: Device,
+        accept: &[Kind],
+    ) -> Result<Tensor>;
+
+    /// Whether the source holds a tensor named `name` (which linears carry FP8 scales).
+    fn has(&self, name: &str) -> bool;
+
+    /// How the checkpoint's linear weights are stored.
+    fn quantization(&self) -> &Quantization;
+
+    /// Whether returned tensors hold the checkpoint's values (false for a dry run's
+    /// placeholders, whose values must not be checked).
+    fn reads_data(&self) -> bool;
+
     /// `parts` (tensors this source returned) joined along dimension 0.
     fn concat(&self, parts: Vec<Tensor>) -> Result<Tensor>;
 }
@@ -196,6 +218,22 @@ impl LoadCtx<'_> {
             self.device,
             self.kind,
         )
+    }
+
+    /// This rank's part of dimension `dim` of the `[out, in]` weight of linear `prefix`, in the
+    /// checkpoint's format (dense or quantized).
+    pub fn linear_split(&self, prefix: &str, out: usize, inp: usize, dim: usize) -> Result<Weight> {
+        let shard = Shard::Split {
+            dim,
+            rank: self.comm.rank(),
+            world: self.comm.world_size(),
+        };
+        Weight::load(self, prefix, out, inp, shard)
+    }
+
+    /// The whole `[out, in]` weight of linear `prefix`, in the checkpoint's format.
+    pub fn linear_full(&self, prefix: &str, out: usize, inp: usize) -> Result<Weight> {
+        Weight::load(self, prefix, out, inp, Shard::Full)
     }
 
     /// Tensors loaded through this context, stacked along dimension 0.

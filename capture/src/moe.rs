@@ -18,6 +18,7 @@ use tch::{Device, Kind, Tensor};
 use crate::error::Result;
 use crate::layers::Mlp;
 use crate::load::LoadCtx;
+use crate::quant::Weight;
 use crate::tp::{check_split, PartialSum};
 
 /// How a router turns logits into each token's experts and their weights.
@@ -375,12 +376,13 @@ fn grouped_sigmoid_top_k(
     Ok((weights.f_mul_scalar(p.routed_scaling_factor)?, ids))
 }
 
-/// One routed expert: SwiGLU with gate and up stacked into one weight.
+/// One routed expert: SwiGLU with gate and up stacked into one weight (quantized experts stay
+/// quantized until the expert runs).
 struct Expert {
     /// `[2 * moe_intermediate, hidden]`: gate rows, then up rows.
-    gate_up: Tensor,
+    gate_up: Weight,
     /// `[hidden, moe_intermediate]`.
-    down: Tensor,
+    down: Weight,
 }
 
 /// This rank's routed experts: whole experts `first..first + local.len()` of `num_experts`.
@@ -391,15 +393,15 @@ struct Experts {
     intermediate: i64,
 }
 
-/// Where every routed-expert weight is read: one call per linear, so that a quantized format's
-/// loader can take its place here.
+/// Where every routed-expert weight is read: one whole linear `name` (a module prefix), dense
+/// or quantized as the checkpoint stores it.
 fn expert_weight(
     ctx: &LoadCtx,
     name: &str,
     out_features: usize,
     in_features: usize,
-) -> Result<Tensor> {
-    ctx.full(name, &[out_features, in_features])
+) -> Result<Weight> {
+    ctx.linear_full(name, out_features, in_features)
 }
 
 impl Experts {
@@ -416,11 +418,14 @@ impl Experts {
         let first = ctx.comm.rank() * per_rank;
         let local = (first..first + per_rank)
             .map(|j| {
-                let name = |proj: &str| format!("{prefix}.{j}.{proj}.weight");
-                let gate = expert_weight(ctx, &name("gate_proj"), i, hidden)?;
-                let up = expert_weight(ctx, &name("up_proj"), i, hidden)?;
+                let name = |proj: &str| format!("{prefix}.{j}.{proj}");
+                let (gate, up) = (name("gate_proj"), name("up_proj"));
+                let parts = vec![
+                    expert_weight(ctx, &gate, i, hidden)?,
+                    expert_weight(ctx, &up, i, hidden)?,
+                ];
                 Ok(Expert {
-                    gate_up: ctx.concat(vec![gate, up])?,
+                    gate_up: Weight::cat(ctx, &[&gate, &up], parts)?,
                     down: expert_weight(ctx, &name("down_proj"), hidden, i)?,
                 })
             })
@@ -460,9 +465,10 @@ impl Experts {
             if count > 0 {
                 // 3. [count, hidden] -> [count, 2 * inter] -> [count, inter] -> [count, hidden].
                 let rows = tokens.f_narrow(0, start, count)?;
+                // A quantized expert's matrices are made here, only for experts that run.
                 let gate_up = x
                     .f_index_select(0, &rows)?
-                    .f_linear::<Tensor>(&expert.gate_up, None)?;
+                    .f_linear::<Tensor>(&expert.gate_up.matrix()?, None)?;
                 let i = self.intermediate;
                 let act = gate_up
                     .f_narrow(-1, 0, i)?
@@ -471,7 +477,7 @@ impl Experts {
                 // The weight multiplies in its own dtype (f32 for DeepSeek) before the rounding
                 // to x's dtype, as transformers does.
                 let y = act
-                    .f_linear::<Tensor>(&expert.down, None)?
+                    .f_linear::<Tensor>(&expert.down.matrix()?, None)?
                     .f_mul(&slot_weights.f_narrow(0, start, count)?.f_unsqueeze(1)?)?
                     .f_to_kind(x.kind())?;
                 let _ = out.f_index_add_(0, &rows, &y)?;
@@ -585,8 +591,8 @@ mod tests {
         tch::manual_seed(21);
         let all: Vec<Expert> = (0..6)
             .map(|_| Expert {
-                gate_up: Tensor::randn([8, 8], (Kind::Float, Device::Cpu)),
-                down: Tensor::randn([8, 4], (Kind::Float, Device::Cpu)),
+                gate_up: Weight::Dense(Tensor::randn([8, 8], (Kind::Float, Device::Cpu))),
+                down: Weight::Dense(Tensor::randn([8, 4], (Kind::Float, Device::Cpu))),
             })
             .collect();
         Experts {
@@ -607,9 +613,12 @@ mod tests {
                 let Some(expert) = e.checked_sub(ex.first).and_then(|l| ex.local.get(l)) else {
                     continue;
                 };
-                let gu = x.get(n).linear::<Tensor>(&expert.gate_up, None);
+                let gu = x
+                    .get(n)
+                    .linear::<Tensor>(&expert.gate_up.matrix().unwrap(), None);
                 let act = gu.narrow(0, 0, 4).silu() * gu.narrow(0, 4, 4);
-                let y = act.linear::<Tensor>(&expert.down, None) * w.double_value(&[n, j]);
+                let y = act.linear::<Tensor>(&expert.down.matrix().unwrap(), None)
+                    * w.double_value(&[n, j]);
                 let _ = out.get(n).f_add_(&y).unwrap();
             }
         }

@@ -9,6 +9,7 @@ use tch::{Device, Kind, Tensor};
 use crate::comm::Communicator;
 use crate::error::{CaptureError, Result};
 use crate::load::{LoadCtx, TpReduce};
+use crate::quant::Weight;
 
 /// Checks that `tp` ranks can split every one of `counts` (name, size) evenly; the error names
 /// them all and the sizes that would work.
@@ -35,7 +36,7 @@ pub(crate) fn check_split(tp: usize, counts: &[(&str, usize)]) -> Result<()> {
 
 /// `y = x W^T + b` with `W: [out, in]` split along `out`; each rank produces `out / tp` features.
 pub(crate) struct ColumnParallelLinear {
-    weight: Tensor,
+    weight: Weight,
     bias: Option<Tensor>,
 }
 
@@ -51,23 +52,18 @@ impl ColumnParallelLinear {
         in_features: usize,
         bias: bool,
     ) -> Result<Self> {
-        let stack = |suffix: &str, with_in: bool| -> Result<Tensor> {
+        let weights = parts
+            .iter()
+            .map(|(prefix, out)| ctx.linear_split(prefix, *out, in_features, 0))
+            .collect::<Result<Vec<_>>>()?;
+        let prefixes: Vec<&str> = parts.iter().map(|(p, _)| *p).collect();
+        let weight = Weight::cat(ctx, &prefixes, weights)?;
+        let bias = if bias {
             let slices = parts
                 .iter()
-                .map(|(prefix, out)| {
-                    let shape = if with_in {
-                        vec![*out, in_features]
-                    } else {
-                        vec![*out]
-                    };
-                    ctx.split(&format!("{prefix}.{suffix}"), &shape, 0)
-                })
+                .map(|(prefix, out)| ctx.split(&format!("{prefix}.bias"), &[*out], 0))
                 .collect::<Result<Vec<_>>>()?;
-            ctx.concat(slices)
-        };
-        let weight = stack("weight", true)?;
-        let bias = if bias {
-            Some(stack("bias", false)?)
+            Some(ctx.concat(slices)?)
         } else {
             None
         };
@@ -76,13 +72,13 @@ impl ColumnParallelLinear {
 
     /// `[.., in] -> [.., out / tp]`.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        Ok(x.f_linear(&self.weight, self.bias.as_ref())?)
+        Ok(x.f_linear(&self.weight.matrix()?, self.bias.as_ref())?)
     }
 }
 
 /// `y = x W^T + b` with `W: [out, in]` split along `in`; partial products are summed across ranks.
 pub(crate) struct RowParallelLinear {
-    weight: Tensor,
+    weight: Weight,
     bias: Option<Tensor>,
     sum: PartialSum,
 }
@@ -96,7 +92,7 @@ impl RowParallelLinear {
         out_features: usize,
         bias: bool,
     ) -> Result<Self> {
-        let weight = ctx.split(&format!("{prefix}.weight"), &[out_features, in_features], 1)?;
+        let weight = ctx.linear_split(prefix, out_features, in_features, 1)?;
         // The bias is added once, after the sum, so every rank holds all of it.
         let bias = if bias {
             Some(ctx.full(&format!("{prefix}.bias"), &[out_features])?)
@@ -114,7 +110,7 @@ impl RowParallelLinear {
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         if self.sum.world_size() == 1 {
             // Nothing to sum, so the bias goes into the GEMM as in transformers' nn.Linear.
-            return Ok(x.f_linear(&self.weight, self.bias.as_ref())?);
+            return Ok(x.f_linear(&self.weight.matrix()?, self.bias.as_ref())?);
         }
         self.sum
             .finish(self.partial(x)?, self.bias.as_ref(), self.weight.kind())
@@ -123,9 +119,10 @@ impl RowParallelLinear {
     /// This rank's unsummed `[.., out]` product, without bias, in [`PartialSum::kind`]: for a
     /// caller that adds other partials (a MoE layer's experts) before the one all-reduce.
     pub fn partial(&self, x: &Tensor) -> Result<Tensor> {
+        let w = self.weight.matrix()?;
         match self.sum.reduce {
-            TpReduce::F32 => linear_f32(x, &self.weight),
-            TpReduce::Compute => Ok(x.f_linear::<Tensor>(&self.weight, None)?),
+            TpReduce::F32 => linear_f32(x, &w),
+            TpReduce::Compute => Ok(x.f_linear::<Tensor>(&w, None)?),
         }
     }
 }
@@ -178,7 +175,7 @@ impl PartialSum {
 /// `y = x W^T + b` with the whole weight on every rank: the small down-projections (MLA's
 /// `q_a_proj`, `kv_a_proj_with_mqa`) whose outputs every rank needs in full.
 pub(crate) struct ReplicatedLinear {
-    weight: Tensor,
+    weight: Weight,
     bias: Option<Tensor>,
 }
 
@@ -191,7 +188,7 @@ impl ReplicatedLinear {
         out_features: usize,
         bias: bool,
     ) -> Result<Self> {
-        let weight = ctx.full(&format!("{prefix}.weight"), &[out_features, in_features])?;
+        let weight = ctx.linear_full(prefix, out_features, in_features)?;
         let bias = if bias {
             Some(ctx.full(&format!("{prefix}.bias"), &[out_features])?)
         } else {
@@ -202,7 +199,7 @@ impl ReplicatedLinear {
 
     /// `[.., in] -> [.., out]`.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        Ok(x.f_linear(&self.weight, self.bias.as_ref())?)
+        Ok(x.f_linear(&self.weight.matrix()?, self.bias.as_ref())?)
     }
 }
 

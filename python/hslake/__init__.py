@@ -22,10 +22,10 @@ from typing import Any, Iterator, Optional, Sequence
 import torch
 
 from ._hslake import ConfigError, HslakeError, NativeDataset, NativeLoader, __version__
-from ._hslake import export_trainer_files, preset_points, write_synthetic
+from ._hslake import build_info, export_trainer_files, preset_points, write_synthetic
 
 __all__ = ["Dataset", "Loader", "HslakeError", "ConfigError", "write_synthetic", "preset_points",
-           "export_trainer_files", "__version__"]
+           "export_trainer_files", "build_info", "__version__"]
 
 _DTYPES = {
     "int64": torch.int64,

@@ -375,6 +375,22 @@ fn write_synthetic(
 
 /// The capture points a trainer preset needs for a model of `num_layers` layers: (aux
 /// columns in concatenation order, target column, whether the target is after the final norm).
+/// Which build the module is: profile, opt-level and debug assertions of its store, and
+/// whether that is optimised enough for benchmarks (`hslake_store::build_info`).
+#[pyfunction]
+fn build_info(py: Python<'_>) -> PyResult<Bound<'_, pyo3::types::PyDict>> {
+    use hslake_store::build_info as b;
+    let d = pyo3::types::PyDict::new(py);
+    d.set_item("version", env!("CARGO_PKG_VERSION"))?;
+    d.set_item("profile", b::PROFILE)?;
+    d.set_item("opt_level", b::OPT_LEVEL)?;
+    d.set_item("debug_assertions", b::DEBUG_ASSERTIONS)?;
+    d.set_item("optimized", b::optimized())?;
+    d.set_item("describe", b::describe())?;
+    d.set_item("benchmark_warning", b::benchmark_warning())?;
+    Ok(d)
+}
+
 #[pyfunction]
 fn preset_points(preset: &str, num_layers: usize) -> PyResult<(Vec<String>, String, bool)> {
     let preset: Preset = preset.parse().map_err(to_py)?;
@@ -429,6 +445,7 @@ fn _hslake(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<NativeStream>()?;
     m.add_function(wrap_pyfunction!(write_synthetic, m)?)?;
     m.add_function(wrap_pyfunction!(preset_points, m)?)?;
+    m.add_function(wrap_pyfunction!(build_info, m)?)?;
     m.add_function(wrap_pyfunction!(export_trainer_files, m)?)?;
     m.add("HslakeError", m.py().get_type::<HslakeError>())?;
     m.add("ConfigError", m.py().get_type::<ConfigError>())?;

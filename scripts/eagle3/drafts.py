@@ -65,7 +65,10 @@ def speculators_call_kwargs(device: str, ttt_steps: int = 3) -> dict:
     """The keyword arguments speculators' Trainer passes to the model (``get_trainer_kwargs``)."""
     from speculators.losses import resolve_loss_config
 
-    impl = "fused" if device.startswith("cuda") else "eager"
+    # speculators' default on CUDA is its fused Triton loss, but with torch 2.11 on the H200
+    # torch.compile refuses it ("ListVariable ... already tracked for mutation" on the kernel
+    # configs), so the eager loss (the same KL) is the default; SPECULATORS_LOSS=fused tries it.
+    impl = os.environ.get("SPECULATORS_LOSS", "eager")
     return {"ttt_steps": ttt_steps, "ttt_step_loss_decay": 1.0,
             "loss_config": resolve_loss_config("kl_div", impl)}
 

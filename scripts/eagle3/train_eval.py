@@ -144,6 +144,11 @@ def evaluate(model_dir, draft, heldout, device, max_new, k, aux_hf):
     }
 
 
+def save_json(report, out):
+    with open(os.path.join(out, "report.json"), "w") as f:
+        json.dump(report, f, indent=1)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--dataset", required=True, help="hslake dataset URL (captured with the speculators layers)")
@@ -161,6 +166,11 @@ def main():
     ap.add_argument("--max-new", type=int, default=96)
     ap.add_argument("--eval-prompts", type=int, default=32)
     ap.add_argument("--num-workers", type=int, default=4, help="DataLoader workers of speculators' own reader")
+    ap.add_argument("--decode-threads", type=int, default=4, help="the adapter's hslake decode threads")
+    ap.add_argument("--throughput-only", action="store_true",
+                    help="skip training and evaluation: only the reader comparison (on an untrained draft)")
+    ap.add_argument("--throughput-rounds", type=int, default=2,
+                    help="alternate files/adapter runs this many times each (order effects cancel)")
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
     torch.manual_seed(0)
@@ -185,29 +195,40 @@ def main():
 
     def adapter_loader(seed):
         return torch.utils.data.DataLoader(
-            SpeculatorsLoader(a.dataset, total_seq_len=a.total_seq_len, seed=seed, decode_threads=4),
-            batch_size=None, pin_memory=cuda)
+            SpeculatorsLoader(a.dataset, total_seq_len=a.total_seq_len, seed=seed, decode_threads=a.decode_threads,
+                              pin_memory=cuda),
+            batch_size=None)
 
-    t0 = time.time()
-    train = step_table(run_trainer(draft, adapter_loader(0), a.max_steps, a.lr, f"{work}/train", call_kwargs, tap),
-                       a.ttt)
-    train_s = time.time() - t0
-    last = max(1, len(train) // 10)
-    final = {f"{m}_{k}": window_mean(train, f"{m}_{k}", last) for k in range(a.ttt) for m in ("full_acc", "cond_acc")}
-    final["loss"] = window_mean(train, "loss", last)
-    sim = drafts.simulated_acc_len([final[f"cond_acc_{k}"] for k in range(a.ttt)])
-    print(f"trained {len(train)} steps in {train_s:.0f} s; last 10%: {final}; simulated_acc_len {sim:.3f}", flush=True)
+    report = {"trainer": "speculators 0.9.0 (Trainer, unchanged) fed by hslake.integrations.speculators",
+              "device": torch.cuda.get_device_name(0) if cuda else "cpu", "verifier_layers": n,
+              "aux_vllm_ids": vllm_ids, "total_seq_len": a.total_seq_len}
+    if not a.throughput_only:
+        t0 = time.time()
+        train = step_table(run_trainer(draft, adapter_loader(0), a.max_steps, a.lr, f"{work}/train", call_kwargs, tap),
+                           a.ttt)
+        train_s = time.time() - t0
+        last = max(1, len(train) // 10)
+        final = {f"{m}_{k}": window_mean(train, f"{m}_{k}", last) for k in range(a.ttt) for m in ("full_acc", "cond_acc")}
+        final["loss"] = window_mean(train, "loss", last)
+        sim = drafts.simulated_acc_len([final[f"cond_acc_{k}"] for k in range(a.ttt)])
+        print(f"trained {len(train)} steps in {train_s:.0f} s; last 10%: {final}; simulated_acc_len {sim:.3f}", flush=True)
+        report.update({"steps": len(train), "train_seconds": train_s, "final_window": final,
+                       "simulated_acc_len_specforge_formula": sim, "train_steps": train})
+        # Written after each phase: a device call that runs out of time still returns what it measured.
+        save_json(report, a.out)
 
-    device = torch.device(a.device)
-    model_eval = copy.deepcopy(draft)
-    heldout_rows = [l for l in open(a.heldout) if l.strip()][: a.eval_prompts]
-    heldout_file = os.path.join(work, "heldout.jsonl")
-    with open(heldout_file, "w") as f:
-        f.writelines(heldout_rows)
-    ev = evaluate(a.model, model_eval, heldout_file, device, a.max_new, a.draft_tokens, vllm_ids)
-    del model_eval
-    print(f"eval: {ev['equal_outputs']}/{ev['prompts']} equal outputs, acceptance length "
-          f"{ev['mean_acceptance_length']:.3f}, speed-up {ev['speedup']:.3f}", flush=True)
+        device = torch.device(a.device)
+        model_eval = copy.deepcopy(draft)
+        heldout_rows = [l for l in open(a.heldout) if l.strip()][: a.eval_prompts]
+        heldout_file = os.path.join(work, "heldout.jsonl")
+        with open(heldout_file, "w") as f:
+            f.writelines(heldout_rows)
+        ev = evaluate(a.model, model_eval, heldout_file, device, a.max_new, a.draft_tokens, vllm_ids)
+        del model_eval
+        print(f"eval: {ev['equal_outputs']}/{ev['prompts']} equal outputs, acceptance length "
+              f"{ev['mean_acceptance_length']:.3f}, speed-up {ev['speedup']:.3f}", flush=True)
+        report["eval"] = ev
+        save_json(report, a.out)
 
     # Throughput: the same Trainer step on the same (trained, already compiled) draft, fed by
     # speculators' own file reader, then by the adapter; a copy would make torch.compile
@@ -216,20 +237,22 @@ def main():
     ds = ArrowDataset(max_len=a.total_seq_len, datapath=a.export_dir, on_missing="raise")
     files = _setup_dataloader(ds, a.total_seq_len, hidden, num_workers=a.num_workers, preprocess=shift_batch,
                               prefetch_factor=4 if a.num_workers else None)
-    rec_files = step_table(run_trainer(draft, files, a.throughput_steps, a.lr, f"{work}/files", call_kwargs, tap),
-                           a.ttt)
-    rec_adapter = step_table(run_trainer(draft, adapter_loader(1), a.throughput_steps, a.lr, f"{work}/adapter",
-                                         call_kwargs, tap), a.ttt)
+    rec_files, rec_adapter = [], []
+    for rnd in range(a.throughput_rounds):
+        rec_files += step_table(run_trainer(draft, files, a.throughput_steps, a.lr, f"{work}/files{rnd}", call_kwargs,
+                                            tap), a.ttt)[warm:]
+        rec_adapter += step_table(run_trainer(draft, adapter_loader(1 + rnd), a.throughput_steps, a.lr,
+                                              f"{work}/adapter{rnd}", call_kwargs, tap), a.ttt)[warm:]
 
     def tps(rows):
-        v = [r["tokens_per_s"] for r in rows[warm:] if r["tokens_per_s"]]
+        v = [r["tokens_per_s"] for r in rows if r["tokens_per_s"]]
         return statistics.median(v) if v else None
 
     def fetch(rows):
-        v = [r["fetch_ms"] for r in rows[warm:] if r["fetch_ms"] is not None]
+        v = [r["fetch_ms"] for r in rows if r["fetch_ms"] is not None]
         return statistics.median(v) if v else None
 
-    throughput = {"steps": a.throughput_steps, "warmup_steps_left_out": warm,
+    throughput = {"steps": a.throughput_steps, "rounds": a.throughput_rounds, "warmup_steps_left_out": warm,
                   "files_tokens_per_s": tps(rec_files), "adapter_tokens_per_s": tps(rec_adapter),
                   "files_fetch_ms": fetch(rec_files), "adapter_fetch_ms": fetch(rec_adapter),
                   "files_reader_workers": a.num_workers}
@@ -237,41 +260,42 @@ def main():
         throughput["adapter_over_files"] = throughput["adapter_tokens_per_s"] / throughput["files_tokens_per_s"]
     print(f"throughput: {throughput}", flush=True)
 
-    report = {"trainer": "speculators 0.9.0 (Trainer, unchanged) fed by hslake.integrations.speculators",
-              "device": torch.cuda.get_device_name(0) if cuda else "cpu", "verifier_layers": n,
-              "aux_vllm_ids": vllm_ids, "total_seq_len": a.total_seq_len, "steps": len(train),
-              "train_seconds": train_s, "final_window": final,
-              "simulated_acc_len_specforge_formula": sim, "eval": ev, "throughput": throughput,
-              "train_steps": train}
-    with open(os.path.join(a.out, "report.json"), "w") as f:
-        json.dump(report, f, indent=1)
+    report["throughput"] = throughput
+    save_json(report, a.out)
     with open(os.path.join(a.out, "report.md"), "w") as f:
         f.write(markdown(report, a.ttt))
     print(markdown(report, a.ttt))
 
 
 def markdown(r, ttt):
-    lines = [f"Trainer: {r['trainer']}; {r['device']}; {r['steps']} steps of {r['total_seq_len']} packed tokens "
-             f"in {r['train_seconds']:.0f} s.", "", "| step | loss | " + " | ".join(
-                 f"full_acc_{k} | cond_acc_{k}" for k in range(ttt)) + " | tokens/s |",
-             "|" + " --- |" * (3 + 2 * ttt)]
-    rows = r["train_steps"]
-    picks = sorted(set([0] + [int(len(rows) * f) for f in (0.1, 0.25, 0.5, 0.75)] + [len(rows) - 1]))
-    for i in picks:
-        s = rows[i]
-        accs = " | ".join(f"{s[f'full_acc_{k}']:.3f} | {s[f'cond_acc_{k}']:.3f}" for k in range(ttt))
-        lines.append(f"| {s['step']} | {s['loss']:.3f} | {accs} | {s['tokens_per_s'] or 0:.0f} |")
-    e, t = r["eval"], r["throughput"]
-    lines += ["", f"Simulated acceptance length (SpecForge's formula on the last 10 % of steps' cond_acc): "
-                  f"{r['simulated_acc_len_specforge_formula']:.3f}",
-              f"Held-out prompts: {e['prompts']}, outputs equal to plain greedy: {e['equal_outputs']}/{e['prompts']}; "
-              f"mean acceptance length {e['mean_acceptance_length']:.3f} tokens per target forward "
-              f"({e['draft_tokens_per_round']} drafted per round); speed-up {e['speedup']:.3f}x "
-              f"({e['plain_seconds']:.2f} s plain, {e['speculative_seconds']:.2f} s speculative, {e['tokens']} tokens).",
-              f"Throughput (median tokens/s over {t['steps'] - t['warmup_steps_left_out']} steps): adapter "
-              f"{t['adapter_tokens_per_s'] or 0:.0f}, speculators' own reader {t['files_tokens_per_s'] or 0:.0f}, "
-              f"ratio {t.get('adapter_over_files', float('nan')):.3f}; median fetch ms adapter "
-              f"{t['adapter_fetch_ms']}, files {t['files_fetch_ms']}."]
+    lines = []
+    if "train_steps" in r:
+        lines += [f"Trainer: {r['trainer']}; {r['device']}; {r['steps']} steps of {r['total_seq_len']} packed "
+                  f"tokens in {r['train_seconds']:.0f} s.", "", "| step | loss | " + " | ".join(
+                      f"full_acc_{k} | cond_acc_{k}" for k in range(ttt)) + " | tokens/s |",
+                  "|" + " --- |" * (3 + 2 * ttt)]
+        rows = r["train_steps"]
+        picks = sorted(set([0] + [int(len(rows) * f) for f in (0.1, 0.25, 0.5, 0.75)] + [len(rows) - 1]))
+        for i in picks:
+            s = rows[i]
+            accs = " | ".join(f"{s[f'full_acc_{k}']:.3f} | {s[f'cond_acc_{k}']:.3f}" for k in range(ttt))
+            lines.append(f"| {s['step']} | {s['loss']:.3f} | {accs} | {s['tokens_per_s'] or 0:.0f} |")
+        lines += ["", f"Simulated acceptance length (SpecForge's formula on the last 10 % of steps' cond_acc): "
+                      f"{r['simulated_acc_len_specforge_formula']:.3f}"]
+    if "eval" in r:
+        e = r["eval"]
+        lines.append(
+            f"Held-out prompts: {e['prompts']}, outputs equal to plain greedy: {e['equal_outputs']}/{e['prompts']}; "
+            f"mean acceptance length {e['mean_acceptance_length']:.3f} tokens per target forward "
+            f"({e['draft_tokens_per_round']} drafted per round); speed-up {e['speedup']:.3f}x "
+            f"({e['plain_seconds']:.2f} s plain, {e['speculative_seconds']:.2f} s speculative, {e['tokens']} tokens).")
+    t = r["throughput"]
+    lines.append(
+        f"Throughput (median tokens/s over {t['rounds']} x {t['steps'] - t['warmup_steps_left_out']} steps each, "
+        f"alternating): adapter {t['adapter_tokens_per_s'] or 0:.0f}, speculators' own reader "
+        f"{t['files_tokens_per_s'] or 0:.0f} ({t['files_reader_workers']} DataLoader workers), ratio "
+        f"{t.get('adapter_over_files', float('nan')):.3f}; median fetch ms adapter {t['adapter_fetch_ms']}, "
+        f"files {t['files_fetch_ms']}.")
     return "\n".join(lines) + "\n"
 
 

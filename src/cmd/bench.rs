@@ -1,6 +1,7 @@
 //! `hslake bench`: benchmarks that print figures for docs/PERFORMANCE.md.
 use anyhow::{Context, Result};
 use hslake_schemas::{CapturePoint, DType, DatasetSchema, Sample};
+use hslake_store::build_info;
 use hslake_store::tools::bench::{bench_layouts, bench_store};
 use hslake_store::tools::synth::SynthModel;
 use hslake_store::{Dataset, DatasetReader};
@@ -95,6 +96,10 @@ async fn load_samples(a: &StoreArgs) -> Result<(DatasetSchema, Vec<Sample>)> {
 /// Run a benchmark.
 pub async fn run(b: Bench) -> Result<std::process::ExitCode> {
     let Bench::Store(a) = b;
+    let warning = build_info::benchmark_warning();
+    if let Some(w) = &warning {
+        tracing::warn!("{w}");
+    }
     let (schema, samples) = load_samples(&a).await?;
     anyhow::ensure!(!samples.is_empty(), "no samples to benchmark");
     let tmp = tempfile::tempdir().context("temporary directory")?;
@@ -115,9 +120,17 @@ pub async fn run(b: Bench) -> Result<std::process::ExitCode> {
     if a.json {
         println!(
             "{}",
-            serde_json::to_string_pretty(&serde_json::json!({"store": st, "layouts": layouts}))?
+            serde_json::to_string_pretty(&serde_json::json!({
+                "build": build_info::describe(), "optimized": build_info::optimized(),
+                "store": st, "layouts": layouts
+            }))?
         );
     } else {
+        // Repeated on stdout too: these lines get pasted into documents, the log does not.
+        if let Some(w) = &warning {
+            println!("WARNING: {w}");
+        }
+        println!("build: {}", build_info::describe());
         println!(
             "samples {}  raw {}  file {}  ratio {:.3}x",
             st.samples,

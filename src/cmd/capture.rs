@@ -56,6 +56,10 @@ pub struct Args {
     /// Token budget of one padded batch (batch size x longest sample).
     #[arg(long, default_value_t = 16384)]
     pub max_tokens_per_batch: usize,
+    /// Memory per GPU, in GiB, that the pre-flight check assumes free instead of asking the
+    /// driver (it then also checks a CPU run).
+    #[arg(long)]
+    pub gpu_memory_gib: Option<f64>,
     /// Longest sample kept whole; see --overlong for the rest.
     #[arg(long)]
     pub max_seq_len: Option<usize>,
@@ -114,6 +118,7 @@ impl Args {
         o.engine.dtype = self.dtype;
         o.engine.norm = self.norm;
         o.engine.tp_reduce = self.tp_reduce;
+        o.engine.gpu_memory_gib = self.gpu_memory_gib;
         let job = &mut o.job;
         job.max_tokens_per_batch = self.max_tokens_per_batch;
         job.max_seq_len = self.max_seq_len;

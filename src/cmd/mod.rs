@@ -65,6 +65,8 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
 }
 
 /// Parse `1048576`, `512MiB`, `4GiB`, `2G`, `100M` (powers of 1024 either way) into bytes.
+// Only `hslake sql`'s flags take sizes so far; a capture-only build has no caller.
+#[cfg_attr(not(feature = "sql"), allow(dead_code))]
 pub fn parse_size(s: &str) -> Result<u64, String> {
     let t = s.trim();
     let (num, unit) = t.split_at(t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len()));

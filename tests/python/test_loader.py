@@ -321,3 +321,13 @@ def test_s3_resume_equals_uninterrupted(s3_ds):
     second = hslake.Loader(s3_ds, max_tokens=60, seed=5)
     second.load_state_dict(first.state_dict())
     assert head + [b["sample_ids"].tolist() for b in second] == whole
+
+
+def test_installed_module_and_binary_are_optimised_builds():
+    # What setup installs is what docs/PERFORMANCE.md measured: the hot crates at opt-level 3
+    # (Cargo.toml's dev-profile overrides); losing them makes everything ~10x slower silently.
+    info = hslake.build_info()
+    assert info["optimized"] and info["benchmark_warning"] is None, info
+    assert info["opt_level"] not in ("0", "1"), info
+    out = subprocess.run([str(BIN), "--version"], check=True, capture_output=True, text=True).stdout
+    assert "opt-level 3" in out or "opt-level 2" in out, out

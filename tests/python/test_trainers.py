@@ -10,6 +10,7 @@ optimizer step directly — the same functions its Trainer calls (scripts/eagle3
 from __future__ import annotations
 
 import copy
+import itertools
 import os
 import subprocess
 import sys
@@ -223,15 +224,31 @@ def assert_same_batch(a, b):
             assert a[k] == v, k
 
 
-@pytest.mark.parametrize("dtype_name", ["bf16", "f32"])
-def test_speculators_adapter_equals_its_arrow_dataset_on_exported_files(ds_bf16, ds_f32, exported, dtype_name):
+@pytest.mark.parametrize("dtype_name,prefetch", [("bf16", 2), ("f32", 2), ("bf16", 0)])
+def test_speculators_adapter_equals_its_arrow_dataset_on_exported_files(ds_bf16, ds_f32, exported, dtype_name,
+                                                                        prefetch):
     url = ds_bf16 if dtype_name == "bf16" else ds_f32
-    stream = list(SpeculatorsLoader(url, total_seq_len=128, seed=5, with_sample_ids=True))
+    stream = list(SpeculatorsLoader(url, total_seq_len=128, seed=5, with_sample_ids=True, prefetch=prefetch))
     groups = [b["sample_ids"].tolist() for b in stream]
     files = speculators_file_batches(exported[("speculators", dtype_name)], groups, 128, torch.bfloat16)
     assert len(files) == len(stream) > 1
     for a, b in zip(stream, files):
         assert_same_batch(a, b)
+
+
+def test_speculators_adapter_resumes_after_the_last_batch_handed_out_not_the_prefetched(ds_bf16):
+    def ids(batches):
+        return [b["sample_ids"].tolist() for b in batches]
+
+    whole = ids(SpeculatorsLoader(ds_bf16, total_seq_len=64, seed=2, with_sample_ids=True))
+    assert len(whole) > 4
+    first = SpeculatorsLoader(ds_bf16, total_seq_len=64, seed=2, with_sample_ids=True, prefetch=3)
+    head = ids(itertools.islice(first, 2))
+    resumed = SpeculatorsLoader(ds_bf16, total_seq_len=64, seed=2, with_sample_ids=True)
+    resumed.load_state_dict(first.state_dict())
+    assert head + ids(resumed) == whole
+    # Iterating the interrupted adapter again continues where the trainer stopped, too.
+    assert head + ids(first) == whole
 
 
 @pytest.mark.parametrize("dtype_name", ["bf16", "f32"])

@@ -5,8 +5,10 @@ use std::sync::Arc;
 
 use tch::Kind;
 
+use super::memory::MemoryNeed;
 use super::options::{DeviceKind, EngineOptions};
 use crate::checkpoint::Checkpoint;
+use crate::dry_run::TensorSpec;
 use crate::error::{CaptureError, Result};
 use crate::models::{registry, ModelConfig, ModelInfo};
 
@@ -19,6 +21,8 @@ pub struct CheckedModel {
     pub(super) info: ModelInfo,
     pub(super) checkpoint: Arc<Checkpoint>,
     pub(super) kind: Kind,
+    /// What rank 0 reads, as the dry run listed it (for the memory pre-flight).
+    specs: Vec<TensorSpec>,
 }
 
 impl CheckedModel {
@@ -26,10 +30,13 @@ impl CheckedModel {
     /// against the checkpoint's headers; every tensor problem is reported at once.
     pub fn check(options: EngineOptions) -> Result<Self> {
         let kind = options.compute_kind()?;
-        let config: Arc<dyn ModelConfig> = registry::read_config(&options.model_dir)?.into();
+        let (config, quant) = registry::read_model(&options.model_dir)?;
+        let config: Arc<dyn ModelConfig> = config.into();
         config.check_tp(options.tp)?;
-        let checkpoint = Checkpoint::open(&options.model_dir)?;
-        crate::dry_run::check_checkpoint(&*config, &checkpoint, options.tp, kind)?;
+        let mut info = config.info();
+        info.quantization = quant.describe();
+        let checkpoint = Checkpoint::open(&options.model_dir)?.with_quantization(quant);
+        let specs = crate::dry_run::check_checkpoint(&*config, &checkpoint, options.tp, kind)?;
         if options.device == DeviceKind::Cuda {
             let have = tch::Cuda::device_count() as usize;
             if !tch::Cuda::is_available() || have < options.tp {
@@ -40,12 +47,55 @@ impl CheckedModel {
             }
         }
         Ok(CheckedModel {
-            info: config.info(),
+            info,
             options,
             config,
             checkpoint: Arc::new(checkpoint),
             kind,
+            specs,
         })
+    }
+
+    /// The memory pre-flight for batches of `max_tokens_per_batch` tokens capturing
+    /// `captured` points: refuses, before anything loads, a model whose per-rank weights and
+    /// activations exceed the free memory of the GPUs it would use (or `gpu_memory_gib`, if
+    /// set, on any device); logs the estimate either way. Without an override a CPU run is
+    /// not checked.
+    pub fn check_memory(&self, max_tokens_per_batch: usize, captured: usize) -> Result<()> {
+        let need = MemoryNeed::estimate(
+            &self.specs,
+            max_tokens_per_batch,
+            captured,
+            self.info.hidden_size,
+            self.kind,
+        );
+        let free = match (self.options.gpu_memory_gib, self.options.device) {
+            (Some(gib), _) => Some((gib * (1u64 << 30) as f64) as u64),
+            (None, DeviceKind::Cuda) => Some(
+                (0..self.options.tp)
+                    .map(crate::cuda::free_memory)
+                    .collect::<Result<Vec<u64>>>()?
+                    .into_iter()
+                    .min()
+                    .unwrap_or(0),
+            ),
+            (None, DeviceKind::Cpu) => None,
+        };
+        tracing::info!(
+            "memory per rank: weights {:.2} GiB, activations {:.2} GiB at {} tokens per batch,              scratch {:.2} GiB; {}",
+            need.weights as f64 / (1u64 << 30) as f64,
+            (need.per_token * need.tokens) as f64 / (1u64 << 30) as f64,
+            max_tokens_per_batch,
+            need.fixed as f64 / (1u64 << 30) as f64,
+            match free {
+                Some(f) => format!("{:.2} GiB free", f as f64 / (1u64 << 30) as f64),
+                None => "not checked on the CPU".into(),
+            }
+        );
+        match free {
+            Some(f) => need.check(f, self.options.tp, self.info.quantization.is_some()),
+            None => Ok(()),
+        }
     }
 
     /// The model's architecture and sizes.

@@ -160,6 +160,12 @@ fn provenance(
             "0-based record index of the input"
         }),
     );
+    // The states were computed from these weights: dequantized ones differ from the bf16
+    // originals, so a dataset says which it came from.
+    extra.insert(
+        "quantization".to_string(),
+        serde_json::json!(model.quantization.as_deref().unwrap_or("none")),
+    );
     if engine.tp > 1 {
         extra.insert(
             "tp_reduce".to_string(),

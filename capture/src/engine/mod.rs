@@ -28,6 +28,7 @@ mod commit;
 mod feed;
 mod host;
 mod job;
+mod memory;
 mod options;
 mod progress;
 mod rank;

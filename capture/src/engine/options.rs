@@ -46,6 +46,9 @@ pub struct EngineOptions {
     pub norm: NormKernel,
     /// What row-parallel linears sum across ranks when `tp > 1`.
     pub tp_reduce: TpReduce,
+    /// Memory per GPU the pre-flight assumes free, in GiB, instead of asking the driver
+    /// (also checks a CPU run against it).
+    pub gpu_memory_gib: Option<f64>,
 }
 
 impl EngineOptions {
@@ -59,6 +62,7 @@ impl EngineOptions {
             dtype: DType::Bf16,
             norm: NormKernel::Fast,
             tp_reduce: TpReduce::F32,
+            gpu_memory_gib: None,
         }
     }
 
@@ -66,6 +70,15 @@ impl EngineOptions {
     pub(crate) fn compute_kind(&self) -> Result<Kind> {
         if self.tp == 0 {
             return Err(CaptureError::Option("--tp must be > 0".into()));
+        }
+        if self
+            .gpu_memory_gib
+            .is_some_and(|g| !g.is_finite() || g <= 0.0)
+        {
+            return Err(CaptureError::Option(format!(
+                "--gpu-memory-gib must be a positive number, got {}",
+                self.gpu_memory_gib.unwrap_or_default()
+            )));
         }
         match self.dtype {
             DType::Bf16 => Ok(Kind::BFloat16),

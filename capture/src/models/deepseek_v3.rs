@@ -243,6 +243,7 @@ impl ModelConfig for DeepseekConfig {
             hidden_size: self.hidden_size,
             num_layers: self.num_layers,
             vocab_size: self.vocab_size,
+            quantization: None,
         }
     }
 

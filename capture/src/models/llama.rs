@@ -141,6 +141,7 @@ impl ModelConfig for LlamaConfig {
             hidden_size: self.hidden_size,
             num_layers: self.num_layers,
             vocab_size: self.vocab_size,
+            quantization: None,
         }
     }
 

@@ -29,6 +29,10 @@ pub struct ModelInfo {
     pub num_layers: usize,
     /// Vocabulary size (token ids must be below it).
     pub vocab_size: usize,
+    /// How the checkpoint's linear weights are quantized (as the manifest records it);
+    /// `None` when they are plain floats. Families leave it `None`: the checked model fills it
+    /// in from `quantization_config`, which no family reads.
+    pub quantization: Option<String>,
 }
 
 /// An architecture's validated runtime config: what the engine asks of it, and its loader.

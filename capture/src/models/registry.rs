@@ -8,6 +8,7 @@ use std::path::Path;
 use super::hf_config::ConfigFile;
 use super::{deepseek_v3, llama, mistral, qwen2, qwen3, qwen3_moe, ModelConfig};
 use crate::error::{CaptureError, Result};
+use crate::quant::Quantization;
 
 /// One implemented architecture.
 struct Entry {
@@ -57,10 +58,23 @@ const ENTRIES: &[Entry] = &[
     },
 ];
 
-/// Reads `<dir>/config.json` and converts it into its architecture's validated config.
+/// Reads `<dir>/config.json` and converts it into its architecture's validated config (tests
+/// that need no weight format).
+#[cfg(test)]
 pub(crate) fn read_config(dir: &Path) -> Result<Box<dyn ModelConfig>> {
+    Ok(read_model(dir)?.0)
+}
+
+/// Reads `<dir>/config.json`: its architecture's validated config and how its linear weights
+/// are stored (`quantization_config`).
+pub(crate) fn read_model(dir: &Path) -> Result<(Box<dyn ModelConfig>, Quantization)> {
     let file = ConfigFile::read(dir)?;
-    (entry_for(&file)?.parse)(&file)
+    let config = (entry_for(&file)?.parse)(&file)?;
+    let quant = Quantization::from_config(&file.json).map_err(|message| CaptureError::Config {
+        path: file.path.clone(),
+        message,
+    })?;
+    Ok((config, quant))
 }
 
 /// The entry `architectures[0]` names, else the one `model_type` names.

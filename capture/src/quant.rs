@@ -1,0 +1,732 @@
+//! Quantized linear weights, read as published and kept quantized on the device: DeepSeek-V3's
+//! FP8 block format and compressed-tensors' INT4 `pack-quantized` (Kimi-K2-Thinking, K2.5).
+//! Every linear layer holds a [`Weight`], and a quantized one becomes the compute-dtype matrix
+//! only when its layer runs.
+//!
+//! Layouts, for a linear `<m>` with weight `[out, in]`:
+//! - FP8 block (`quant_method` `fp8`, `weight_block_size` `[bo, bi]`): `<m>.weight` `[out, in]`
+//!   float8_e4m3fn and `<m>.weight_scale_inv` `[ceil(out / bo), ceil(in / bi)]`; element
+//!   `(r, c)` is `weight[r, c] * weight_scale_inv[r / bo, c / bi]`. Which linears are quantized
+//!   is whatever has a `weight_scale_inv` in the checkpoint (DeepSeek-V3 leaves embeddings, norms,
+//!   the router and the LM head in bf16), as transformers decides it.
+//! - INT4 (`quant_method` `compressed-tensors`, `format` `pack-quantized`, 4-bit symmetric int
+//!   weights in groups of `g` along `in`): `<m>.weight_packed` `[out, in / 8]` int32 holding
+//!   eight 4-bit codes, code `k` of word `j` (bits `4k..4k+4`) being column `8j + k` plus 8;
+//!   `<m>.weight_scale` `[out, in / g]`; `<m>.weight_shape` `[2]` = `[out, in]`. Element `(r, c)`
+//!   is `(code - 8) * weight_scale[r, c / g]`. The linears quantized are those the config's
+//!   `targets` name and its `ignore` does not.
+use regex::Regex;
+use tch::{Kind, Tensor};
+
+use crate::error::{CaptureError, Result};
+use crate::load::{LoadCtx, Shard};
+
+/// How a checkpoint's linear weights are stored, from `config.json`'s `quantization_config`.
+#[derive(Debug, Clone, Default)]
+pub(crate) enum Quantization {
+    /// Every weight in a float dtype (no `quantization_config`).
+    #[default]
+    None,
+    /// DeepSeek-V3's float8_e4m3fn weights with one f32 scale per `block` tile.
+    Fp8Block {
+        /// `weight_block_size`: rows, columns of one scale's tile.
+        block: [usize; 2],
+    },
+    /// compressed-tensors `pack-quantized` symmetric int4, one scale per `group_size` inputs.
+    Int4Group {
+        /// Inputs sharing one scale.
+        group_size: usize,
+        /// Modules quantized (`targets` of the config groups).
+        targets: Vec<ModulePattern>,
+        /// Modules left unquantized even if targeted.
+        ignore: Vec<ModulePattern>,
+    },
+}
+
+/// One entry of compressed-tensors' `targets` / `ignore`: a module name, `re:` and a regular
+/// expression matched at the start of the name (Python's `re.match`), or a class name.
+#[derive(Debug, Clone)]
+pub(crate) enum ModulePattern {
+    /// An exact module name, or a class name (every module we read through here is a
+    /// `Linear`, so the class name `Linear` matches them all).
+    Name(String),
+    /// `re:<expr>`, anchored at the start of the module name.
+    Regex(Regex),
+}
+
+impl ModulePattern {
+    fn parse(s: &str) -> std::result::Result<Self, String> {
+        match s.strip_prefix("re:") {
+            Some(expr) => Regex::new(&format!("^(?:{expr})"))
+                .map(ModulePattern::Regex)
+                .map_err(|e| format!("pattern {s:?} is not a regular expression: {e}")),
+            None => Ok(ModulePattern::Name(s.to_string())),
+        }
+    }
+
+    /// As a `targets` entry: the module's name, or its class.
+    fn matches(&self, module: &str) -> bool {
+        match self {
+            ModulePattern::Name(n) => n == module || n == "Linear",
+            ModulePattern::Regex(r) => r.is_match(module),
+        }
+    }
+
+    /// As an `ignore` entry: the module's name only (a class name there would ignore every
+    /// linear, which no published config means).
+    fn matches_exactly(&self, module: &str) -> bool {
+        match self {
+            ModulePattern::Name(n) => n == module,
+            ModulePattern::Regex(r) => r.is_match(module),
+        }
+    }
+}
+
+/// What this crate reads; named in every refusal.
+const SUPPORTED: &str = "supported: quant_method \"fp8\" with weight_block_size (DeepSeek-V3 \
+     FP8 blocks) and \"compressed-tensors\" with format \"pack-quantized\" (4-bit symmetric int \
+     groups)";
+
+impl Quantization {
+    /// Reads `quantization_config` of `json` (a config.json, or a wrapper's, whose
+    /// `text_config` may hold it instead); `Err` says what is wrong and what is supported.
+    pub fn from_config(json: &serde_json::Value) -> std::result::Result<Self, String> {
+        let section = json
+            .get("quantization_config")
+            .or_else(|| json.get("text_config")?.get("quantization_config"));
+        let Some(q) = section.filter(|q| !q.is_null()) else {
+            return Ok(Quantization::None);
+        };
+        let text = |key: &str| q.get(key).and_then(|v| v.as_str());
+        match text("quant_method") {
+            Some("fp8") => parse_fp8(q),
+            Some("compressed-tensors") => parse_compressed(q),
+            Some(other) => Err(format!(
+                "quantization_config.quant_method = {other:?} is not supported; {SUPPORTED}"
+            )),
+            None => Err(format!(
+                "quantization_config has no quant_method; {SUPPORTED}"
+            )),
+        }
+    }
+
+    /// The scheme as the manifest's provenance records it; `None` for float weights.
+    pub fn describe(&self) -> Option<String> {
+        match self {
+            Quantization::None => None,
+            Quantization::Fp8Block { block } => Some(format!(
+                "fp8 e4m3 block-quantized, weight_block_size [{}, {}], weight_scale_inv",
+                block[0], block[1]
+            )),
+            Quantization::Int4Group { group_size, .. } => Some(format!(
+                "compressed-tensors pack-quantized int4 symmetric, group_size {group_size}"
+            )),
+        }
+    }
+
+    /// Whether the config quantizes linear `module` to INT4.
+    fn int4_module(&self, module: &str) -> bool {
+        match self {
+            Quantization::Int4Group {
+                targets, ignore, ..
+            } => {
+                targets.iter().any(|t| t.matches(module))
+                    && !ignore.iter().any(|i| i.matches_exactly(module))
+            }
+            _ => false,
+        }
+    }
+}
+
+fn parse_fp8(q: &serde_json::Value) -> std::result::Result<Quantization, String> {
+    if let Some(fmt) = q.get("fmt").and_then(|v| v.as_str()) {
+        if fmt != "e4m3" {
+            return Err(format!(
+                "quantization_config.fmt = {fmt:?}; only \"e4m3\" FP8 weights are supported"
+            ));
+        }
+    }
+    let block = q
+        .get("weight_block_size")
+        .and_then(|v| v.as_array())
+        .map(|a| a.iter().map(|d| d.as_u64()).collect::<Option<Vec<u64>>>());
+    match block {
+        Some(Some(b)) if b.len() == 2 && b.iter().all(|&d| d > 0) => Ok(Quantization::Fp8Block {
+            block: [b[0] as usize, b[1] as usize],
+        }),
+        _ => Err(format!(
+            "quantization_config.weight_block_size = {}; expected two positive integers such \
+             as [128, 128] (per-tensor FP8 is not supported)",
+            q.get("weight_block_size")
+                .map_or("absent".to_string(), |v| v.to_string())
+        )),
+    }
+}
+
+fn parse_compressed(q: &serde_json::Value) -> std::result::Result<Quantization, String> {
+    let format = q.get("format").and_then(|v| v.as_str());
+    let groups = q
+        .get("config_groups")
+        .and_then(|g| g.as_object())
+        .filter(|g| !g.is_empty())
+        .ok_or("compressed-tensors quantization_config has no config_groups")?;
+    let mut group_size = None;
+    let mut targets = Vec::new();
+    for (name, group) in groups {
+        let fmt = group.get("format").and_then(|v| v.as_str()).or(format);
+        if fmt != Some("pack-quantized") {
+            return Err(format!(
+                "compressed-tensors config group {name:?} has format {fmt:?}; {SUPPORTED}"
+            ));
+        }
+        let w = group
+            .get("weights")
+            .filter(|w| w.is_object())
+            .ok_or_else(|| format!("config group {name:?} has no \"weights\" arguments"))?;
+        let field = |k: &str| w.get(k).cloned().unwrap_or(serde_json::Value::Null);
+        let size = field("group_size").as_u64().unwrap_or(0) as usize;
+        let expected = [
+            ("num_bits", serde_json::json!(4)),
+            ("type", serde_json::json!("int")),
+            ("symmetric", serde_json::json!(true)),
+            ("strategy", serde_json::json!("group")),
+        ];
+        for (k, want) in expected {
+            if field(k) != want {
+                return Err(format!(
+                    "config group {name:?}: weights.{k} = {}; only {k} = {want} is supported \
+                     (4-bit symmetric int weights in groups)",
+                    field(k)
+                ));
+            }
+        }
+        if size == 0 || !size.is_multiple_of(8) {
+            return Err(format!(
+                "config group {name:?}: weights.group_size = {}; it must be a positive \
+                 multiple of 8 (eight 4-bit values per int32)",
+                field("group_size")
+            ));
+        }
+        if group_size.is_some_and(|g| g != size) {
+            return Err(format!(
+                "config groups with different group sizes ({} and {size}) are not supported",
+                group_size.unwrap_or_default()
+            ));
+        }
+        group_size = Some(size);
+        let list = group
+            .get("targets")
+            .and_then(|t| t.as_array())
+            .ok_or_else(|| format!("config group {name:?} has no \"targets\" list"))?;
+        for t in list {
+            let t = t
+                .as_str()
+                .ok_or_else(|| format!("config group {name:?}: target {t} is not a string"))?;
+            targets.push(ModulePattern::parse(t)?);
+        }
+    }
+    let ignore = match q.get("ignore") {
+        None | Some(serde_json::Value::Null) => Vec::new(),
+        Some(serde_json::Value::Array(list)) => list
+            .iter()
+            .map(|i| {
+                i.as_str()
+                    .ok_or_else(|| format!("ignore entry {i} is not a string"))
+                    .and_then(ModulePattern::parse)
+            })
+            .collect::<std::result::Result<_, _>>()?,
+        Some(other) => {
+            return Err(format!(
+                "quantization_config.ignore = {other}; expected a list"
+            ))
+        }
+    };
+    Ok(Quantization::Int4Group {
+        group_size: group_size.unwrap_or(32),
+        targets,
+        ignore,
+    })
+}
+
+/// A linear layer's `[out, in]` weight (this rank's part of it), dense or still quantized.
+pub(crate) enum Weight {
+    /// In the compute dtype.
+    Dense(Tensor),
+    /// float8_e4m3fn values and their f32 block scales.
+    Fp8 {
+        /// `[out, in]` float8_e4m3fn.
+        weight: Tensor,
+        /// `[ceil(out / bo), ceil(in / bi)]` f32.
+        scale_inv: Tensor,
+        /// `[bo, bi]`.
+        block: [i64; 2],
+        /// The compute dtype the matrix is produced in.
+        kind: Kind,
+    },
+    /// Eight 4-bit codes per int32 and their f32 group scales.
+    Int4 {
+        /// `[out, in / 8]` int32.
+        packed: Tensor,
+        /// `[out, in / group]` f32.
+        scale: Tensor,
+        /// Inputs per scale.
+        group: i64,
+        /// The compute dtype the matrix is produced in.
+        kind: Kind,
+    },
+}
+
+impl Weight {
+    /// Loads linear `<prefix>` of full shape `[out, in]`, this rank's `shard` of it (`Full`,
+    /// or `Split` along dimension 0 or 1), in whatever format the checkpoint stores it.
+    pub fn load(ctx: &LoadCtx, prefix: &str, out: usize, inp: usize, shard: Shard) -> Result<Self> {
+        let name = |suffix: &str| format!("{prefix}.{suffix}");
+        let source = ctx.source;
+        match source.quantization() {
+            Quantization::Fp8Block { block } if source.has(&name("weight_scale_inv")) => {
+                let grid = [out.div_ceil(block[0]), inp.div_ceil(block[1])];
+                check_grid(prefix, [out, inp], *block, shard, "FP8 block")?;
+                let weight = source.stored(
+                    &name("weight"),
+                    &[out, inp],
+                    shard,
+                    ctx.device,
+                    &[Kind::Float8e4m3fn],
+                )?;
+                let scale_inv = source.tensor(
+                    &name("weight_scale_inv"),
+                    &grid,
+                    shard,
+                    ctx.device,
+                    Kind::Float,
+                )?;
+                Ok(Weight::Fp8 {
+                    weight,
+                    scale_inv,
+                    block: [block[0] as i64, block[1] as i64],
+                    kind: ctx.kind,
+                })
+            }
+            q @ Quantization::Int4Group { group_size, .. } if q.int4_module(prefix) => {
+                let g = *group_size;
+                if !inp.is_multiple_of(g) {
+                    return Err(CaptureError::Quantization {
+                        name: prefix.to_string(),
+                        message: format!(
+                            "{inp} input features do not divide into INT4 groups of \
+                             group_size {g}"
+                        ),
+                    });
+                }
+                check_grid(prefix, [out, inp], [1, g], shard, "INT4 group")?;
+                let packed = source.stored(
+                    &name("weight_packed"),
+                    &[out, inp / 8],
+                    shard,
+                    ctx.device,
+                    &[Kind::Int],
+                )?;
+                let scale = source.tensor(
+                    &name("weight_scale"),
+                    &[out, inp / g],
+                    shard,
+                    ctx.device,
+                    Kind::Float,
+                )?;
+                let shape = source.stored(
+                    &name("weight_shape"),
+                    &[2],
+                    Shard::Full,
+                    tch::Device::Cpu,
+                    &[Kind::Int, Kind::Int64],
+                )?;
+                if source.reads_data() {
+                    let got = Vec::<i64>::try_from(shape.f_to_kind(Kind::Int64)?)?;
+                    if got != [out as i64, inp as i64] {
+                        return Err(CaptureError::Quantization {
+                            name: prefix.to_string(),
+                            message: format!(
+                                "weight_shape is {got:?}, expected [{out}, {inp}] from config.json"
+                            ),
+                        });
+                    }
+                }
+                Ok(Weight::Int4 {
+                    packed,
+                    scale,
+                    group: g as i64,
+                    kind: ctx.kind,
+                })
+            }
+            _ => Ok(Weight::Dense(source.tensor(
+                &name("weight"),
+                &[out, inp],
+                shard,
+                ctx.device,
+                ctx.kind,
+            )?)),
+        }
+    }
+
+    /// `parts` (of one format, as one fused load reads them) stacked along the output rows.
+    /// Quantized parts stay quantized; their scale grids must start on a tile boundary.
+    pub fn cat(ctx: &LoadCtx, prefixes: &[&str], mut parts: Vec<Weight>) -> Result<Self> {
+        if parts.len() == 1 {
+            return Ok(parts.remove(0));
+        }
+        let mixed = || CaptureError::Quantization {
+            name: prefixes.join(" + "),
+            message: "the weights fused into one GEMM are stored in different formats".into(),
+        };
+        match &parts[0] {
+            Weight::Dense(_) => {
+                let dense = parts
+                    .into_iter()
+                    .map(|p| match p {
+                        Weight::Dense(t) => Ok(t),
+                        _ => Err(mixed()),
+                    })
+                    .collect::<Result<Vec<_>>>()?;
+                Ok(Weight::Dense(ctx.concat(dense)?))
+            }
+            Weight::Fp8 { block, kind: k, .. } => {
+                let (block, kind) = (*block, *k);
+                let (mut ws, mut ss) = (vec![], vec![]);
+                for (p, prefix) in parts.into_iter().zip(prefixes) {
+                    let Weight::Fp8 {
+                        weight, scale_inv, ..
+                    } = p
+                    else {
+                        return Err(mixed());
+                    };
+                    if weight.size()[0] % block[0] != 0 {
+                        return Err(CaptureError::Quantization {
+                            name: prefix.to_string(),
+                            message: format!(
+                                "{} output rows are not whole FP8 blocks of {} rows, so it \
+                                 cannot be fused with {}",
+                                weight.size()[0],
+                                block[0],
+                                prefixes.join(" + ")
+                            ),
+                        });
+                    }
+                    ws.push(weight);
+                    ss.push(scale_inv);
+                }
+                Ok(Weight::Fp8 {
+                    weight: ctx.concat(ws)?,
+                    scale_inv: ctx.concat(ss)?,
+                    block,
+                    kind,
+                })
+            }
+            Weight::Int4 { group, kind: k, .. } => {
+                let (group, kind) = (*group, *k);
+                let (mut ps, mut ss) = (vec![], vec![]);
+                for p in parts {
+                    let Weight::Int4 { packed, scale, .. } = p else {
+                        return Err(mixed());
+                    };
+                    ps.push(packed);
+                    ss.push(scale);
+                }
+                Ok(Weight::Int4 {
+                    packed: ctx.concat(ps)?,
+                    scale: ctx.concat(ss)?,
+                    group,
+                    kind,
+                })
+            }
+        }
+    }
+
+    /// The dtype of [`Weight::matrix`].
+    pub fn kind(&self) -> Kind {
+        match self {
+            Weight::Dense(t) => t.kind(),
+            Weight::Fp8 { kind, .. } | Weight::Int4 { kind, .. } => *kind,
+        }
+    }
+
+    /// The `[out, in]` matrix in the compute dtype: the tensor itself when dense, else
+    /// dequantized now, in f32 (exact: an e4m3 value or a 4-bit code times an f32 scale is
+    /// one f32 rounding, as the published dequantization does) and rounded to the compute
+    /// dtype once. The result lives until the caller's GEMM is done; libtorch's caching
+    /// allocator hands its block to the next layer's matrix of the same size, so the scratch
+    /// is reused without a buffer of our own, and only one layer's matrix exists at a time.
+    pub fn matrix(&self) -> Result<Tensor> {
+        match self {
+            Weight::Dense(t) => Ok(t.shallow_clone()),
+            Weight::Fp8 {
+                weight,
+                scale_inv,
+                block,
+                kind,
+            } => Ok(dequantize_fp8(weight, scale_inv, *block)?.f_to_kind(*kind)?),
+            Weight::Int4 {
+                packed,
+                scale,
+                group,
+                kind,
+            } => Ok(dequantize_int4(packed, scale, *group)?.f_to_kind(*kind)?),
+        }
+    }
+}
+
+/// Refuses a TP split that would cut a scale's tile (an FP8 block or an INT4 group): each
+/// rank's part of the split dimension must be whole tiles.
+fn check_grid(
+    prefix: &str,
+    shape: [usize; 2],
+    tile: [usize; 2],
+    shard: Shard,
+    what: &str,
+) -> Result<()> {
+    if let Shard::Split { dim, world, .. } = shard {
+        let (n, t) = (shape[dim], tile[dim]);
+        if n.is_multiple_of(world) && !(n / world).is_multiple_of(t) {
+            return Err(CaptureError::Quantization {
+                name: prefix.to_string(),
+                message: format!(
+                    "split {world} ways along dimension {dim}, each rank gets {} of {n}, which \
+                     is not a whole number of {what} tiles of {t}; use a TP size that keeps \
+                     {} a multiple of {t}",
+                    n / world,
+                    if dim == 0 {
+                        "out_features / tp"
+                    } else {
+                        "in_features / tp"
+                    }
+                ),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// `weight [out, in]` (float8_e4m3fn) times its block scales `[ceil(out/bo), ceil(in/bi)]`,
+/// in f32.
+fn dequantize_fp8(weight: &Tensor, scale_inv: &Tensor, block: [i64; 2]) -> Result<Tensor> {
+    let (out, inp) = (weight.size()[0], weight.size()[1]);
+    let [bo, bi] = block;
+    let w = weight.f_to_kind(Kind::Float)?;
+    if out % bo == 0 && inp % bi == 0 {
+        // Whole tiles: one broadcast multiply, no expanded copy of the scales.
+        let tiles = w.f_view([out / bo, bo, inp / bi, bi])?;
+        let s = scale_inv.f_view([out / bo, 1, inp / bi, 1])?;
+        return Ok(tiles.f_mul(&s)?.f_view([out, inp])?);
+    }
+    // A partial last tile (e.g. DeepSeek's 576-row kv_a_proj_with_mqa over 128-row blocks).
+    let s = scale_inv
+        .f_repeat_interleave_self_int(bo, 0, None)?
+        .f_narrow(0, 0, out)?
+        .f_repeat_interleave_self_int(bi, 1, None)?
+        .f_narrow(1, 0, inp)?;
+    Ok(w.f_mul(&s)?)
+}
+
+/// `packed [out, in/8]` (int32, eight offset-by-8 codes each, lowest bits first) times its
+/// group scales `[out, in/group]`, in f32.
+fn dequantize_int4(packed: &Tensor, scale: &Tensor, group: i64) -> Result<Tensor> {
+    let (out, words) = (packed.size()[0], packed.size()[1]);
+    let inp = words * 8;
+    let shifts = Tensor::f_arange_start_step(0, 32, 4, (Kind::Int, packed.device()))?;
+    // [out, in/8, 1] >> [8] -> [out, in/8, 8]: column 8j + k is code k of word j.
+    let codes = packed
+        .f_unsqueeze(-1)?
+        .f_bitwise_right_shift(&shifts)?
+        .f_bitwise_and(15)?
+        .f_sub_scalar(8)?
+        .f_to_kind(Kind::Float)?
+        .f_view([out, inp / group, group])?;
+    Ok(codes.f_mul(&scale.f_unsqueeze(-1)?)?.f_view([out, inp])?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// e4m3fn decoded from its bit fields: sign, 4 exponent bits (bias 7), 3 mantissa bits;
+    /// exponent 0 is subnormal, and S.1111.111 is NaN (no infinities).
+    fn e4m3_reference(code: u8) -> f32 {
+        let sign = if code & 0x80 != 0 { -1.0 } else { 1.0 };
+        let (exp, man) = ((code >> 3) & 0xF, code & 7);
+        if exp == 0xF && man == 7 {
+            return f32::NAN;
+        }
+        let magnitude = if exp == 0 {
+            man as f32 / 8.0 * 2f32.powi(-6)
+        } else {
+            (1.0 + man as f32 / 8.0) * 2f32.powi(exp as i32 - 7)
+        };
+        sign * magnitude
+    }
+
+    #[test]
+    fn every_e4m3_code_decodes_to_its_bit_field_value() {
+        let codes: Vec<u8> = (0..=255).collect();
+        let t = Tensor::from_slice(&codes)
+            .f_view_dtype(Kind::Float8e4m3fn)
+            .unwrap();
+        let got = Vec::<f32>::try_from(t.to_kind(Kind::Float)).unwrap();
+        for (code, v) in codes.iter().zip(got) {
+            let want = e4m3_reference(*code);
+            assert!(
+                v == want || (v.is_nan() && want.is_nan()),
+                "code {code:#04x}: {v} vs {want}"
+            );
+        }
+        assert_eq!(e4m3_reference(0x7E), 448.0);
+    }
+
+    fn fp8(codes: &[u8], shape: [i64; 2]) -> Tensor {
+        Tensor::from_slice(codes)
+            .f_view_dtype(Kind::Float8e4m3fn)
+            .unwrap()
+            .view(shape)
+    }
+
+    #[test]
+    fn fp8_blocks_scale_their_own_tile_including_a_partial_last_one() {
+        // [3, 5] over [2, 2] blocks: a 2 x 3 grid whose last row and column are partial.
+        let codes: Vec<u8> = (0..15).map(|i| 0x30 + i as u8).collect();
+        let scale: Vec<f32> = vec![1.0, 2.0, 4.0, 8.0, 16.0, 32.0];
+        let s = Tensor::from_slice(&scale).view([2, 3]);
+        let got = dequantize_fp8(&fp8(&codes, [3, 5]), &s, [2, 2]).unwrap();
+        for r in 0..3 {
+            for c in 0..5 {
+                let want = e4m3_reference(codes[r * 5 + c]) * scale[(r / 2) * 3 + c / 2];
+                assert_eq!(
+                    got.double_value(&[r as i64, c as i64]) as f32,
+                    want,
+                    "({r}, {c})"
+                );
+            }
+        }
+        // Whole tiles take the broadcast path; each element still gets its own tile's scale.
+        let codes: Vec<u8> = (0..16).map(|i| 0x28 + i as u8).collect();
+        let scale = [0.5f32, 3.0, -1.0, 0.25];
+        let s = Tensor::from_slice(&scale).view([2, 2]);
+        let got = dequantize_fp8(&fp8(&codes, [4, 4]), &s, [2, 2]).unwrap();
+        for r in 0..4 {
+            for c in 0..4 {
+                let want = e4m3_reference(codes[r * 4 + c]) * scale[(r / 2) * 2 + c / 2];
+                assert_eq!(
+                    got.double_value(&[r as i64, c as i64]) as f32,
+                    want,
+                    "({r}, {c})"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn int4_codes_unpack_lowest_bits_first_and_take_their_group_scale() {
+        // One row of 16 values in groups of 8: codes 0..16 mod 16, i.e. values -8..7, -8..7.
+        let values: Vec<i32> = (0..16).map(|i| (i % 16) - 8).collect();
+        let word = |j: usize| -> i32 {
+            (0..8).fold(0u32, |w, k| {
+                w | (((values[8 * j + k] + 8) as u32) << (4 * k))
+            }) as i32
+        };
+        let packed = Tensor::from_slice(&[word(0), word(1)]).view([1, 2]);
+        let scale = Tensor::from_slice(&[0.5f32, 2.0]).view([1, 2]);
+        let got = Vec::<f32>::try_from(dequantize_int4(&packed, &scale, 8).unwrap().flatten(0, -1))
+            .unwrap();
+        let want: Vec<f32> = values
+            .iter()
+            .enumerate()
+            .map(|(c, &v)| v as f32 * [0.5, 2.0][c / 8])
+            .collect();
+        assert_eq!(got, want);
+    }
+
+    fn config(q: serde_json::Value) -> std::result::Result<Quantization, String> {
+        Quantization::from_config(&serde_json::json!({ "quantization_config": q }))
+    }
+
+    fn kimi_int4() -> serde_json::Value {
+        serde_json::json!({"quant_method": "compressed-tensors", "format": "pack-quantized",
+            "config_groups": {"group_0": {"targets": ["Linear"], "weights": {"num_bits": 4,
+            "type": "int", "symmetric": true, "strategy": "group", "group_size": 32,
+            "dynamic": false}}},
+            "ignore": ["lm_head", "re:.*self_attn.*", "re:.*shared_experts.*",
+                       "re:.*mlp\\.(gate|up|gate_up|down)_proj.*"]})
+    }
+
+    #[test]
+    fn int4_targets_the_routed_experts_and_ignores_what_the_config_names() {
+        let q = config(kimi_int4()).unwrap();
+        assert!(q.int4_module("model.layers.3.mlp.experts.7.gate_proj"));
+        assert!(!q.int4_module("model.layers.3.mlp.shared_experts.up_proj"));
+        assert!(!q.int4_module("model.layers.0.mlp.down_proj"));
+        assert!(!q.int4_module("model.layers.3.self_attn.q_a_proj"));
+        assert_eq!(
+            q.describe().unwrap(),
+            "compressed-tensors pack-quantized int4 symmetric, group_size 32"
+        );
+        // Named targets are exact names; `re:` matches from the start of the name only.
+        let mut named = kimi_int4();
+        named["config_groups"]["group_0"]["targets"] =
+            serde_json::json!(["re:model\\.layers\\.1\\.", "model.layers.0.mlp.up_proj"]);
+        named["ignore"] = serde_json::json!(["re:layers"]);
+        let q = config(named).unwrap();
+        assert!(q.int4_module("model.layers.1.mlp.down_proj"));
+        assert!(q.int4_module("model.layers.0.mlp.up_proj"));
+        assert!(!q.int4_module("model.layers.0.mlp.gate_proj"));
+    }
+
+    #[test]
+    fn unknown_or_unsupported_schemes_are_named_with_what_is_supported() {
+        let e = config(serde_json::json!({"quant_method": "awq", "bits": 4})).unwrap_err();
+        assert!(e.starts_with("quantization_config.quant_method = \"awq\" is not supported; supported: quant_method \"fp8\""), "{e}");
+        let e = config(serde_json::json!({"quant_method": "fp8", "fmt": "e4m3"})).unwrap_err();
+        assert!(e.contains("weight_block_size = absent"), "{e}");
+        let mut odd = kimi_int4();
+        odd["config_groups"]["group_0"]["weights"]["group_size"] = serde_json::json!(12);
+        let e = config(odd).unwrap_err();
+        assert!(e.contains("weights.group_size = 12"), "{e}");
+        let mut asym = kimi_int4();
+        asym["config_groups"]["group_0"]["weights"]["symmetric"] = serde_json::json!(false);
+        assert!(config(asym)
+            .unwrap_err()
+            .contains("weights.symmetric = false"));
+        let mut float = kimi_int4();
+        float["format"] = serde_json::json!("float-quantized");
+        assert!(config(float)
+            .unwrap_err()
+            .contains("format Some(\"float-quantized\")"));
+        let q = config(serde_json::json!({"quant_method": "fp8", "fmt": "e4m3",
+            "activation_scheme": "dynamic", "weight_block_size": [128, 128]}))
+        .unwrap();
+        assert!(matches!(q, Quantization::Fp8Block { block: [128, 128] }));
+        assert!(matches!(
+            Quantization::from_config(&serde_json::json!({})),
+            Ok(Quantization::None)
+        ));
+    }
+
+    #[test]
+    fn a_split_that_cuts_a_tile_is_refused_by_name() {
+        let split = |dim, world| Shard::Split {
+            dim,
+            rank: 0,
+            world,
+        };
+        assert!(check_grid("m", [256, 64], [128, 128], split(0, 2), "FP8 block").is_ok());
+        let e = check_grid("m", [256, 64], [128, 128], split(0, 4), "FP8 block")
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            e,
+            "quantized weight \"m\": split 4 ways along dimension 0, each rank gets 64 of 256, \
+             which is not a whole number of FP8 block tiles of 128; use a TP size that keeps \
+             out_features / tp a multiple of 128"
+        );
+        let e = check_grid("m", [8, 96], [1, 32], split(1, 2), "INT4 group")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("in_features / tp a multiple of 32"), "{e}");
+    }
+}

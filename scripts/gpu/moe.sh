@@ -1,0 +1,97 @@
+#!/usr/bin/env bash
+# MoE capture on one H200, from the repository root with the staged binary (bash scripts/gpu/prepare.sh fills
+# gpu-run/):   bash gpu-run/moe.sh
+# Three models, each made on the device by transformers with random weights (scripts/gpu/moe_bench.py):
+#   deepseek_v3      DeepSeek-V3 shapes cut to one GPU: hidden 7168, 128 MLA heads (q_lora 1536, kv_lora 512),
+#                    256 experts of 2048 with 8 active (n_group 8, topk_group 4), 3 dense + 2 MoE layers, bf16
+#   deepseek_v3 fp8  the same weights in DeepSeek's FP8 blocks (128 x 128, weight_scale_inv), quantized on the
+#                    device; its reference is transformers on the dequantized weights
+#   qwen3_30b_a3b    Qwen3-30B-A3B shapes: 48 layers, 128 experts of 768 with 8 active, bf16
+# and for each, in this one call: transformers' prefill-only tokens/s (batch 8 x 2048; bf16 models only, the FP8
+# model's reference is the same network), ours (debug prefill), our capture + write end to end (SAMPLES samples
+# of 2048 tokens; every layer of DeepSeek's 5, Qwen3's layers 1, 23, 44, 47), the min per-token bf16 cosine against
+# transformers, and MFU on active parameters. The table is printed at the end and kept in $OUT/moe_summary.txt.
+#
+# Time (estimated, not measured: the lead's run is the measurement). Per model the costs are creating the
+# weights on the device (seconds), writing the checkpoint (DeepSeek 53 GB, FP8 27 GB, Qwen3 61 GB; at ~2 GB/s
+# into the page cache, 15-30 s each), two loads of ours (prefill, capture; ~10-20 s each from the page cache) and
+# the forwards (16k-token batches of ~3 B active parameters: well under a second each on an H200 even at 20 %
+# MFU, so SAMPLES=32 and ITERS=3 add seconds). About 1.5-2.5 minutes per model, 5-7 minutes in all, under the
+# 9-minute bound; SKIP_QWEN=1 drops the largest third. Disk: the 64 GiB of one H200 machine hold one checkpoint at
+# a time, so each is deleted (with its captured dataset: DeepSeek's 5 layers x 32 x 2048 tokens are ~4.7 GB raw)
+# before the next is written; Qwen3's 61 GB plus ~2 GB of dataset is the tightest.
+#
+# Knobs: SAMPLES (default 32), ITERS (default 3), WORK (scratch, default /tmp/hslake-moe), SKIP_QWEN=1,
+# DEVICE=cpu TINY=1 for a dry run of the whole flow at toy sizes on a CPU (no GPU, minutes).
+set -uo pipefail
+source "$(dirname "$0")/env.sh"
+DEVICE=${DEVICE:-cuda}
+W=${WORK:-/tmp/hslake-moe}
+SAMPLES=${SAMPLES:-32}
+ITERS=${ITERS:-3}
+SEQ=2048
+[ "${TINY:-0}" = 1 ] && { TINYFLAG=--tiny; SEQ=${SEQ_TINY:-64}; } || TINYFLAG=
+ROWS=$OUT/moe_rows.jsonl
+: > "$ROWS"
+mkdir -p "$W"
+T0=$(date +%s)
+stage() { echo "=== [$(( $(date +%s) - T0 ))s] $*" | tee -a "$OUT/moe_stages.txt"; }
+bench() { python3 "$HERE/moe_bench.py" "$@" --rows "$ROWS" --device "$DEVICE" --seq "$SEQ" --samples "$SAMPLES" \
+  --iters "$ITERS" $TINYFLAG; }
+row() { python3 -c 'import json,sys; print(json.dumps(dict(model=sys.argv[1], what=sys.argv[2], **json.loads(sys.argv[3]))))' "$@" >> "$ROWS"; }
+[ "$DEVICE" = cuda ] && nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT/gpu.txt"
+df -h "$W" | tee -a "$OUT/moe_stages.txt"
+
+# ours MODEL_DIR LABEL STEP: our prefill and our capture of MODEL_DIR, its cosine against the reference
+ours() {
+  local m=$1 label=$2 step=$3
+  local layers
+  layers=$(python3 "$HERE/moe_bench.py" layers "$m")
+  stage "$label: our prefill"
+  "$BIN" debug prefill --model "$m" --batch 8 --seq "$SEQ" --iters "$ITERS" --layers "$layers" --device "$DEVICE" \
+    --dtype bf16 > "$OUT/moe_${step}_prefill.txt" 2>&1
+  local tps
+  tps=$(grep -oP 'prefill tokens/s \K[0-9]+' "$OUT/moe_${step}_prefill.txt")
+  if [ -n "$tps" ]; then
+    row "$label" "ours prefill" "{\"tokens_per_sec\": $tps, \"mfu\": $(python3 "$HERE/moe_bench.py" mfu "$step" "$tps" $TINYFLAG)}"
+  else
+    row "$label" "ours prefill FAILED (see moe_${step}_prefill.txt)" '{}'
+  fi
+  stage "$label: our capture + write of $SAMPLES x $SEQ tokens"
+  rm -rf "$m-out"
+  local t=$(date +%s.%N)
+  "$BIN" capture --model "$m" --input "$m.jsonl" --output "file://$m-out" --layers "$layers" --device "$DEVICE" \
+    --dtype bf16 --max-tokens-per-batch $((8 * SEQ)) --no-progress > "$OUT/moe_${step}_capture.txt" 2>&1
+  local rc=$? secs
+  secs=$(python3 -c "import time; print(round(time.time() - $t, 1))")
+  if [ $rc = 0 ]; then
+    local ctps
+    ctps=$(grep -oP 'tokens, \K[0-9]+(?= tokens/s)' "$OUT/moe_${step}_capture.txt")
+    row "$label" "ours capture + write (run, excl. load)" "{\"tokens_per_sec\": ${ctps:-0}}"
+    row "$label" "ours capture wall clock incl. load" "{\"seconds\": $secs}"
+    bench cosine "$m" "$m-out" "$label"
+  else
+    row "$label" "ours capture FAILED rc=$rc (see moe_${step}_capture.txt)" '{}'
+  fi
+  rm -rf "$m-out"
+}
+
+stage "deepseek_v3 bf16: make, transformers prefill, reference states"
+bench make deepseek_v3 "$W/ds" 2>&1 | tail -3 | tee "$OUT/moe_ds_make.txt"
+ours "$W/ds" deepseek_v3 ds
+rm -rf "$W/ds"
+
+stage "deepseek_v3 fp8: quantize on the device, reference on the dequantized weights"
+bench fp8 deepseek_v3 "$W/ds8" 2>&1 | tail -3 | tee "$OUT/moe_ds8_make.txt"
+ours "$W/ds8" "deepseek_v3 fp8" ds8
+rm -rf "$W/ds8"
+
+if [ "${SKIP_QWEN:-0}" != 1 ]; then
+  stage "qwen3_30b_a3b bf16: make, transformers prefill, reference states"
+  bench make qwen3_30b_a3b "$W/qw" 2>&1 | tail -3 | tee "$OUT/moe_qw_make.txt"
+  ours "$W/qw" qwen3_30b_a3b qw
+  rm -rf "$W/qw"
+fi
+
+stage "done"
+bench summary | tee "$OUT/moe_summary.txt"

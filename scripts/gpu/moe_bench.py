@@ -1,0 +1,273 @@
+"""The transformers side of scripts/gpu/moe.sh, one step per call (each step is its own process, so that the
+GPU holds one copy of a model at a time):
+
+  make    MODEL DIR   random weights (seeded) on the device, transformers' prefill-only tokens/s at batch x seq,
+                      reference bf16 states of the first samples for the cosine, save_pretrained, the inputs JSONL
+  fp8     MODEL DIR   the same weights again, every projection quantized on the device to FP8 blocks of 128 x 128
+                      (DeepSeek-V3's layout: float8_e4m3fn + weight_scale_inv); the reference states come from
+                      transformers run on the dequantized weights
+  cosine  DIR DATASET LABEL  per-token cosine of our captured states against the reference states
+  mfu     STEP TOKENS_PER_SEC   MFU on active parameters of the model of moe.sh's step (ds, ds8, qw)
+  layers  DIR         the layers captured and compared (all of a short model; EAGLE-3's aux layers and the last)
+  summary OUT         the table of every step's numbers (JSON lines in OUT/moe_rows.jsonl)
+
+MODEL is deepseek_v3 (hidden 7168, 128 heads, kv_lora 512, q_lora 1536, 256 experts of 2048, 8 active, n_group 8 /
+topk_group 4; 3 dense + 2 MoE layers) or qwen3_30b_a3b (48 layers, 128 experts of 768, 8 active). --tiny gives the
+same architectures at toy sizes for a CPU dry run (DEVICE=cpu)."""
+import argparse, json, os, re, sys, time
+
+import numpy as np
+import torch
+from transformers import DeepseekV3Config, DeepseekV3ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+# H200 dense bf16 peak (NVIDIA's datasheet figure without sparsity), for MFU.
+PEAK_FLOPS = 989e12
+
+
+def config(model, tiny):
+    if model == "deepseek_v3":
+        sizes = dict(hidden_size=7168, intermediate_size=18432, moe_intermediate_size=2048, num_attention_heads=128,
+                     num_key_value_heads=128, n_routed_experts=256, kv_lora_rank=512, q_lora_rank=1536,
+                     qk_rope_head_dim=64, qk_nope_head_dim=128, v_head_dim=128, vocab_size=129280)
+        if tiny:
+            sizes = dict(hidden_size=256, intermediate_size=512, moe_intermediate_size=128, num_attention_heads=4,
+                         num_key_value_heads=4, n_routed_experts=16, kv_lora_rank=128, q_lora_rank=128,
+                         qk_rope_head_dim=64, qk_nope_head_dim=128, v_head_dim=128, vocab_size=1000)
+        return DeepseekV3Config(**sizes, num_hidden_layers=5, first_k_dense_replace=3, num_experts_per_tok=8,
+                                n_shared_experts=1, n_group=8, topk_group=4, routed_scaling_factor=2.5,
+                                norm_topk_prob=True, max_position_embeddings=4096, rms_norm_eps=1e-6,
+                                tie_word_embeddings=False)
+    sizes = dict(hidden_size=2048, intermediate_size=6144, moe_intermediate_size=768, num_attention_heads=32,
+                 num_key_value_heads=4, head_dim=128, num_experts=128, num_hidden_layers=48, vocab_size=151936)
+    if tiny:
+        sizes = dict(sizes, hidden_size=128, moe_intermediate_size=64, num_attention_heads=4, num_key_value_heads=2,
+                     head_dim=32, num_experts=16, num_hidden_layers=4, vocab_size=1000)
+    return Qwen3MoeConfig(**sizes, num_experts_per_tok=8, norm_topk_prob=True, max_position_embeddings=4096,
+                          rms_norm_eps=1e-6, rope_theta=1000000.0, tie_word_embeddings=False)
+
+
+def active_params(cfg):
+    """Parameters one token multiplies by (embedding lookups and the LM head excluded), for MFU."""
+    h = cfg.hidden_size
+    if isinstance(cfg, DeepseekV3Config):
+        heads, qk = cfg.num_attention_heads, cfg.qk_nope_head_dim + cfg.qk_rope_head_dim
+        attn = (h * cfg.q_lora_rank + cfg.q_lora_rank * heads * qk + h * (cfg.kv_lora_rank + cfg.qk_rope_head_dim)
+                + cfg.kv_lora_rank * heads * (cfg.qk_nope_head_dim + cfg.v_head_dim) + heads * cfg.v_head_dim * h)
+        dense = 3 * h * cfg.intermediate_size
+        moe = 3 * h * cfg.moe_intermediate_size * (cfg.num_experts_per_tok + cfg.n_shared_experts) \
+            + h * cfg.n_routed_experts
+        n_dense = cfg.first_k_dense_replace
+        return cfg.num_hidden_layers * attn + n_dense * dense + (cfg.num_hidden_layers - n_dense) * moe
+    d = cfg.head_dim
+    attn = h * d * (cfg.num_attention_heads * 2 + cfg.num_key_value_heads * 2)
+    moe = 3 * h * cfg.moe_intermediate_size * cfg.num_experts_per_tok + h * cfg.num_experts
+    return cfg.num_hidden_layers * (attn + moe)
+
+
+def default_layers(n):
+    """Every layer of a short model; else EAGLE-3's aux layers (1, n/2 - 1, n - 4) and the last, so that the
+    captured dataset of a 48-layer model fits the GPU machine's disk beside its checkpoint."""
+    return list(range(n)) if n <= 8 else [1, n // 2 - 1, n - 4, n - 1]
+
+
+def build(cfg, device):
+    torch.manual_seed(0)
+    cls = DeepseekV3ForCausalLM if isinstance(cfg, DeepseekV3Config) else Qwen3MoeForCausalLM
+    cfg._attn_implementation = "sdpa"
+    with torch.device(device):
+        model = cls(cfg).to(torch.bfloat16).eval()
+    with torch.no_grad():
+        # Random init leaves norms at 1 and DeepSeek's correction bias at 0; small noise makes routing realistic.
+        for name, b in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):
+                b.copy_(0.01 * torch.randn_like(b))
+    return model
+
+
+def inputs(cfg, path, samples, seq):
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(0, cfg.vocab_size, (samples, seq), generator=g)
+    with open(path, "w") as f:
+        for row in ids.tolist():
+            f.write(json.dumps({"input_ids": row}) + "\n")
+    return ids
+
+
+def prefill_tokens_per_sec(model, ids, iters):
+    with torch.no_grad():
+        for _ in range(2):
+            model.model(input_ids=ids)
+        sync(ids.device)
+        t = time.perf_counter()
+        for _ in range(iters):
+            model.model(input_ids=ids)
+        sync(ids.device)
+    return iters * ids.numel() / (time.perf_counter() - t)
+
+
+def sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def reference_states(model, ids, layers, path):
+    """bf16 states of each captured layer for the first samples, one sample at a time (unpadded), as f32."""
+    out = {}
+    with torch.no_grad():
+        for i, row in enumerate(ids):
+            hs = model.model(input_ids=row[None], output_hidden_states=True).hidden_states
+            for l in layers:
+                out[f"{i}/layer_{l}"] = hs[l + 1][0].float().cpu().numpy()
+    np.savez(path, **out)
+
+
+FP8_LINEAR = re.compile(r"\.(q_proj|q_a_proj|q_b_proj|kv_a_proj_with_mqa|kv_b_proj|o_proj|k_proj|v_proj|"
+                        r"gate_proj|up_proj|down_proj)\.weight$")
+
+
+def quantize_fp8(w, block=128):
+    """[out, in] -> (float8_e4m3fn, f32 scale_inv [ceil(out/128), ceil(in/128)], the dequantized bf16 matrix)."""
+    out, inp = w.shape
+    po, pi = -out % block, -inp % block
+    padded = torch.nn.functional.pad(w.float(), (0, pi, 0, po))
+    tiles = padded.view((out + po) // block, block, (inp + pi) // block, block)
+    scale = tiles.abs().amax(dim=(1, 3)).clamp(min=1e-12) / 448.0
+    q = (tiles / scale[:, None, :, None]).to(torch.float8_e4m3fn)
+    deq = (q.float() * scale[:, None, :, None]).view(out + po, inp + pi)[:out, :inp]
+    return q.view(out + po, inp + pi)[:out, :inp].contiguous(), scale, deq.to(torch.bfloat16)
+
+
+def write_fp8(model, path):
+    """Saves the model's projections as FP8 blocks (every other tensor in bf16) and puts the dequantized weights
+    into the model, which then is the reference. The checkpoint goes out in shards of experts-sized pieces so that
+    the host never holds more than one shard."""
+    from safetensors.torch import save_file
+    os.makedirs(path, exist_ok=True)
+    model.config.quantization_config = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
+                                        "weight_block_size": [128, 128]}
+    model.config.save_pretrained(path)
+    shard, shard_bytes, index, n = {}, 0, {}, 0
+
+    def flush():
+        nonlocal shard, shard_bytes, n
+        if shard:
+            name = f"model-{n:05d}.safetensors"
+            save_file(shard, os.path.join(path, name), metadata={"format": "pt"})
+            index.update({k: name for k in shard})
+            shard, shard_bytes, n = {}, 0, n + 1
+
+    with torch.no_grad():
+        for name, w, fused in named_linears(model):
+            if name.startswith("lm_head."):
+                continue
+            if FP8_LINEAR.search(name):
+                q, scale, deq = quantize_fp8(w)
+                added = {name: q.cpu(), name[:-len("weight")] + "weight_scale_inv": scale.cpu()}
+                if fused is None:
+                    w.copy_(deq)
+                else:
+                    # An expert's slice of transformers' fused [E, rows, cols] parameter.
+                    param, j, start = fused
+                    rows = param[j] if start is None else param[j, start:start + deq.shape[0]]
+                    rows.copy_(deq)
+            else:
+                added = {name: w.detach().contiguous().cpu()}
+            shard.update(added)
+            shard_bytes += sum(t.numel() * t.element_size() for t in added.values())
+            if shard_bytes > 4e9:
+                flush()
+        # Persistent buffers (DeepSeek's e_score_correction_bias) are checkpoint tensors too.
+        persistent = set(model.state_dict())
+        for name, b in model.named_buffers():
+            if name in persistent:
+                shard[name] = b.detach().contiguous().cpu()
+        flush()
+    with open(os.path.join(path, "model.safetensors.index.json"), "w") as f:
+        json.dump({"metadata": {}, "weight_map": index}, f)
+
+
+def named_linears(model):
+    """(checkpoint name, [out, in] weight) of every projection, experts unfused into their published names."""
+    for name, p in model.named_parameters():
+        if name.endswith("experts.gate_up_proj"):
+            prefix = name[:-len("gate_up_proj")]
+            inter = p.shape[1] // 2
+            for j in range(p.shape[0]):
+                yield f"{prefix}{j}.gate_proj.weight", p[j, :inter], (p, j, 0)
+                yield f"{prefix}{j}.up_proj.weight", p[j, inter:], (p, j, inter)
+        elif name.endswith("experts.down_proj"):
+            prefix = name[:-len("down_proj")]
+            for j in range(p.shape[0]):
+                yield f"{prefix}{j}.down_proj.weight", p[j], (p, j, None)
+        else:
+            yield name, p, None
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("step", choices=["make", "fp8", "cosine", "mfu", "layers", "summary"])
+    p.add_argument("args", nargs="*")
+    p.add_argument("--tiny", action="store_true")
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--seq", type=int, default=2048)
+    p.add_argument("--samples", type=int, default=32)
+    p.add_argument("--ref-samples", type=int, default=2)
+    p.add_argument("--iters", type=int, default=3)
+    p.add_argument("--layers", default="")
+    p.add_argument("--rows", default="moe_rows.jsonl")
+    a = p.parse_args()
+    row = lambda **kv: open(a.rows, "a").write(json.dumps(kv) + "\n")
+    if a.step in ("make", "fp8"):
+        name, out = a.args
+        cfg = config(name, a.tiny)
+        device = torch.device(a.device)
+        t = time.time()
+        model = build(cfg, device)
+        layers = [int(x) for x in a.layers.split(",")] if a.layers else default_layers(cfg.num_hidden_layers)
+        ids = inputs(cfg, os.path.join(out + ".jsonl"), a.samples, a.seq)
+        label = f"{name}{' fp8' if a.step == 'fp8' else ''}"
+        if a.step == "make":
+            tps = prefill_tokens_per_sec(model, ids[:a.batch].to(device), a.iters)
+            mfu = tps * 2 * active_params(cfg) / PEAK_FLOPS
+            row(model=label, what="transformers prefill", tokens_per_sec=round(tps), mfu=round(mfu, 4),
+                active_params=active_params(cfg))
+            model.save_pretrained(out)
+        else:
+            write_fp8(model, out)
+        reference_states(model, ids[:a.ref_samples].to(device), layers, out + ".ref.npz")
+        print(f"{label}: ready in {time.time() - t:.0f}s ({sum(p.numel() for p in model.parameters()) / 1e9:.1f} B "
+              f"parameters, active {active_params(cfg) / 1e9:.2f} B)")
+    elif a.step == "layers":
+        n = json.load(open(os.path.join(a.args[0], "config.json")))["num_hidden_layers"]
+        print(",".join(map(str, default_layers(n))))
+    elif a.step == "mfu":
+        step, tps = a.args
+        cfg = config("qwen3_30b_a3b" if step == "qw" else "deepseek_v3", a.tiny)
+        print(round(float(tps) * 2 * active_params(cfg) / PEAK_FLOPS, 4))
+    elif a.step == "cosine":
+        model_dir, dataset, label = a.args
+        sys.path.insert(0, os.path.join(os.getcwd(), "tests", "python"))
+        from capture_util import read_dataset
+        ref = np.load(model_dir + ".ref.npz")
+        got, _ = read_dataset(dataset)
+        worst = 1.0
+        for key in ref.files:
+            sid, col = key.split("/")
+            a_, b_ = got[int(sid)][col].astype(np.float64), ref[key].astype(np.float64)
+            cos = (a_ * b_).sum(-1) / np.maximum(np.linalg.norm(a_, axis=-1) * np.linalg.norm(b_, axis=-1), 1e-30)
+            worst = min(worst, float(cos.min()))
+        row(model=label, what="min per-token cosine vs transformers (bf16)", cosine=round(worst, 6))
+        print(f"{label}: min per-token cosine {worst:.6f}")
+    else:
+        rows = [json.loads(l) for l in open(a.rows)]
+        print(f"{'model':<22} {'measurement':<44} {'value':>14} {'MFU':>7}")
+        for r in rows:
+            value = r.get("tokens_per_sec", r.get("cosine", r.get("seconds")))
+            unit = " tok/s" if "tokens_per_sec" in r else (" s" if "seconds" in r else "")
+            mfu = f"{r['mfu']:.1%}" if "mfu" in r else ""
+            print(f"{r['model']:<22} {r['what']:<44} {str(value) + unit:>14} {mfu:>7}")
+
+
+if __name__ == "__main__":
+    main()
