@@ -31,7 +31,7 @@ pub struct Args {
     /// How long a query waits for a slot before it is refused, e.g. 30s.
     #[arg(long, value_parser = parse_duration, default_value = "30s")]
     pub queue_timeout: Duration,
-    // Query memory and time limits. Defaults here: half of the machine's memory split among
+    // Query memory and time limits. Defaults here: a quarter of the machine's memory split among
     // --max-queries, and 60 s.
     #[command(flatten)]
     pub limits: LimitArgs,

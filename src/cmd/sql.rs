@@ -35,7 +35,7 @@ pub struct Args {
 #[derive(clap::Args)]
 pub struct LimitArgs {
     /// Memory one query's joins, aggregates and sorts may hold, e.g. 4GiB; past it the query
-    /// stops with an error naming this limit (default: half of the machine's memory, for
+    /// stops with an error naming this limit (default: a quarter of the machine's memory, for
     /// serve-sql divided by --max-queries).
     #[arg(long, value_parser = parse_size)]
     pub query_memory: Option<u64>,
@@ -77,7 +77,7 @@ pub async fn run(args: Args) -> Result<ExitCode> {
     let mut session = QuerySession::open(&args.url, args.version)
         .await
         .with_context(|| format!("opening {}", args.url))?;
-    // One query at a time: it may use half of the machine's memory.
+    // One query at a time: it may reserve a quarter of the machine's memory.
     let limits = args.limits.resolve(QueryLimits::for_machine(1));
     session.set_limits(limits);
     let m = &session.datasets()[0].manifest;
