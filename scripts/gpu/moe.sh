@@ -66,7 +66,7 @@ ours() {
   secs=$(python3 -c "import time; print(round(time.time() - $t, 1))")
   if [ $rc = 0 ]; then
     local ctps
-    ctps=$(grep -oP 'tokens, \K[0-9]+(?= tokens/s)' "$OUT/moe_${step}_capture.txt")
+    ctps=$(grep -oP '\([0-9]+ tokens, \K[0-9]+(?= tokens/s over)' "$OUT/moe_${step}_capture.txt" | tail -1)
     row "$label" "ours capture + write (run, excl. load)" "{\"tokens_per_sec\": ${ctps:-0}}"
     row "$label" "ours capture wall clock incl. load" "{\"seconds\": $secs}"
     bench cosine "$m" "$m-out" "$label"

@@ -251,19 +251,29 @@ def main():
         from capture_util import read_dataset
         ref = np.load(model_dir + ".ref.npz")
         got, _ = read_dataset(dataset)
-        worst = 1.0
+        per_layer = {}
         for key in ref.files:
             sid, col = key.split("/")
             a_, b_ = got[int(sid)][col].astype(np.float64), ref[key].astype(np.float64)
             cos = (a_ * b_).sum(-1) / np.maximum(np.linalg.norm(a_, axis=-1) * np.linalg.norm(b_, axis=-1), 1e-30)
+            per_layer.setdefault(col, []).append(cos)
+        worst = 1.0
+        # Per layer, so that a drop that starts at the first MoE layer (a token routed to other
+        # experts after a near tie in bf16) tells itself apart from one that grows with depth.
+        for col in sorted(per_layer, key=lambda c: int(c.split("_")[1])):
+            cos = np.concatenate(per_layer[col])
             worst = min(worst, float(cos.min()))
+            stats = dict(min=round(float(cos.min()), 6), p001=round(float(np.quantile(cos, 0.001)), 6),
+                         mean=round(float(cos.mean()), 6), below_0_999=int((cos < 0.999).sum()), tokens=int(cos.size))
+            row(model=label, what=f"cosine {col}", **stats)
+            print(f"{label}: {col} cosine {stats}")
         row(model=label, what="min per-token cosine vs transformers (bf16)", cosine=round(worst, 6))
         print(f"{label}: min per-token cosine {worst:.6f}")
     else:
         rows = [json.loads(l) for l in open(a.rows)]
         print(f"{'model':<22} {'measurement':<44} {'value':>14} {'MFU':>7}")
         for r in rows:
-            value = r.get("tokens_per_sec", r.get("cosine", r.get("seconds")))
+            value = r.get("tokens_per_sec", r.get("cosine", r.get("seconds", r.get("min"))))
             unit = " tok/s" if "tokens_per_sec" in r else (" s" if "seconds" in r else "")
             mfu = f"{r['mfu']:.1%}" if "mfu" in r else ""
             print(f"{r['model']:<22} {r['what']:<44} {str(value) + unit:>14} {mfu:>7}")
