@@ -20,19 +20,17 @@
 //! q_a_proj, q_a_layernorm, q_b_proj}`, `.self_attn.{kv_a_proj_with_mqa, kv_a_layernorm,
 //! kv_b_proj, o_proj}`, `<m>layers.<i>.mlp.*` (dense or MoE), `<m>norm.weight`. Multi-token
 //! prediction layers (`<m>layers.<num_hidden_layers>`) and the LM head are not read.
-use hslake_schemas::CapturePoint;
 use serde::Deserialize;
-use tch::{Kind, Tensor};
+use tch::Tensor;
 
 use super::hf_config::ConfigFile;
-use super::{Captures, DecoderModel, ModelConfig, ModelInfo};
+use super::llama::{self, SelfAttention, StackConfig};
+use super::{DecoderModel, ModelConfig, ModelInfo};
 use crate::error::{CaptureError, Result};
-use crate::layers::{RmsNorm, Rope, RopeScaling, RopeTables, Rotary};
+use crate::layers::{RmsNorm, Rope, RopeScaling, RopeTables};
 use crate::load::LoadCtx;
-use crate::moe::{FeedForward, MoeLayers, MoeSpec, Routing};
-use crate::tp::{
-    check_split, ColumnParallelLinear, ReplicatedLinear, RowParallelLinear, VocabParallelEmbedding,
-};
+use crate::moe::{MoeLayers, MoeSpec, Routing};
+use crate::tp::{check_split, ColumnParallelLinear, ReplicatedLinear, RowParallelLinear};
 
 /// transformers builds MLA's two latent norms with the default epsilon, not `rms_norm_eps`.
 const LATENT_NORM_EPS: f64 = 1e-6;
@@ -257,7 +255,38 @@ impl ModelConfig for DeepseekConfig {
     }
 
     fn load(&self, ctx: &LoadCtx) -> Result<Box<dyn DecoderModel>> {
-        Ok(Box::new(Model::load(ctx, self)?))
+        Ok(Box::new(llama::Model::<Attention>::load(ctx, self)?))
+    }
+}
+
+impl StackConfig for DeepseekConfig {
+    fn prefix(&self) -> &str {
+        self.prefix
+    }
+    fn hidden_size(&self) -> usize {
+        self.hidden_size
+    }
+    fn intermediate_size(&self) -> usize {
+        self.intermediate_size
+    }
+    fn mlp_bias(&self) -> bool {
+        false
+    }
+    fn moe(&self) -> Option<&MoeLayers> {
+        Some(&self.moe)
+    }
+    fn num_layers(&self) -> usize {
+        self.num_layers
+    }
+    fn vocab_size(&self) -> usize {
+        self.vocab_size
+    }
+    fn rms_norm_eps(&self) -> f64 {
+        self.rms_norm_eps
+    }
+    fn rotary(&self) -> (usize, &Rope) {
+        // The rotary tables cover only the rope part of each head.
+        (self.qk_rope_head_dim, &self.rope)
     }
 }
 
@@ -290,7 +319,9 @@ struct Attention {
     interleave: bool,
 }
 
-impl Attention {
+impl SelfAttention for Attention {
+    type Config = DeepseekConfig;
+
     fn load(ctx: &LoadCtx, prefix: &str, cfg: &DeepseekConfig) -> Result<Self> {
         let (h, heads, bias) = (cfg.hidden_size, cfg.num_heads, cfg.attention_bias);
         let (nope, rope, v) = (cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.v_head_dim);
@@ -342,8 +373,7 @@ impl Attention {
         })
     }
 
-    /// `[b, t, hidden] -> [b, t, hidden]` (complete on every rank), causal.
-    fn forward(&self, x: &Tensor, rope: &RopeTables) -> Result<Tensor> {
+    fn forward(&self, x: &Tensor, rope: &RopeTables, mask: Option<&Tensor>) -> Result<Tensor> {
         let (b, t) = (x.size()[0], x.size()[1]);
         let (heads, nope, r, v) = (self.heads, self.nope, self.rope, self.v);
         let rotate = |x: &Tensor| match self.interleave {
@@ -388,112 +418,15 @@ impl Attention {
             &q.f_transpose(1, 2)?,
             &k.f_transpose(1, 2)?,
             &values.f_transpose(1, 2)?,
-            None::<Tensor>,
+            mask,
             0.0,
-            true,
+            mask.is_none(),
             Some(self.scale),
             false,
         )?;
         // 6. [b, heads, t, v] -> [b, t, heads * v] -> row-parallel projection and all-reduce.
         let y = y.f_transpose(1, 2)?.f_reshape([b, t, heads * v])?;
         self.o_proj.forward(&y)
-    }
-}
-
-/// Pre-norm decoder layer: `x + mla(norm(x))`, then `x + ffn(norm(x))`.
-struct DecoderLayer {
-    input_layernorm: RmsNorm,
-    self_attn: Attention,
-    post_attention_layernorm: RmsNorm,
-    mlp: FeedForward,
-}
-
-impl DecoderLayer {
-    fn load(ctx: &LoadCtx, layer: usize, cfg: &DeepseekConfig) -> Result<Self> {
-        let prefix = format!("{}layers.{layer}", cfg.prefix);
-        let (h, eps) = (cfg.hidden_size, cfg.rms_norm_eps);
-        Ok(DecoderLayer {
-            input_layernorm: RmsNorm::load(ctx, &format!("{prefix}.input_layernorm"), h, eps)?,
-            self_attn: Attention::load(ctx, &format!("{prefix}.self_attn"), cfg)?,
-            post_attention_layernorm: RmsNorm::load(
-                ctx,
-                &format!("{prefix}.post_attention_layernorm"),
-                h,
-                eps,
-            )?,
-            mlp: FeedForward::load(
-                ctx,
-                &format!("{prefix}.mlp"),
-                layer,
-                h,
-                cfg.intermediate_size,
-                false,
-                Some(&cfg.moe),
-            )?,
-        })
-    }
-
-    /// A new tensor; `x` is never written (a capture may hold it).
-    fn forward(&self, x: &Tensor, rope: &RopeTables) -> Result<Tensor> {
-        // Residual sums go into the sublayers' fresh outputs (addition commutes).
-        let h = self
-            .self_attn
-            .forward(&self.input_layernorm.forward(x)?, rope)?
-            .f_add_(x)?;
-        Ok(self
-            .mlp
-            .forward(&self.post_attention_layernorm.forward(&h)?)?
-            .f_add_(&h)?)
-    }
-}
-
-/// The decoder stack up to the final norm.
-struct Model {
-    embed_tokens: VocabParallelEmbedding,
-    layers: Vec<DecoderLayer>,
-    norm: RmsNorm,
-    rotary: Rotary,
-    kind: Kind,
-}
-
-impl Model {
-    fn load(ctx: &LoadCtx, cfg: &DeepseekConfig) -> Result<Self> {
-        let layers = (0..cfg.num_layers)
-            .map(|i| DecoderLayer::load(ctx, i, cfg))
-            .collect::<Result<_>>()?;
-        Ok(Model {
-            embed_tokens: VocabParallelEmbedding::load(
-                ctx,
-                &format!("{}embed_tokens.weight", cfg.prefix),
-                cfg.vocab_size,
-                cfg.hidden_size,
-            )?,
-            layers,
-            norm: RmsNorm::load(
-                ctx,
-                &format!("{}norm", cfg.prefix),
-                cfg.hidden_size,
-                cfg.rms_norm_eps,
-            )?,
-            // The rotary tables cover only the rope part of each head.
-            rotary: Rotary::new(cfg.qk_rope_head_dim, &cfg.rope, ctx.device)?,
-            kind: ctx.kind,
-        })
-    }
-}
-
-impl DecoderModel for Model {
-    fn forward(&self, input_ids: &Tensor, points: &[CapturePoint]) -> Result<Vec<Tensor>> {
-        let mut captures = Captures::new(points, self.layers.len())?;
-        let last = captures.last_layer(self.layers.len());
-        let rope = self.rotary.tables(input_ids.size()[1], self.kind)?;
-        let mut x = self.embed_tokens.forward(input_ids)?; // [b, t, hidden]
-        for (i, layer) in self.layers.iter().enumerate().take(last + 1) {
-            x = layer.forward(&x, &rope)?;
-            captures.after_layer(i, &x);
-        }
-        captures.final_norm(|| self.norm.forward(&x))?;
-        captures.finish()
     }
 }
 

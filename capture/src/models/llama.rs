@@ -163,10 +163,66 @@ impl ModelConfig for LlamaConfig {
     }
 }
 
-/// The attention sublayer of a Llama-shaped decoder layer; Qwen3 brings its own.
+/// What the pre-norm decoder stack ([`Model`]) needs of a family's config: every family whose
+/// layers are `x + attn(norm(x))`, `x + mlp(norm(x))` shares the stack and brings its attention.
+pub(crate) trait StackConfig {
+    /// Prefix of the decoder's tensor names: `model.`, or a wrapper's `language_model.model.`.
+    fn prefix(&self) -> &str;
+    /// Residual width.
+    fn hidden_size(&self) -> usize;
+    /// Dense MLP width.
+    fn intermediate_size(&self) -> usize;
+    /// Bias on the dense MLP's gate/up/down.
+    fn mlp_bias(&self) -> bool;
+    /// Mixture-of-experts layers, if any; the others have the dense MLP.
+    fn moe(&self) -> Option<&MoeLayers>;
+    /// Decoder layers.
+    fn num_layers(&self) -> usize;
+    /// Vocabulary size.
+    fn vocab_size(&self) -> usize;
+    /// Epsilon of the layer norms and the final norm.
+    fn rms_norm_eps(&self) -> f64;
+    /// Width the rotary tables cover (the head, or MLA's rope part of it) and their scaling.
+    fn rotary(&self) -> (usize, &Rope);
+}
+
+impl StackConfig for LlamaConfig {
+    fn prefix(&self) -> &str {
+        "model."
+    }
+    fn hidden_size(&self) -> usize {
+        self.hidden_size
+    }
+    fn intermediate_size(&self) -> usize {
+        self.intermediate_size
+    }
+    fn mlp_bias(&self) -> bool {
+        self.mlp_bias
+    }
+    fn moe(&self) -> Option<&MoeLayers> {
+        self.moe.as_ref()
+    }
+    fn num_layers(&self) -> usize {
+        self.num_layers
+    }
+    fn vocab_size(&self) -> usize {
+        self.vocab_size
+    }
+    fn rms_norm_eps(&self) -> f64 {
+        self.rms_norm_eps
+    }
+    fn rotary(&self) -> (usize, &Rope) {
+        (self.head_dim, &self.rope)
+    }
+}
+
+/// The attention sublayer of a decoder layer: Llama's, Qwen3's, or DeepSeek's MLA.
 pub(crate) trait SelfAttention: Sized {
+    /// The family config it loads from.
+    type Config: StackConfig;
+
     /// Loads `<prefix>.*` (this rank's heads).
-    fn load(ctx: &LoadCtx, prefix: &str, cfg: &LlamaConfig) -> Result<Self>;
+    fn load(ctx: &LoadCtx, prefix: &str, cfg: &Self::Config) -> Result<Self>;
 
     /// `[b, t, hidden] -> [b, t, hidden]` (complete on every rank), causal unless `mask`
     /// (boolean `[t, t]`, true = attend) replaces the causal pattern.
@@ -187,6 +243,8 @@ pub(crate) struct Attention {
 }
 
 impl SelfAttention for Attention {
+    type Config = LlamaConfig;
+
     fn load(ctx: &LoadCtx, prefix: &str, cfg: &LlamaConfig) -> Result<Self> {
         let (h, d, tp) = (cfg.hidden_size, cfg.head_dim, ctx.comm.world_size());
         let (q, kv) = (cfg.num_heads * d, cfg.num_kv_heads * d);
@@ -262,9 +320,9 @@ struct DecoderLayer<A> {
 }
 
 impl<A: SelfAttention> DecoderLayer<A> {
-    fn load(ctx: &LoadCtx, layer: usize, cfg: &LlamaConfig) -> Result<Self> {
-        let prefix = format!("model.layers.{layer}");
-        let (h, eps) = (cfg.hidden_size, cfg.rms_norm_eps);
+    fn load(ctx: &LoadCtx, layer: usize, cfg: &A::Config) -> Result<Self> {
+        let prefix = format!("{}layers.{layer}", cfg.prefix());
+        let (h, eps) = (cfg.hidden_size(), cfg.rms_norm_eps());
         Ok(DecoderLayer {
             input_layernorm: RmsNorm::load(ctx, &format!("{prefix}.input_layernorm"), h, eps)?,
             self_attn: A::load(ctx, &format!("{prefix}.self_attn"), cfg)?,
@@ -278,10 +336,10 @@ impl<A: SelfAttention> DecoderLayer<A> {
                 ctx,
                 &format!("{prefix}.mlp"),
                 layer,
-                cfg.hidden_size,
-                cfg.intermediate_size,
-                cfg.mlp_bias,
-                cfg.moe.as_ref(),
+                h,
+                cfg.intermediate_size(),
+                cfg.mlp_bias(),
+                cfg.moe(),
             )?,
         })
     }
@@ -312,20 +370,22 @@ pub(crate) struct Model<A = Attention> {
 
 impl<A: SelfAttention> Model<A> {
     /// Loads this rank's slice of every weight.
-    pub fn load(ctx: &LoadCtx, cfg: &LlamaConfig) -> Result<Self> {
-        let layers = (0..cfg.num_layers)
+    pub fn load(ctx: &LoadCtx, cfg: &A::Config) -> Result<Self> {
+        let (prefix, h, eps) = (cfg.prefix(), cfg.hidden_size(), cfg.rms_norm_eps());
+        let layers = (0..cfg.num_layers())
             .map(|i| DecoderLayer::load(ctx, i, cfg))
             .collect::<Result<_>>()?;
+        let (rotary_dim, rope) = cfg.rotary();
         Ok(Model {
             embed_tokens: VocabParallelEmbedding::load(
                 ctx,
-                "model.embed_tokens.weight",
-                cfg.vocab_size,
-                cfg.hidden_size,
+                &format!("{prefix}embed_tokens.weight"),
+                cfg.vocab_size(),
+                h,
             )?,
             layers,
-            norm: RmsNorm::load(ctx, "model.norm", cfg.hidden_size, cfg.rms_norm_eps)?,
-            rotary: Rotary::new(cfg.head_dim, &cfg.rope, ctx.device)?,
+            norm: RmsNorm::load(ctx, &format!("{prefix}norm"), h, eps)?,
+            rotary: Rotary::new(rotary_dim, rope, ctx.device)?,
             kind: ctx.kind,
         })
     }

@@ -37,6 +37,8 @@ pub(crate) struct Attention {
 }
 
 impl SelfAttention for Attention {
+    type Config = LlamaConfig;
+
     fn load(ctx: &LoadCtx, prefix: &str, cfg: &LlamaConfig) -> Result<Self> {
         let (d, eps) = (cfg.head_dim, cfg.rms_norm_eps);
         Ok(Attention {
