@@ -164,20 +164,24 @@ async fn submit(State(d): State<Arc<Daemon>>, headers: HeaderMap, body: Bytes) -
         .job(&d.engine_args)
         .map_err(|e| bad(format!("{e:#}")))?;
     let (model, options) = (d.model.clone(), d.engine_options.clone());
-    tokio::task::spawn_blocking(move || job.prepare(&model, &options).map(|_| ()))
-        .await
-        .map_err(|e| {
-            ApiError(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                format!("checking the job: {e}"),
-            )
-        })?
-        .map_err(|e| {
-            ApiError(
-                StatusCode::UNPROCESSABLE_ENTITY,
-                format!("capture into {}: {e}", spec.output),
-            )
-        })?;
+    let span = tracing::info_span!("submission", output = %spec.output);
+    tokio::task::spawn_blocking(move || {
+        let _entered = span.enter();
+        job.prepare(&model, &options).map(|_| ())
+    })
+    .await
+    .map_err(|e| {
+        ApiError(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("checking the job: {e}"),
+        )
+    })?
+    .map_err(|e| {
+        ApiError(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            format!("capture into {}: {e}", spec.output),
+        )
+    })?;
     let _one_at_a_time = d.submit.lock().await;
     let next = d.lock().jobs.keys().next_back().map_or(1, |id| id + 1);
     let id = d.state.create(next, &spec).await.map_err(|e| {

@@ -141,6 +141,8 @@ impl Job {
 
 /// A running job's progress, fed by the engine's writer threads; also feeds the metrics.
 struct JobProgress {
+    /// The job's id, for the log lines of the engine's writer threads (outside the job's span).
+    id: u64,
     metrics: Arc<Metrics>,
     start: Instant,
     total_samples: AtomicU64,
@@ -164,7 +166,7 @@ impl ProgressSink for JobProgress {
     fn committed(&self, version: u64) {
         self.commits.fetch_add(1, Ordering::Relaxed);
         self.metrics.commits.inc();
-        tracing::info!(version, "committed");
+        tracing::info!(job = self.id, version, "committed");
     }
 }
 
@@ -209,6 +211,7 @@ impl Daemon {
             .iter_mut()
             .find(|(_, j)| j.state == JobState::Queued)?;
         let progress = Arc::new(JobProgress {
+            id: *id,
             metrics: self.metrics.clone(),
             start: Instant::now(),
             total_samples: AtomicU64::new(0),
