@@ -185,6 +185,11 @@ def test_three_jobs_run_in_order_and_equal_one_shot_capture(daemon_setup):
         assert value("hslake_capture_raw_bytes") == sum(s["raw_bytes"] for s in summaries)
         assert value("hslake_capture_stored_bytes") == sum(s["written_bytes"] for s in summaries)
         assert value("hslake_capture_commits") == sum(j["commits"] for j in jobs) >= 3
+        commit_count = next(s.value for s in families["hslake_capture_commit_seconds"].samples
+                            if s.name == "hslake_capture_commit_seconds_count")
+        assert commit_count == value("hslake_capture_commits")
+        assert [j["raw_bytes"] for j in jobs] == [s["raw_bytes"] for s in summaries]
+        assert value("hslake_capture_forward_seconds") == pytest.approx(sum(s["compute_secs"] for s in summaries))
         assert value("hslake_capture_jobs", state="done") == 3
         assert value("hslake_capture_queue_depth") == 0
         assert value("hslake_capture_ready") == 1

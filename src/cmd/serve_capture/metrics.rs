@@ -7,6 +7,7 @@ use prometheus_client::encoding::text::encode;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 
 use super::state::JobState;
@@ -20,9 +21,11 @@ pub struct Metrics {
     pub tokens: Counter,
     /// Versions committed by the writers.
     pub commits: Counter,
-    /// Uncompressed tensor bytes written (added when a job run ends).
+    /// Seconds each commit took.
+    pub commit_seconds: Histogram,
+    /// Uncompressed tensor bytes written.
     pub raw_bytes: Counter,
-    /// Shard bytes written (added when a job run ends).
+    /// Shard bytes written.
     pub stored_bytes: Counter,
     /// Seconds rank 0 spent in the forward (added when a job run ends).
     pub forward_seconds: Counter<f64, AtomicU64>,
@@ -45,6 +48,8 @@ impl Metrics {
             samples: Counter::default(),
             tokens: Counter::default(),
             commits: Counter::default(),
+            // 1 ms to about 65 s.
+            commit_seconds: Histogram::new(exponential_buckets(0.001, 2.0, 17)),
             raw_bytes: Counter::default(),
             stored_bytes: Counter::default(),
             forward_seconds: Counter::default(),
@@ -57,13 +62,18 @@ impl Metrics {
         registry.register("tokens", "Tokens of the samples written", m.tokens.clone());
         registry.register("commits", "Dataset versions committed", m.commits.clone());
         registry.register(
+            "commit_seconds",
+            "Seconds each commit took (manifest put-if-absent with its retries)",
+            m.commit_seconds.clone(),
+        );
+        registry.register(
             "raw_bytes",
-            "Uncompressed tensor bytes written (counted when a job run ends)",
+            "Uncompressed tensor bytes written",
             m.raw_bytes.clone(),
         );
         registry.register(
             "stored_bytes",
-            "Shard bytes written (counted when a job run ends)",
+            "Shard bytes written (counted as shards are closed)",
             m.stored_bytes.clone(),
         );
         registry.register(

@@ -103,12 +103,22 @@ impl Job {
     fn view(&self, id: u64) -> serde_json::Value {
         let p = self.progress.as_deref();
         let load = |a: Option<&AtomicU64>| a.map_or(0, |a| a.load(Ordering::Relaxed));
-        let (done, total) = (
-            load(p.map(|p| &p.samples)),
-            load(p.map(|p| &p.total_samples)),
-        );
-        let tokens = load(p.map(|p| &p.tokens));
+        let s = self.summary.as_ref();
+        // A job finished before this daemon started has no live progress, only its summary.
+        let (done, total, tokens, raw, stored) = match (p, s) {
+            (None, Some(s)) => (s.samples, s.samples, s.tokens, s.raw_bytes, s.written_bytes),
+            _ => (
+                load(p.map(|p| &p.samples)),
+                load(p.map(|p| &p.total_samples)),
+                load(p.map(|p| &p.tokens)),
+                load(p.map(|p| &p.raw_bytes)),
+                load(p.map(|p| &p.stored_bytes)),
+            ),
+        };
         let secs = p.map_or(0.0, |p| p.start.elapsed().as_secs_f64());
+        let secs = s
+            .filter(|_| self.state.is_final())
+            .map_or(secs, |s| s.run_secs);
         let rate = if secs > 0.0 {
             tokens as f64 / secs
         } else {
@@ -116,8 +126,6 @@ impl Job {
         };
         let eta = (self.state == JobState::Running && done > 0)
             .then(|| (total.saturating_sub(done)) as f64 * secs / done as f64);
-        let s = self.summary.as_ref();
-        let (raw, stored) = s.map_or((0, 0), |s| (s.raw_bytes, s.written_bytes));
         serde_json::json!({
             "id": id,
             "state": self.state.name(),
@@ -149,6 +157,8 @@ struct JobProgress {
     samples: AtomicU64,
     tokens: AtomicU64,
     commits: AtomicU64,
+    raw_bytes: AtomicU64,
+    stored_bytes: AtomicU64,
 }
 
 impl ProgressSink for JobProgress {
@@ -167,6 +177,17 @@ impl ProgressSink for JobProgress {
         self.commits.fetch_add(1, Ordering::Relaxed);
         self.metrics.commits.inc();
         tracing::info!(job = self.id, version, "committed");
+    }
+
+    fn commit_took(&self, secs: f64) {
+        self.metrics.commit_seconds.observe(secs);
+    }
+
+    fn bytes_written(&self, raw: u64, stored: u64) {
+        self.raw_bytes.fetch_add(raw, Ordering::Relaxed);
+        self.stored_bytes.fetch_add(stored, Ordering::Relaxed);
+        self.metrics.raw_bytes.inc_by(raw);
+        self.metrics.stored_bytes.inc_by(stored);
     }
 }
 
@@ -218,6 +239,8 @@ impl Daemon {
             samples: AtomicU64::new(0),
             tokens: AtomicU64::new(0),
             commits: AtomicU64::new(0),
+            raw_bytes: AtomicU64::new(0),
+            stored_bytes: AtomicU64::new(0),
         });
         job.state = JobState::Running;
         job.progress = Some(progress.clone());
@@ -278,8 +301,6 @@ async fn worker(d: Arc<Daemon>, mut engine: Engine) -> Result<()> {
         let record = match result {
             Ok(s) => {
                 let m = &d.metrics;
-                m.raw_bytes.inc_by(s.raw_bytes);
-                m.stored_bytes.inc_by(s.written_bytes);
                 m.forward_seconds.inc_by(s.compute_secs);
                 m.storage_wait_seconds.inc_by(s.storage_wait_secs);
                 span.in_scope(|| {
