@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 use hslake_capture::{
     capture_with, CancelToken, CaptureJob, CaptureOptions, CommitPolicy, DeviceKind, EngineOptions,
-    NormKernel, Overlong, ProgressSink, TpReduce,
+    InputShard, NormKernel, Overlong, ProgressSink, TpReduce,
 };
 use hslake_schemas::{CapturePoint, DType};
 use hslake_store::WriterOptions;
@@ -130,6 +130,11 @@ pub struct JobArgs {
     #[arg(long, default_value_t = DEFAULT_ZSTD_LEVEL)]
     #[serde(default = "default_zstd_level")]
     pub zstd_level: i32,
+    /// Capture only part I of N of the input (the samples whose id is I modulo N), so that N
+    /// processes, e.g. a Slurm array or a Kubernetes indexed Job, fill one dataset together.
+    #[arg(long)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shard: Option<InputShard>,
 }
 
 const DEFAULT_MAX_TOKENS_PER_BATCH: usize = 16384;
@@ -192,6 +197,7 @@ impl JobArgs {
         job.max_seq_len = self.max_seq_len;
         job.overlong = self.overlong;
         job.resume = self.resume;
+        job.shard = self.shard;
         job.commit = CommitPolicy {
             every: self.commit_every,
             interval: Duration::from_secs_f64(self.commit_interval),

@@ -71,7 +71,15 @@ impl CaptureJob {
             max_seq_len: self.max_seq_len,
             overlong: self.overlong,
         };
-        let inputs = read_inputs(&self.input, limits)?;
+        let mut inputs = read_inputs(&self.input, limits)?;
+        if let Some(shard) = self.shard {
+            let before = inputs.samples.len();
+            inputs.samples.retain(|s| shard.contains(s.sample_id));
+            tracing::info!(
+                "input shard {shard}: {} of {before} samples",
+                inputs.samples.len()
+            );
+        }
         let provenance = provenance(model, engine, self, inputs.ids_from_input, &schema);
         let dataset = io.block_on(Dataset::open_or_create(&self.output, schema, provenance))?;
         let committed = io.block_on(committed_ids(&dataset, self))?;
@@ -119,20 +127,32 @@ impl CaptureJob {
     }
 }
 
-/// The sample ids the dataset already holds; a non-empty dataset is refused without `resume`.
+/// The sample ids of the job's part of the input (all of it without a shard) that the dataset
+/// already holds; any is refused without `resume`. Other shards' samples are no concern of
+/// this job: their processes commit into the same dataset at the same time.
 async fn committed_ids(dataset: &Dataset, job: &CaptureJob) -> Result<HashSet<u64>> {
     let reader = DatasetReader::open(dataset, None).await?;
-    let held = reader.manifest().num_samples();
-    if held == 0 {
+    if reader.manifest().num_samples() == 0 {
         return Ok(HashSet::new());
     }
-    if !job.resume {
+    let mine: HashSet<u64> = reader
+        .sample_ids()
+        .await?
+        .into_iter()
+        .filter(|id| job.shard.is_none_or(|s| s.contains(*id)))
+        .collect();
+    if !mine.is_empty() && !job.resume {
+        let of_shard = job
+            .shard
+            .map(|s| format!(" of shard {s}"))
+            .unwrap_or_default();
         return Err(CaptureError::Option(format!(
-            "{} already holds {held} samples; pass --resume to continue it (committed samples are skipped)",
-            job.output
+            "{} already holds {} samples{of_shard}; pass --resume to continue it (committed samples are skipped)",
+            job.output,
+            mine.len()
         )));
     }
-    Ok(reader.sample_ids().await?.into_iter().collect())
+    Ok(mine)
 }
 
 /// What the manifest records of how the states were made.
