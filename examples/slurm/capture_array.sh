@@ -24,15 +24,18 @@ INPUT=${INPUT:-/data/samples.jsonl}      # the same file on every node (shared f
 OUTPUT=${OUTPUT:-s3://my-bucket/hidden-states/kimi-k25}
 LAYERS=${LAYERS:-2,30,58,60}
 TP=${TP:-8}
+DEVICE=${DEVICE:-cuda}
+DTYPE=${DTYPE:-bf16}
 HSLAKE=${HSLAKE:-hslake}
 # S3 credentials and endpoint come from the usual AWS_* variables (AWS_ENDPOINT for non-AWS stores).
 
-# The array's size is the number of shards: sbatch --array=0-7 gives 8.
+# The array's size is the number of shards: sbatch --array=0-7 gives 8 (a contiguous range;
+# a %K throttle such as --array=0-7%2 is fine).
 SHARDS=${SLURM_ARRAY_TASK_COUNT:?submit as an array job, e.g. sbatch --array=0-7}
 INDEX=$((SLURM_ARRAY_TASK_ID - ${SLURM_ARRAY_TASK_MIN:-0}))
 
 # --resume on every run: the first run of a shard has nothing to skip, a rerun skips what it
 # committed before it was stopped. Samples of other shards are never touched.
 exec "$HSLAKE" capture --model "$MODEL" --input "$INPUT" --output "$OUTPUT" \
-  --layers "$LAYERS" --final-norm --device cuda --tp "$TP" --dtype bf16 \
+  --layers "$LAYERS" --final-norm --device "$DEVICE" --tp "$TP" --dtype "$DTYPE" \
   --shard "$INDEX/$SHARDS" --resume --no-progress

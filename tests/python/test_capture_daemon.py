@@ -11,10 +11,13 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
+import uuid
 
+import boto3
 import numpy as np
 import pytest
 import torch
+from botocore.exceptions import ClientError
 from prometheus_client.openmetrics.parser import text_string_to_metric_families
 from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -145,6 +148,10 @@ def test_three_jobs_run_in_order_and_equal_one_shot_capture(daemon_setup):
     d = Daemon(tmp, model, tmp / "state")
     try:
         d.wait_listening()
+        deadline = time.time() + 60
+        while d.request("GET", "/readyz", token=None)[0] != 200:
+            assert time.time() < deadline, "never ready"
+            time.sleep(0.05)
         ids = []
         for i in range(2):
             status, job = d.request("POST", "/v1/jobs", job_body(ins[i], tmp / f"ds{i}"))
@@ -349,6 +356,46 @@ def test_sigterm_mid_job_exits_zero_quickly_and_a_restart_completes_the_job(daem
         assert job["state"] == "done"
         assert job["summary"]["skipped_committed"] == len(partial)
         assert job["summary"]["samples"] == n - len(partial)
+    finally:
+        assert d.stop() == 0
+    full, _ = read_dataset(tmp / "ds")
+    assert sorted(full) == list(range(n))
+    verify(tmp / "ds")
+
+
+def test_a_job_list_on_s3_survives_kill_9_and_the_job_completes_once(daemon_setup):
+    endpoint = os.environ.get("HSLAKE_TEST_S3_ENDPOINT")
+    if not endpoint:
+        pytest.skip("HSLAKE_TEST_S3_ENDPOINT is not set (scripts/test.sh starts a loopback S3 server)")
+    client = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1",
+                          aws_access_key_id="testing", aws_secret_access_key="testing")
+    bucket = "hslake-daemon-state"
+    try:
+        client.create_bucket(Bucket=bucket)
+    except ClientError as e:
+        if e.response["Error"]["Code"] not in ("BucketAlreadyOwnedByYou", "BucketAlreadyExists"):
+            raise
+    prefix = uuid.uuid4().hex
+    state = f"s3://{bucket}/{prefix}/state"
+    tmp, model = daemon_setup
+    n = 3000
+    inp = inputs(tmp, "in", n, seed=8)
+    d = Daemon(tmp, model, state)
+    d.wait_listening()
+    body = job_body(inp, tmp / "ds", max_tokens_per_batch=8, commit_every=20, commit_interval=0.2)
+    job_id = d.request("POST", "/v1/jobs", body)[1]["id"]
+    while d.request("GET", f"/v1/jobs/{job_id}")[1]["samples_done"] < 40:
+        time.sleep(0.02)
+    d.proc.send_signal(signal.SIGKILL)
+    d.proc.wait()
+    d.log.close()
+    keys = [o["Key"] for o in client.list_objects_v2(Bucket=bucket, Prefix=prefix)["Contents"]]
+    assert keys == [f"{prefix}/state/jobs/00000001/spec.json", f"{prefix}/state/jobs/00000001/status-000001.json"]
+    d = Daemon(tmp, model, state)
+    try:
+        d.wait_listening()
+        job = d.wait_job(job_id)
+        assert job["state"] == "done" and job["summary"]["skipped_committed"] > 0, job
     finally:
         assert d.stop() == 0
     full, _ = read_dataset(tmp / "ds")

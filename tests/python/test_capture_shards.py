@@ -6,6 +6,7 @@ import signal
 import subprocess
 import time
 import uuid
+from pathlib import Path
 
 import boto3
 import numpy as np
@@ -91,3 +92,23 @@ def test_four_shards_two_killed_and_resumed_fill_one_s3_dataset_exactly_once(tmp
     assert sorted(got) == list(range(N))
     for sid in (0, 1, N // 2, N - 1):
         assert got[sid]["input_ids"] == samples[sid]["input_ids"]
+
+
+def test_the_slurm_array_example_fills_one_dataset_from_its_tasks(tmp_path):
+    """examples/slurm/capture_array.sh as Slurm runs it (its array variables set by hand, CPU)."""
+    torch.manual_seed(5)
+    cfg = LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, vocab_size=VOCAB)
+    model = save_model(randomize(LlamaForCausalLM(cfg).float().eval(), seed=5), tmp_path / "m")
+    inputs = write_jsonl(tmp_path / "in.jsonl", random_samples([5, 9, 3, 12, 7, 4, 8], VOCAB, seed=5))
+    ds = tmp_path / "ds"
+    script = Path(__file__).resolve().parents[2] / "examples" / "slurm" / "capture_array.sh"
+    for task in (1, 0, 2):
+        env = dict(os.environ, SLURM_ARRAY_TASK_COUNT="3", SLURM_ARRAY_TASK_ID=str(task), SLURM_ARRAY_TASK_MIN="0",
+                   MODEL=str(model), INPUT=str(inputs), OUTPUT=f"file://{ds}", LAYERS="0,1", TP="1", DEVICE="cpu",
+                   DTYPE="f32", HSLAKE=hslake_bin())
+        r = subprocess.run(["bash", str(script)], capture_output=True, text=True, env=env)
+        assert r.returncode == 0, r.stderr
+        assert f"input shard {task}/3" in r.stderr, r.stderr
+    got, _ = read_dataset(ds)
+    assert sorted(got) == list(range(7))
