@@ -101,6 +101,20 @@ pub fn human_bytes(b: u64) -> String {
     indicatif::HumanBytes(b).to_string()
 }
 
+/// The bearer token on the first line of `path`, trimmed; an empty one is refused.
+pub fn read_token_file(path: &Path) -> anyhow::Result<String> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("reading token file {}", path.display()))?;
+    let token = text.lines().next().unwrap_or("").trim().to_string();
+    if token.is_empty() {
+        bail!(
+            "token file {} is empty; expected a bearer token on its first line",
+            path.display()
+        );
+    }
+    Ok(token)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -120,18 +134,4 @@ mod tests {
         assert!(parse_size("3 bananas").unwrap_err().contains("unit"));
         assert!(parse_size("GiB").unwrap_err().contains("invalid size"));
     }
-}
-
-/// The bearer token on the first line of `path`, trimmed; an empty one is refused.
-pub fn read_token_file(path: &Path) -> anyhow::Result<String> {
-    let text = std::fs::read_to_string(path)
-        .with_context(|| format!("reading token file {}", path.display()))?;
-    let token = text.lines().next().unwrap_or("").trim().to_string();
-    if token.is_empty() {
-        bail!(
-            "token file {} is empty; expected a bearer token on its first line",
-            path.display()
-        );
-    }
-    Ok(token)
 }
