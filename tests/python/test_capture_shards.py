@@ -1,6 +1,7 @@
 """`hslake capture --shard I/N`: four processes fill one dataset on the loopback S3 server at the same
 time through the commit protocol; two are killed mid-run and restarted with --resume, and the union
 is the input, every sample exactly once."""
+import json
 import os
 import signal
 import subprocess
@@ -90,6 +91,13 @@ def test_four_shards_two_killed_and_resumed_fill_one_s3_dataset_exactly_once(tmp
     assert c.returncode == 0, c.stderr
     got, _ = read_dataset(local)  # asserts that no sample id appears twice
     assert sorted(got) == list(range(N))
+    info = subprocess.run([hslake_bin(), "info", url, "--shards", "4", "--json"], capture_output=True, text=True)
+    assert info.returncode == 0, info.stderr
+    per_shard = json.loads(info.stdout)["input_shards"]
+    assert [s["shard"] for s in per_shard] == ["0/4", "1/4", "2/4", "3/4"]
+    assert [s["samples"] for s in per_shard] == [N // 4] * 4
+    assert [s["tokens"] for s in per_shard] == [sum(len(samples[i]["input_ids"]) for i in range(k, N, 4))
+                                                for k in range(4)]
     for sid in (0, 1, N // 2, N - 1):
         assert got[sid]["input_ids"] == samples[sid]["input_ids"]
 
