@@ -88,7 +88,8 @@ impl EngineArgs {
 #[derive(clap::Args, Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct JobArgs {
-    /// Tokenized samples: JSONL or Parquet with input_ids, optional loss_mask and id.
+    /// Tokenized samples: JSONL or Parquet with input_ids, optional loss_mask and id; a local
+    /// path or an object-store URL (s3://bucket/samples.jsonl).
     #[arg(long)]
     pub input: PathBuf,
     /// Dataset URL (file:///abs/path, s3://bucket/prefix, memory://name).

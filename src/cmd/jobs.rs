@@ -114,8 +114,10 @@ fn token(file: Option<&PathBuf>) -> Result<String> {
 
 /// Local paths are the client's: the daemon runs elsewhere, so they go out absolute.
 fn absolute(mut spec: JobArgs) -> Result<JobArgs> {
-    spec.input = std::path::absolute(&spec.input)
-        .with_context(|| format!("--input {}", spec.input.display()))?;
+    if !spec.input.to_string_lossy().contains("://") {
+        spec.input = std::path::absolute(&spec.input)
+            .with_context(|| format!("--input {}", spec.input.display()))?;
+    }
     if !spec.output.contains("://") {
         let p = std::path::absolute(&spec.output)
             .with_context(|| format!("--output {}", spec.output))?;

@@ -363,7 +363,7 @@ def test_sigterm_mid_job_exits_zero_quickly_and_a_restart_completes_the_job(daem
     verify(tmp / "ds")
 
 
-def test_a_job_list_on_s3_survives_kill_9_and_the_job_completes_once(daemon_setup):
+def test_a_job_list_and_input_on_s3_survive_kill_9_and_the_job_completes_once(daemon_setup):
     endpoint = os.environ.get("HSLAKE_TEST_S3_ENDPOINT")
     if not endpoint:
         pytest.skip("HSLAKE_TEST_S3_ENDPOINT is not set (scripts/test.sh starts a loopback S3 server)")
@@ -380,16 +380,28 @@ def test_a_job_list_on_s3_survives_kill_9_and_the_job_completes_once(daemon_setu
     tmp, model = daemon_setup
     n = 3000
     inp = inputs(tmp, "in", n, seed=8)
+    # The input, too, is read from the object store.
+    client.upload_file(str(inp), bucket, f"{prefix}/in.jsonl")
     d = Daemon(tmp, model, state)
     d.wait_listening()
-    body = job_body(inp, tmp / "ds", max_tokens_per_batch=8, commit_every=20, commit_interval=0.2)
-    job_id = d.request("POST", "/v1/jobs", body)[1]["id"]
+    missing = job_body(f"s3://{bucket}/{prefix}/missing.jsonl", tmp / "x")
+    status, answer = d.request("POST", "/v1/jobs", missing)
+    assert status == 422 and f"s3://{bucket}/{prefix}/missing.jsonl: download" in answer["error"], answer
+    bad_key = f"{prefix}/bad.jsonl"
+    client.put_object(Bucket=bucket, Key=bad_key, Body=b'{"input_ids": [1]}\n{"input_ids": [500]}\n')
+    status, answer = d.request("POST", "/v1/jobs", job_body(f"s3://{bucket}/{bad_key}", tmp / "y"))
+    assert status == 422 and f"s3://{bucket}/{bad_key}: line 2: token id 500" in answer["error"], answer
+    body = job_body(f"s3://{bucket}/{prefix}/in.jsonl", tmp / "ds", max_tokens_per_batch=8, commit_every=20,
+                    commit_interval=0.2)
+    status, job = d.request("POST", "/v1/jobs", body)
+    assert status == 201, job
+    job_id = job["id"]
     while d.request("GET", f"/v1/jobs/{job_id}")[1]["samples_done"] < 40:
         time.sleep(0.02)
     d.proc.send_signal(signal.SIGKILL)
     d.proc.wait()
     d.log.close()
-    keys = [o["Key"] for o in client.list_objects_v2(Bucket=bucket, Prefix=prefix)["Contents"]]
+    keys = [o["Key"] for o in client.list_objects_v2(Bucket=bucket, Prefix=f"{prefix}/state")["Contents"]]
     assert keys == [f"{prefix}/state/jobs/00000001/spec.json", f"{prefix}/state/jobs/00000001/status-000001.json"]
     d = Daemon(tmp, model, state)
     try:

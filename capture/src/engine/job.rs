@@ -71,7 +71,7 @@ impl CaptureJob {
             max_seq_len: self.max_seq_len,
             overlong: self.overlong,
         };
-        let mut inputs = read_inputs(&self.input, limits)?;
+        let mut inputs = read_job_inputs(&self.input, limits, &io)?;
         if let Some(shard) = self.shard {
             let before = inputs.samples.len();
             inputs.samples.retain(|s| shard.contains(s.sample_id));
@@ -125,6 +125,65 @@ impl CaptureJob {
             },
         })
     }
+}
+
+/// Reads the job's input: a local file, or an object-store URL (`s3://bucket/key.jsonl`),
+/// which is copied to a temporary file first (the readers need a file). Errors name the input
+/// as given, not the temporary copy.
+fn read_job_inputs(
+    input: &Path,
+    limits: InputLimits,
+    io: &tokio::runtime::Handle,
+) -> Result<crate::input::Inputs> {
+    let Some(url) = input.to_str().filter(|s| s.contains("://")) else {
+        return read_inputs(input, limits);
+    };
+    let copy = io.block_on(download(url))?;
+    read_inputs(copy.path(), limits).map_err(|e| match e {
+        CaptureError::Input {
+            location, message, ..
+        } => CaptureError::Input {
+            path: input.to_path_buf(),
+            location,
+            message,
+        },
+        CaptureError::Io { source, .. } => CaptureError::Io {
+            path: input.to_path_buf(),
+            source,
+        },
+        e => e,
+    })
+}
+
+/// A local copy of the object at `url`, named with the object's extension (which says its format).
+async fn download(url: &str) -> Result<tempfile::NamedTempFile> {
+    use object_store::ObjectStoreExt;
+    let fail = |message: String| CaptureError::Input {
+        path: url.into(),
+        location: "download".into(),
+        message,
+    };
+    let loc = hslake_store::location::parse(url)?;
+    let bytes = loc
+        .store
+        .get(&loc.prefix)
+        .await
+        .map_err(|e| fail(e.to_string()))?
+        .bytes()
+        .await
+        .map_err(|e| fail(e.to_string()))?;
+    let ext = Path::new(url)
+        .extension()
+        .map(|e| format!(".{}", e.to_string_lossy()))
+        .unwrap_or_default();
+    let mut file = tempfile::Builder::new()
+        .prefix("hslake-input-")
+        .suffix(&ext)
+        .tempfile()
+        .map_err(|e| fail(format!("cannot create a temporary copy: {e}")))?;
+    std::io::Write::write_all(&mut file, &bytes)
+        .map_err(|e| fail(format!("cannot write the temporary copy: {e}")))?;
+    Ok(file)
 }
 
 /// The sample ids of the job's part of the input (all of it without a shard) that the dataset

@@ -95,7 +95,7 @@ impl EngineOptions {
 /// One capture job: which samples, into which dataset, what to capture and how to write it.
 #[derive(Debug, Clone)]
 pub struct CaptureJob {
-    /// Tokenized samples (JSONL or Parquet).
+    /// Tokenized samples (JSONL or Parquet): a local path or an object-store URL (s3://…).
     pub input: PathBuf,
     /// Dataset URL (file://, s3://, memory://).
     pub output: String,
