@@ -5,6 +5,7 @@ import glob
 import json
 import os
 import random
+import shutil
 import signal
 import socket
 import subprocess
@@ -413,3 +414,58 @@ def test_a_job_list_and_input_on_s3_survive_kill_9_and_the_job_completes_once(da
     full, _ = read_dataset(tmp / "ds")
     assert sorted(full) == list(range(n))
     verify(tmp / "ds")
+
+
+def chromium_path():
+    for name in ("chromium", "chromium-browser"):
+        path = shutil.which(name)
+        if path:
+            return path
+    return None
+
+
+def test_the_dashboard_shows_a_running_job_and_its_throughput_in_chromium(daemon_setup):
+    """The dashboard in a real headless Chromium (Debian's package, driven by Playwright) while a
+    job runs: the job's row, a non-empty throughput chart, the dataset's summary, no console errors."""
+    sync_api = pytest.importorskip("playwright.sync_api")
+    browser_path = chromium_path()
+    if not browser_path:
+        pytest.skip("no chromium on PATH (scripts/setup.d/30-chromium.sh installs Debian's package)")
+    tmp, model = daemon_setup
+    n = 20000
+    inp = inputs(tmp, "in", n, seed=12)
+    d = Daemon(tmp, model, tmp / "state")
+    try:
+        d.wait_listening()
+        body = job_body(inp, tmp / "ds", max_tokens_per_batch=8, commit_every=50, commit_interval=0.2)
+        job_id = d.request("POST", "/v1/jobs", body)[1]["id"]
+        # The page itself needs no token; its data does.
+        status, page = d.request("GET", "/", token=None)
+        assert status == 200 and "hslake capture daemon" in page
+        errors = []
+        with sync_api.sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=browser_path, args=["--no-sandbox"])
+            tab = browser.new_page()
+            tab.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+            tab.on("pageerror", lambda e: errors.append(str(e)))
+            tab.goto(f"{d.url}/#token={TOKEN}")
+            tab.wait_for_selector(f"#jobs tr[data-job='{job_id}']", timeout=30000)
+            # Two refreshes a second apart while tokens flow give the chart its first segment.
+            tab.wait_for_function("document.querySelector('#throughput polyline') !== null", timeout=30000)
+            assert d.request("GET", f"/v1/jobs/{job_id}")[1]["state"] == "running", "the job ended too soon"
+            row = tab.inner_text(f"#jobs tr[data-job='{job_id}']")
+            assert "running" in row and f"file://{tmp / 'ds'}" in row, row
+            points = tab.get_attribute("#throughput polyline", "points").split()
+            assert len(points) >= 1
+            tab.wait_for_function("document.querySelector('#datasets tbody').innerText.includes('layer_0')",
+                                  timeout=30000)
+            datasets = tab.inner_text("#datasets tbody")
+            assert f"file://{tmp / 'ds'}" in datasets and "layer_0, layer_1, final_norm" in datasets, datasets
+            tab.screenshot(path=str(tmp / "dashboard.png"), full_page=True)
+            browser.close()
+        assert errors == [], errors
+        assert (tmp / "dashboard.png").stat().st_size > 0
+        d.request("DELETE", f"/v1/jobs/{job_id}")
+        assert d.wait_job(job_id)["state"] == "cancelled"
+    finally:
+        assert d.stop() == 0

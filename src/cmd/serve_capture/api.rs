@@ -1,5 +1,6 @@
-//! The daemon's HTTP routes: the job API (JSON), `/metrics`, and the health probes. Every
-//! route but `/healthz` and `/readyz` requires `Authorization: Bearer <token>`.
+//! The daemon's HTTP routes: the job API (JSON), `/metrics`, the health probes and the
+//! dashboard. Every route but `/healthz`, `/readyz` and the dashboard's static page requires
+//! `Authorization: Bearer <token>`; the page holds no data and reads the protected routes.
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
@@ -46,6 +47,8 @@ fn json(status: StatusCode, v: serde_json::Value) -> Response {
 /// The daemon's routes.
 pub fn router(d: Arc<Daemon>) -> Router {
     Router::new()
+        .route("/", get(dashboard))
+        .route("/v1/datasets", get(datasets))
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
@@ -99,6 +102,50 @@ fn authorize(d: &Daemon, headers: &HeaderMap) -> Result<(), ApiError> {
 /// Compares without stopping at the first difference, so timing does not reveal the token.
 fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// The dashboard: one static page whose script reads /v1/jobs, /v1/datasets and /metrics.
+async fn dashboard() -> Response {
+    (
+        [(header::CONTENT_TYPE, "text/html; charset=utf-8")],
+        include_str!("dashboard.html"),
+    )
+        .into_response()
+}
+
+/// Every dataset a job writes, with the `hslake info` summary of its newest version.
+async fn datasets(State(d): State<Arc<Daemon>>, headers: HeaderMap) -> Answer {
+    authorize(&d, &headers)?;
+    let urls: std::collections::BTreeSet<String> = d
+        .lock()
+        .jobs
+        .values()
+        .map(|j| j.spec.output.clone())
+        .collect();
+    let mut out = vec![];
+    for url in urls {
+        let described = async {
+            let ds = hslake_store::Dataset::open(&url).await?;
+            let m = ds.manifest(None).await?;
+            Ok::<_, hslake_store::StoreError>(serde_json::json!({
+                "url": url,
+                "version": m.version,
+                "samples": m.num_samples(),
+                "tokens": m.num_tokens(),
+                "bytes": m.bytes(),
+                "raw_bytes": m.raw_bytes(),
+                "compression_ratio": if m.bytes() > 0 { m.raw_bytes() as f64 / m.bytes() as f64 } else { 0.0 },
+                "points": m.schema.points.iter().map(|p| p.column()).collect::<Vec<_>>(),
+                "model": m.schema.model,
+            }))
+        }
+        .await;
+        // A dataset not created yet (its job is queued) or unreadable is listed with why.
+        out.push(
+            described.unwrap_or_else(|e| serde_json::json!({ "url": url, "error": e.to_string() })),
+        );
+    }
+    Ok(json(StatusCode::OK, serde_json::json!({ "datasets": out })))
 }
 
 async fn healthz() -> &'static str {
