@@ -336,12 +336,12 @@ def test_kill_9_at_random_moments_then_restart_captures_every_sample_exactly_onc
 
 def test_sigterm_mid_job_exits_zero_quickly_and_a_restart_completes_the_job(daemon_setup):
     tmp, model = daemon_setup
-    n = 1500
+    n = 4000
     inp = inputs(tmp, "in", n, seed=9)
     state = tmp / "state"
     d = Daemon(tmp, model, state)
     d.wait_listening()
-    body = job_body(inp, tmp / "ds", max_tokens_per_batch=24, commit_every=50, commit_interval=1.0)
+    body = job_body(inp, tmp / "ds", max_tokens_per_batch=8, commit_every=50, commit_interval=1.0)
     job_id = d.request("POST", "/v1/jobs", body)[1]["id"]
     while d.request("GET", f"/v1/jobs/{job_id}")[1]["samples_done"] < 30:
         time.sleep(0.05)
