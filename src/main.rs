@@ -20,6 +20,12 @@ enum Command {
     /// Run a Hugging Face checkpoint over tokenized samples and write chosen layers' hidden states.
     #[cfg(feature = "capture")]
     Capture(cmd::capture::Args),
+    /// Keep a model loaded and run capture jobs submitted over HTTP (the capture daemon).
+    #[cfg(feature = "capture")]
+    ServeCapture(cmd::serve_capture::Args),
+    /// Submit, list, show, cancel and wait for jobs of a capture daemon.
+    #[cfg(feature = "capture")]
+    Jobs(cmd::jobs::Args),
     /// Turn chat conversations into tokenized samples with assistant-only loss masks.
     Prepare(cmd::prepare::Args),
     /// Write a synthetic dataset whose values look like real activations.
@@ -71,6 +77,8 @@ fn main() -> std::process::ExitCode {
             EnvFilter::try_from_env("HSLAKE_LOG").unwrap_or_else(|_| EnvFilter::new("info")),
         )
         .with_writer(std::io::stderr)
+        // Colour codes only for a person at a terminal, not in the daemon's log files.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     let cli = Cli::parse();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
@@ -87,6 +95,10 @@ fn main() -> std::process::ExitCode {
         match cli.command {
             #[cfg(feature = "capture")]
             Command::Capture(a) => cmd::capture::run(a).await,
+            #[cfg(feature = "capture")]
+            Command::ServeCapture(a) => cmd::serve_capture::run(a).await,
+            #[cfg(feature = "capture")]
+            Command::Jobs(a) => cmd::jobs::run(a).await,
             Command::Prepare(a) => cmd::prepare::run(a).await,
             Command::Synth(a) => cmd::synth::run(a).await,
             #[cfg(feature = "sql")]

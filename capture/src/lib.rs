@@ -51,7 +51,7 @@ mod tp;
 pub use capture::{capture, capture_with, CaptureOptions};
 pub use engine::{
     CancelToken, CaptureJob, CaptureSummary, CheckedModel, CommitPolicy, DeviceKind, Engine,
-    EngineOptions, NoProgress, PreparedJob, ProgressSink, RANK_GRACE,
+    EngineOptions, InputShard, NoProgress, PreparedJob, ProgressSink, RANK_GRACE,
 };
 pub use error::{CaptureError, Result, TensorProblem};
 pub use hslake_schemas::Overlong;

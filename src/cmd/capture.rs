@@ -9,31 +9,35 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use hslake_capture::{
-    capture_with, CancelToken, CaptureOptions, CommitPolicy, DeviceKind, NormKernel, Overlong,
-    ProgressSink, TpReduce,
+    capture_with, CancelToken, CaptureJob, CaptureOptions, CommitPolicy, DeviceKind, EngineOptions,
+    InputShard, NormKernel, Overlong, ProgressSink, TpReduce,
 };
 use hslake_schemas::{CapturePoint, DType};
 use hslake_store::WriterOptions;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use serde::{Deserialize, Serialize};
 
 /// Capture hidden states of a Hugging Face checkpoint into a dataset.
 #[derive(clap::Args, Debug)]
 pub struct Args {
+    /// The model and how it runs.
+    #[command(flatten)]
+    pub engine: EngineArgs,
+    /// What to capture and where.
+    #[command(flatten)]
+    pub job: JobArgs,
+    /// Do not draw a progress bar (progress is then logged every 10 s).
+    #[arg(long)]
+    pub no_progress: bool,
+}
+
+/// The model and how it runs: fixed for an engine's life (`hslake capture` and
+/// `hslake serve-capture` take the same flags).
+#[derive(clap::Args, Debug, Clone)]
+pub struct EngineArgs {
     /// Checkpoint directory: config.json plus model.safetensors or a sharded index.
     #[arg(long)]
     pub model: PathBuf,
-    /// Tokenized samples: JSONL or Parquet with input_ids, optional loss_mask and id.
-    #[arg(long)]
-    pub input: PathBuf,
-    /// Dataset URL (file:///abs/path, s3://bucket/prefix, memory://name).
-    #[arg(long)]
-    pub output: String,
-    /// Decoder layer outputs to capture, 0-based (layer i = HF hidden_states[i + 1]).
-    #[arg(long, value_delimiter = ',')]
-    pub layers: Vec<CapturePoint>,
-    /// Also capture the last layer's output after the final RMS norm.
-    #[arg(long)]
-    pub final_norm: bool,
     /// Tensor-parallel size (GPUs 0..N on cuda; threads on cpu).
     #[arg(long, default_value_t = 1)]
     pub tp: usize,
@@ -53,45 +57,127 @@ pub struct Args {
     /// the compute dtype: half the all-reduce bytes, two more roundings per layer).
     #[arg(long, default_value = "f32")]
     pub tp_reduce: TpReduce,
-    /// Token budget of one padded batch (batch size x longest sample).
-    #[arg(long, default_value_t = 16384)]
-    pub max_tokens_per_batch: usize,
     /// Memory per GPU, in GiB, that the pre-flight check assumes free instead of asking the
     /// driver (it then also checks a CPU run).
     #[arg(long)]
     pub gpu_memory_gib: Option<f64>,
-    /// Longest sample kept whole; see --overlong for the rest.
-    #[arg(long)]
-    pub max_seq_len: Option<usize>,
-    /// What to do with samples over --max-seq-len: truncate or skip.
-    #[arg(long, default_value = "truncate")]
-    pub overlong: Overlong,
-    /// Continue an interrupted capture: samples already committed are skipped.
-    #[arg(long)]
-    pub resume: bool,
-    /// Each writer commits after this many samples...
-    #[arg(long, default_value_t = 1000)]
-    pub commit_every: u64,
-    /// ...or after this many seconds, whichever comes first.
-    #[arg(long, default_value_t = 60.0)]
-    pub commit_interval: f64,
     /// Parallel store writers (compression threads); default 1 on cpu, all spare cores on cuda.
     #[arg(long)]
     pub writers: Option<usize>,
     /// Captured batches that may queue for the writers before the forward waits.
     #[arg(long, default_value_t = 4)]
     pub queue_depth: usize,
-    /// zstd level of the shards.
-    #[arg(long, default_value_t = 1)]
-    pub zstd_level: i32,
-    /// Do not draw a progress bar (progress is then logged every 10 s).
-    #[arg(long)]
-    pub no_progress: bool,
 }
 
-impl Args {
-    /// The library's options for these arguments.
-    fn options(&self) -> anyhow::Result<CaptureOptions> {
+impl EngineArgs {
+    /// The library's engine options.
+    pub fn options(&self) -> EngineOptions {
+        let mut o = EngineOptions::new(self.model.clone());
+        o.tp = self.tp;
+        o.device = self.device;
+        o.dtype = self.dtype;
+        o.norm = self.norm;
+        o.tp_reduce = self.tp_reduce;
+        o.gpu_memory_gib = self.gpu_memory_gib;
+        o
+    }
+}
+
+/// One capture job: the flags of `hslake capture` that say what to capture and where, and the
+/// JSON body of `POST /v1/jobs` (the same names, in snake case) of `hslake serve-capture`.
+#[derive(clap::Args, Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JobArgs {
+    /// Tokenized samples: JSONL or Parquet with input_ids, optional loss_mask and id; a local
+    /// path or an object-store URL (s3://bucket/samples.jsonl).
+    #[arg(long)]
+    pub input: PathBuf,
+    /// Dataset URL (file:///abs/path, s3://bucket/prefix, memory://name).
+    #[arg(long)]
+    pub output: String,
+    /// Decoder layer outputs to capture, 0-based (layer i = HF hidden_states[i + 1]).
+    #[arg(long, value_delimiter = ',')]
+    #[serde(default)]
+    pub layers: Vec<CapturePoint>,
+    /// Also capture the last layer's output after the final RMS norm.
+    #[arg(long)]
+    #[serde(default)]
+    pub final_norm: bool,
+    /// Token budget of one padded batch (batch size x longest sample).
+    #[arg(long, default_value_t = DEFAULT_MAX_TOKENS_PER_BATCH)]
+    #[serde(default = "default_max_tokens_per_batch")]
+    pub max_tokens_per_batch: usize,
+    /// Longest sample kept whole; see --overlong for the rest.
+    #[arg(long)]
+    #[serde(default)]
+    pub max_seq_len: Option<usize>,
+    /// What to do with samples over --max-seq-len: truncate or skip.
+    #[arg(long, default_value = "truncate")]
+    #[serde(default, with = "overlong_name")]
+    pub overlong: Overlong,
+    /// Continue an interrupted capture: samples already committed are skipped.
+    #[arg(long)]
+    #[serde(default)]
+    pub resume: bool,
+    /// Each writer commits after this many samples...
+    #[arg(long, default_value_t = DEFAULT_COMMIT_EVERY)]
+    #[serde(default = "default_commit_every")]
+    pub commit_every: u64,
+    /// ...or after this many seconds, whichever comes first.
+    #[arg(long, default_value_t = DEFAULT_COMMIT_INTERVAL)]
+    #[serde(default = "default_commit_interval")]
+    pub commit_interval: f64,
+    /// zstd level of the shards.
+    #[arg(long, default_value_t = DEFAULT_ZSTD_LEVEL)]
+    #[serde(default = "default_zstd_level")]
+    pub zstd_level: i32,
+    /// Capture only part I of N of the input (the samples whose id is I modulo N), so that N
+    /// processes, e.g. a Slurm array or a Kubernetes indexed Job, fill one dataset together.
+    #[arg(long)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shard: Option<InputShard>,
+}
+
+const DEFAULT_MAX_TOKENS_PER_BATCH: usize = 16384;
+const DEFAULT_COMMIT_EVERY: u64 = 1000;
+const DEFAULT_COMMIT_INTERVAL: f64 = 60.0;
+const DEFAULT_ZSTD_LEVEL: i32 = 1;
+
+fn default_max_tokens_per_batch() -> usize {
+    DEFAULT_MAX_TOKENS_PER_BATCH
+}
+fn default_commit_every() -> u64 {
+    DEFAULT_COMMIT_EVERY
+}
+fn default_commit_interval() -> f64 {
+    DEFAULT_COMMIT_INTERVAL
+}
+fn default_zstd_level() -> i32 {
+    DEFAULT_ZSTD_LEVEL
+}
+
+/// The overlong policy in JSON as on the command line: "truncate" or "skip".
+mod overlong_name {
+    use hslake_capture::Overlong;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(o: &Overlong, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(match o {
+            Overlong::Truncate => "truncate",
+            Overlong::Skip => "skip",
+        })
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Overlong, D::Error> {
+        String::deserialize(d)?
+            .parse()
+            .map_err(serde::de::Error::custom)
+    }
+}
+
+impl JobArgs {
+    /// The library's job for these arguments, run on an engine started with `engine`.
+    pub fn job(&self, engine: &EngineArgs) -> anyhow::Result<CaptureJob> {
         let mut points = self.layers.clone();
         if self.final_norm {
             points.push(CapturePoint::FinalNorm);
@@ -107,23 +193,12 @@ impl Args {
                 self.commit_interval
             );
         }
-        let mut o = CaptureOptions::new(
-            self.model.clone(),
-            self.input.clone(),
-            self.output.clone(),
-            points,
-        );
-        o.engine.tp = self.tp;
-        o.engine.device = self.device;
-        o.engine.dtype = self.dtype;
-        o.engine.norm = self.norm;
-        o.engine.tp_reduce = self.tp_reduce;
-        o.engine.gpu_memory_gib = self.gpu_memory_gib;
-        let job = &mut o.job;
+        let mut job = CaptureJob::new(self.input.clone(), self.output.clone(), points);
         job.max_tokens_per_batch = self.max_tokens_per_batch;
         job.max_seq_len = self.max_seq_len;
         job.overlong = self.overlong;
         job.resume = self.resume;
+        job.shard = self.shard;
         job.commit = CommitPolicy {
             every: self.commit_every,
             interval: Duration::from_secs_f64(self.commit_interval),
@@ -131,16 +206,26 @@ impl Args {
         // On GPUs compression must keep up with the forward: every core but the ones running
         // the ranks and the splitter writes.
         let cores = std::thread::available_parallelism().map_or(4, |n| n.get());
-        job.writers = self.writers.unwrap_or(match self.device {
+        job.writers = engine.writers.unwrap_or(match engine.device {
             DeviceKind::Cpu => 1,
-            DeviceKind::Cuda => cores.saturating_sub(self.tp + 1).max(1),
+            DeviceKind::Cuda => cores.saturating_sub(engine.tp + 1).max(1),
         });
-        job.queue_depth = self.queue_depth;
+        job.queue_depth = engine.queue_depth;
         job.writer_options = WriterOptions {
             zstd_level: self.zstd_level,
             ..WriterOptions::default()
         };
-        Ok(o)
+        Ok(job)
+    }
+}
+
+impl Args {
+    /// The library's options for these arguments.
+    fn options(&self) -> anyhow::Result<CaptureOptions> {
+        Ok(CaptureOptions {
+            engine: self.engine.options(),
+            job: self.job.job(&self.engine)?,
+        })
     }
 }
 
@@ -165,7 +250,7 @@ pub async fn run(a: Args) -> anyhow::Result<ExitCode> {
     });
     let result = capture_with(opts, progress, cancel).await;
     bar.finish_and_clear();
-    let summary = result.with_context(|| format!("capture into {}", a.output))?;
+    let summary = result.with_context(|| format!("capture into {}", a.job.output))?;
     println!("{summary}");
     Ok(if summary.cancelled {
         ExitCode::from(130)

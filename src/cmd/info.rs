@@ -20,6 +20,10 @@ pub struct Args {
     /// Print JSON instead of text.
     #[arg(long)]
     pub json: bool,
+    /// Also count the samples and tokens of each part of a capture run as `--shard I/N` with
+    /// this N (progress per shard while N processes fill the dataset).
+    #[arg(long)]
+    pub shards: Option<u64>,
 }
 
 /// The facts `info` prints, as JSON.
@@ -91,15 +95,60 @@ async fn layer_stats(url: &str, m: &Manifest) -> Result<Vec<serde_json::Value>> 
     Ok(out)
 }
 
+/// Samples and tokens of each input shard `I/n` (sample id modulo `n`, as `capture --shard`
+/// splits), every shard listed, computed with SQL over the sample columns.
+async fn shard_progress(url: &str, m: &Manifest, n: u64) -> Result<Vec<serde_json::Value>> {
+    if n == 0 {
+        anyhow::bail!("--shards 0: expected the N of --shard I/N, at least 1");
+    }
+    let mut counts = vec![(0u64, 0u64); n as usize];
+    if m.num_samples() > 0 {
+        let session = QuerySession::open(url, Some(m.version)).await?;
+        let sql = format!(
+            "SELECT CAST(sample_id % {n} AS BIGINT), CAST(count(*) AS BIGINT), \
+             CAST(sum(seq_len) AS BIGINT) FROM samples GROUP BY 1"
+        );
+        let batches = session.query(&sql).await.context("samples per shard")?;
+        for b in &batches {
+            let col = |i: usize| -> Result<Vec<i64>> {
+                let c = cast(b.column(i), &DataType::Int64)?;
+                Ok(c.as_primitive::<arrow_array::types::Int64Type>()
+                    .values()
+                    .to_vec())
+            };
+            let (shard, samples, tokens) = (col(0)?, col(1)?, col(2)?);
+            for ((s, k), t) in shard.into_iter().zip(samples).zip(tokens) {
+                if let Some(slot) = counts.get_mut(s as usize) {
+                    *slot = (k as u64, t as u64);
+                }
+            }
+        }
+    }
+    Ok(counts
+        .into_iter()
+        .enumerate()
+        .map(|(i, (samples, tokens))| {
+            json!({ "shard": format!("{i}/{n}"), "samples": samples, "tokens": tokens })
+        })
+        .collect())
+}
+
 /// Run `hslake info`.
 pub async fn run(a: Args) -> Result<std::process::ExitCode> {
     let ds = Dataset::open(&a.url).await?;
     let versions = ds.versions().await?;
     let m = ds.manifest(a.version).await?;
     let stats = layer_stats(ds.url(), &m).await?;
+    let shards = match a.shards {
+        Some(n) => Some(shard_progress(ds.url(), &m, n).await?),
+        None => None,
+    };
     if a.json {
         let mut d = describe(ds.url(), &versions, &m);
         d["layer_stats"] = json!(stats);
+        if let Some(shards) = &shards {
+            d["input_shards"] = json!(shards);
+        }
         println!("{}", serde_json::to_string_pretty(&d)?);
         return Ok(std::process::ExitCode::SUCCESS);
     }
@@ -160,6 +209,14 @@ pub async fn run(a: Args) -> Result<std::process::ExitCode> {
     }
     for (k, v) in &m.properties {
         println!("property     {k} = {v}");
+    }
+    for sh in shards.iter().flatten() {
+        println!(
+            "input shard  {}: {} samples, {} tokens",
+            sh["shard"].as_str().unwrap_or_default(),
+            sh["samples"],
+            sh["tokens"]
+        );
     }
     Ok(std::process::ExitCode::SUCCESS)
 }

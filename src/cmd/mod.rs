@@ -8,8 +8,12 @@ pub mod debug;
 pub mod export;
 #[cfg(feature = "sql")]
 pub mod info;
+#[cfg(feature = "capture")]
+pub mod jobs;
 pub mod ls;
 pub mod prepare;
+#[cfg(feature = "capture")]
+pub mod serve_capture;
 #[cfg(feature = "sql")]
 pub mod serve_sql;
 #[cfg(feature = "sql")]
@@ -18,7 +22,10 @@ pub mod synth;
 pub mod vacuum;
 pub mod verify;
 
+use std::path::Path;
 use std::time::Duration;
+
+use anyhow::{bail, Context};
 
 use indicatif::{ProgressBar, ProgressStyle};
 
@@ -92,6 +99,20 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
 /// Human-readable byte count.
 pub fn human_bytes(b: u64) -> String {
     indicatif::HumanBytes(b).to_string()
+}
+
+/// The bearer token on the first line of `path`, trimmed; an empty one is refused.
+pub fn read_token_file(path: &Path) -> anyhow::Result<String> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("reading token file {}", path.display()))?;
+    let token = text.lines().next().unwrap_or("").trim().to_string();
+    if token.is_empty() {
+        bail!(
+            "token file {} is empty; expected a bearer token on its first line",
+            path.display()
+        );
+    }
+    Ok(token)
 }
 
 #[cfg(test)]

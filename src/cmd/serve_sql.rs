@@ -39,15 +39,7 @@ pub struct Args {
 
 /// Run the command until Ctrl-C.
 pub async fn run(args: Args) -> Result<ExitCode> {
-    let token = std::fs::read_to_string(&args.token_file)
-        .with_context(|| format!("reading token file {}", args.token_file.display()))?;
-    let token = token.lines().next().unwrap_or("").trim().to_string();
-    if token.is_empty() {
-        bail!(
-            "token file {} is empty; expected a bearer token on its first line",
-            args.token_file.display()
-        );
-    }
+    let token = super::read_token_file(&args.token_file)?;
     let mut executor_limits = ExecutorLimits::for_machine();
     executor_limits.queue_timeout = args.queue_timeout;
     if let Some(n) = args.max_queries {

@@ -71,7 +71,15 @@ impl CaptureJob {
             max_seq_len: self.max_seq_len,
             overlong: self.overlong,
         };
-        let inputs = read_inputs(&self.input, limits)?;
+        let mut inputs = read_job_inputs(&self.input, limits, &io)?;
+        if let Some(shard) = self.shard {
+            let before = inputs.samples.len();
+            inputs.samples.retain(|s| shard.contains(s.sample_id));
+            tracing::info!(
+                "input shard {shard}: {} of {before} samples",
+                inputs.samples.len()
+            );
+        }
         let provenance = provenance(model, engine, self, inputs.ids_from_input, &schema);
         let dataset = io.block_on(Dataset::open_or_create(&self.output, schema, provenance))?;
         let committed = io.block_on(committed_ids(&dataset, self))?;
@@ -119,20 +127,91 @@ impl CaptureJob {
     }
 }
 
-/// The sample ids the dataset already holds; a non-empty dataset is refused without `resume`.
+/// Reads the job's input: a local file, or an object-store URL (`s3://bucket/key.jsonl`),
+/// which is copied to a temporary file first (the readers need a file). Errors name the input
+/// as given, not the temporary copy.
+fn read_job_inputs(
+    input: &Path,
+    limits: InputLimits,
+    io: &tokio::runtime::Handle,
+) -> Result<crate::input::Inputs> {
+    let Some(url) = input.to_str().filter(|s| s.contains("://")) else {
+        return read_inputs(input, limits);
+    };
+    let copy = io.block_on(download(url))?;
+    read_inputs(copy.path(), limits).map_err(|e| match e {
+        CaptureError::Input {
+            location, message, ..
+        } => CaptureError::Input {
+            path: input.to_path_buf(),
+            location,
+            message,
+        },
+        CaptureError::Io { source, .. } => CaptureError::Io {
+            path: input.to_path_buf(),
+            source,
+        },
+        e => e,
+    })
+}
+
+/// A local copy of the object at `url`, named with the object's extension (which says its format).
+async fn download(url: &str) -> Result<tempfile::NamedTempFile> {
+    use object_store::ObjectStoreExt;
+    let fail = |message: String| CaptureError::Input {
+        path: url.into(),
+        location: "download".into(),
+        message,
+    };
+    let loc = hslake_store::location::parse(url)?;
+    let bytes = loc
+        .store
+        .get(&loc.prefix)
+        .await
+        .map_err(|e| fail(e.to_string()))?
+        .bytes()
+        .await
+        .map_err(|e| fail(e.to_string()))?;
+    let ext = Path::new(url)
+        .extension()
+        .map(|e| format!(".{}", e.to_string_lossy()))
+        .unwrap_or_default();
+    let mut file = tempfile::Builder::new()
+        .prefix("hslake-input-")
+        .suffix(&ext)
+        .tempfile()
+        .map_err(|e| fail(format!("cannot create a temporary copy: {e}")))?;
+    std::io::Write::write_all(&mut file, &bytes)
+        .map_err(|e| fail(format!("cannot write the temporary copy: {e}")))?;
+    Ok(file)
+}
+
+/// The sample ids of the job's part of the input (all of it without a shard) that the dataset
+/// already holds; any is refused without `resume`. Other shards' samples are no concern of
+/// this job: their processes commit into the same dataset at the same time.
 async fn committed_ids(dataset: &Dataset, job: &CaptureJob) -> Result<HashSet<u64>> {
     let reader = DatasetReader::open(dataset, None).await?;
-    let held = reader.manifest().num_samples();
-    if held == 0 {
+    if reader.manifest().num_samples() == 0 {
         return Ok(HashSet::new());
     }
-    if !job.resume {
+    let mine: HashSet<u64> = reader
+        .sample_ids()
+        .await?
+        .into_iter()
+        .filter(|id| job.shard.is_none_or(|s| s.contains(*id)))
+        .collect();
+    if !mine.is_empty() && !job.resume {
+        let of_shard = job
+            .shard
+            .map(|s| format!(" of shard {s}"))
+            .unwrap_or_default();
         return Err(CaptureError::Option(format!(
-            "{} already holds {held} samples; pass --resume to continue it (committed samples are skipped)",
-            job.output
+            "{} already holds {} samples{of_shard}; pass --resume to continue it (committed samples are skipped)",
+            job.output,
+            mine.len()
         )));
     }
-    Ok(reader.sample_ids().await?.into_iter().collect())
+    Ok(mine)
 }
 
 /// What the manifest records of how the states were made.

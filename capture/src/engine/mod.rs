@@ -39,7 +39,7 @@ mod writer;
 pub use check::CheckedModel;
 pub use commit::CommitPolicy;
 pub use job::PreparedJob;
-pub use options::{CaptureJob, DeviceKind, EngineOptions};
+pub use options::{CaptureJob, DeviceKind, EngineOptions, InputShard};
 pub use progress::{CancelToken, NoProgress, ProgressSink};
 pub use summary::CaptureSummary;
 
@@ -706,6 +706,89 @@ mod tests {
         .await;
         assert_eq!(first, "communicator (rank 1): injected failure");
         assert!(second.starts_with("the capture engine is broken by an earlier failure (communicator (rank 1): injected failure)"), "{second}");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn shards_fill_one_dataset_and_resume_is_per_shard() {
+        let d = tempfile::tempdir().unwrap();
+        let dir = d.path().to_path_buf();
+        write_model(&dir.join("m"), TINY_LLAMA, None);
+        write_inputs(&dir.join("in.jsonl"), 11);
+        let (whole, s0, refused, s1, again) = blocking(move || {
+            let mut engine = Engine::start(engine_options(&dir, 1)).unwrap();
+            let mut run = |out: &str, shard: Option<&str>, resume: bool| {
+                let mut j = job(&dir, "in.jsonl", out);
+                j.shard = shard.map(|s| s.parse().unwrap());
+                j.resume = resume;
+                engine.run(&j, &NoProgress, &CancelToken::new())
+            };
+            let whole = run("whole", None, false).unwrap();
+            let s0 = run("split", Some("0/2"), false).unwrap();
+            let refused = run("split", Some("0/2"), false).unwrap_err().to_string();
+            // The other shard starts without --resume although the dataset holds samples.
+            let s1 = run("split", Some("1/2"), false).unwrap();
+            let again = run("split", Some("1/2"), true).unwrap();
+            (whole, s0, refused, s1, again)
+        })
+        .await;
+        assert_eq!((whole.samples, s0.samples, s1.samples), (11, 6, 5));
+        assert!(
+            refused.contains("already holds 6 samples of shard 0/2"),
+            "{refused}"
+        );
+        assert_eq!((again.samples, again.skipped_committed), (0, 5));
+        let url = |n: &str| format!("file://{}", d.path().join(n).display());
+        assert_close(&values(&url("whole")).await, &values(&url("split")).await);
+    }
+
+    /// Adds up the byte and commit reports.
+    #[derive(Default)]
+    struct Totals {
+        raw: AtomicU64,
+        stored: AtomicU64,
+        commits: AtomicU64,
+        timed_commits: AtomicU64,
+    }
+
+    impl ProgressSink for Totals {
+        fn committed(&self, _version: u64) {
+            self.commits.fetch_add(1, Ordering::Relaxed);
+        }
+        fn commit_took(&self, secs: f64) {
+            assert!(secs >= 0.0);
+            self.timed_commits.fetch_add(1, Ordering::Relaxed);
+        }
+        fn bytes_written(&self, raw: u64, stored: u64) {
+            self.raw.fetch_add(raw, Ordering::Relaxed);
+            self.stored.fetch_add(stored, Ordering::Relaxed);
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn byte_reports_add_up_to_the_summary_and_every_commit_is_timed() {
+        let d = tempfile::tempdir().unwrap();
+        let dir = d.path().to_path_buf();
+        write_model(&dir.join("m"), TINY_LLAMA, None);
+        write_inputs(&dir.join("in.jsonl"), 30);
+        let (summary, totals) = blocking(move || {
+            let mut engine = Engine::start(engine_options(&dir, 1)).unwrap();
+            let mut j = job(&dir, "in.jsonl", "ds");
+            j.writers = 2;
+            j.commit = CommitPolicy {
+                every: 4,
+                interval: Duration::from_secs(60),
+            };
+            let totals = Totals::default();
+            let summary = engine.run(&j, &totals, &CancelToken::new()).unwrap();
+            (summary, totals)
+        })
+        .await;
+        assert!(summary.written_bytes > 0);
+        assert_eq!(totals.raw.load(Ordering::Relaxed), summary.raw_bytes);
+        assert_eq!(totals.stored.load(Ordering::Relaxed), summary.written_bytes);
+        let commits = totals.commits.load(Ordering::Relaxed);
+        assert!(commits >= 2, "{commits}");
+        assert_eq!(totals.timed_commits.load(Ordering::Relaxed), commits);
     }
 
     /// Counts events, and cancels after the first sample.

@@ -23,6 +23,17 @@ pub trait ProgressSink: Sync {
     fn committed(&self, version: u64) {
         let _ = version;
     }
+
+    /// A writer's commit (put-if-absent of the manifest, with its retries) took `secs`.
+    fn commit_took(&self, secs: f64) {
+        let _ = secs;
+    }
+
+    /// A writer stored `raw` more uncompressed tensor bytes and `stored` more shard bytes
+    /// since its last report; the reports of a job add up to its summary's byte counts.
+    fn bytes_written(&self, raw: u64, stored: u64) {
+        let _ = (raw, stored);
+    }
 }
 
 /// A sink that ignores every event.

@@ -55,8 +55,21 @@ pub(super) fn run_writer(
     let mut last_version = None;
     let mut pending = 0u64;
     let mut last_commit = Instant::now();
+    // Byte counts already reported to `progress`, so each report is the growth since.
+    let mut reported = (0u64, 0u64);
+    let mut report_bytes = |w: &DatasetWriter| {
+        let s = w.stats();
+        let (raw, stored) = (s.raw_bytes, s.written_bytes);
+        if (raw, stored) != reported {
+            progress.bytes_written(raw - reported.0, stored - reported.1);
+            reported = (raw, stored);
+        }
+    };
     let commit = |w: &mut DatasetWriter, last_version: &mut Option<u64>| -> Result<()> {
-        if let Some(v) = io.block_on(w.commit())? {
+        let t = Instant::now();
+        let committed = io.block_on(w.commit())?;
+        if let Some(v) = committed {
+            progress.commit_took(t.elapsed().as_secs_f64());
             progress.committed(v);
             *last_version = Some(v);
         }
@@ -71,6 +84,7 @@ pub(super) fn run_writer(
                 if io.block_on(w.append_encoded(encoded))? == Appended::Written {
                     pending += 1;
                 }
+                report_bytes(&w);
                 progress.sample_done(tokens);
             }
             Err(RecvTimeoutError::Timeout) => {}
@@ -78,6 +92,7 @@ pub(super) fn run_writer(
         }
         if setup.policy.due(pending, last_commit.elapsed()) {
             commit(&mut w, &mut last_version)?;
+            report_bytes(&w);
             pending = 0;
             last_commit = Instant::now();
         } else if pending == 0 && last_commit.elapsed() >= setup.policy.interval {
@@ -86,6 +101,7 @@ pub(super) fn run_writer(
         }
     }
     commit(&mut w, &mut last_version)?;
+    report_bytes(&w);
     let s = w.stats();
     Ok(WriterDone {
         samples: s.samples,
