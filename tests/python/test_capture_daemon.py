@@ -292,7 +292,7 @@ def test_cancel_commits_what_is_done_and_a_queued_job_never_runs(daemon_setup):
 
 def test_kill_9_at_random_moments_then_restart_captures_every_sample_exactly_once(daemon_setup):
     tmp, model = daemon_setup
-    sizes = [4000, 3000, 3500]
+    sizes = [10000, 7500, 8750]
     ins = [inputs(tmp, f"in{i}", n, seed=20 + i) for i, n in enumerate(sizes)]
     state = tmp / "state"
     d = Daemon(tmp, model, state, "run0.log")
@@ -301,7 +301,7 @@ def test_kill_9_at_random_moments_then_restart_captures_every_sample_exactly_onc
         body = job_body(ins[i], tmp / f"ds{i}", max_tokens_per_batch=8, commit_every=10, commit_interval=0.1)
         assert d.request("POST", "/v1/jobs", body)[0] == 201
     rng = random.Random(1234)
-    runs = 8
+    runs = 20
     # Each run is killed at a random moment, from just after start (recovering the job list,
     # loading the model) to well into a job (forward, writing, committing).
     for run in range(runs):
