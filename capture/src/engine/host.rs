@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use tch::Tensor;
 
+use super::rank::RankTimes;
 use crate::batch::PaddedBatch;
 use crate::cuda::PinnedBuffer;
 use crate::error::Result;
@@ -20,6 +21,8 @@ pub(super) struct HostBatch {
     pub states: Vec<Tensor>,
     /// The pinned buffers `states` live in (GPU runs), handed back to rank 0 once split.
     pub buffers: Option<Vec<PinnedBuffer>>,
+    /// Rank 0's time since the batch before this one was handed over.
+    pub times: RankTimes,
 }
 
 /// Pinned host buffers rank 0 copies into, recycled by the writers. A full set in use means

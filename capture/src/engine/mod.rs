@@ -247,7 +247,10 @@ impl Engine {
             let splitter = std::thread::Builder::new()
                 .name("hslake-splitter".into())
                 .spawn_scoped(s, move || {
-                    flag_error(failed, split_batches(host_rx, lost, writer_txs, recycle_tx))
+                    flag_error(
+                        failed,
+                        split_batches(host_rx, lost, writer_txs, recycle_tx, progress),
+                    )
                 })
                 .map_err(|e| CaptureError::Pipeline(format!("cannot start the splitter: {e}")))?;
 
@@ -748,9 +751,17 @@ mod tests {
         stored: AtomicU64,
         commits: AtomicU64,
         timed_commits: AtomicU64,
+        forward_reports: AtomicU64,
+        compute_nanos: AtomicU64,
     }
 
     impl ProgressSink for Totals {
+        fn forward_progress(&self, compute_secs: f64, storage_wait_secs: f64) {
+            assert!(compute_secs >= 0.0 && storage_wait_secs >= 0.0);
+            self.forward_reports.fetch_add(1, Ordering::Relaxed);
+            let nanos = (compute_secs * 1e9) as u64;
+            self.compute_nanos.fetch_add(nanos, Ordering::Relaxed);
+        }
         fn committed(&self, _version: u64) {
             self.commits.fetch_add(1, Ordering::Relaxed);
         }
@@ -765,7 +776,7 @@ mod tests {
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn byte_reports_add_up_to_the_summary_and_every_commit_is_timed() {
+    async fn byte_and_forward_reports_add_up_to_the_summary_and_every_commit_is_timed() {
         let d = tempfile::tempdir().unwrap();
         let dir = d.path().to_path_buf();
         write_model(&dir.join("m"), TINY_LLAMA, None);
@@ -789,6 +800,16 @@ mod tests {
         let commits = totals.commits.load(Ordering::Relaxed);
         assert!(commits >= 2, "{commits}");
         assert_eq!(totals.timed_commits.load(Ordering::Relaxed), commits);
+        // One forward report per batch, live; together no more than the summary's total.
+        assert_eq!(
+            totals.forward_reports.load(Ordering::Relaxed),
+            summary.batches
+        );
+        let live = totals.compute_nanos.load(Ordering::Relaxed) as f64 / 1e9;
+        assert!(
+            live > 0.0 && live <= summary.compute_secs + 1e-6,
+            "{live} vs {summary:?}"
+        );
     }
 
     /// Counts events, and cancels after the first sample.

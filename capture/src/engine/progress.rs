@@ -29,6 +29,14 @@ pub trait ProgressSink: Sync {
         let _ = secs;
     }
 
+    /// Rank 0 spent `compute_secs` more on forwards and host copies and `storage_wait_secs`
+    /// more blocked on the writers since its last report. Reported with each batch it hands
+    /// over, so that a live view of the GPU's wait needs no end of job; the wait of handing over
+    /// the job's last batch comes only in the summary's totals.
+    fn forward_progress(&self, compute_secs: f64, storage_wait_secs: f64) {
+        let _ = (compute_secs, storage_wait_secs);
+    }
+
     /// A writer stored `raw` more uncompressed tensor bytes and `stored` more shard bytes
     /// since its last report; the reports of a job add up to its summary's byte counts.
     fn bytes_written(&self, raw: u64, stored: u64) {

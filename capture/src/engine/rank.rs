@@ -68,6 +68,16 @@ pub(super) struct RankTimes {
     pub storage_wait: Duration,
 }
 
+impl RankTimes {
+    /// The time spent since `earlier` (a copy of these times taken before).
+    fn since(&self, earlier: &RankTimes) -> RankTimes {
+        RankTimes {
+            compute: self.compute.saturating_sub(earlier.compute),
+            storage_wait: self.storage_wait.saturating_sub(earlier.storage_wait),
+        }
+    }
+}
+
 /// What a rank tells its engine.
 pub(super) enum RankEvent {
     /// Its slice of the model is loaded.
@@ -184,6 +194,8 @@ fn run_job(
     job: RankJob,
 ) -> Result<RankTimes> {
     let mut times = RankTimes::default();
+    // What the batches handed over so far have reported of `times`.
+    let mut reported = RankTimes::default();
     let (mut host, mut pool) = match job.output {
         Some(o) => (Some(o.host), o.pool),
         None => (None, None),
@@ -211,7 +223,7 @@ fn run_job(
         times.compute += t.elapsed();
         // Wait for the previous batch's copy only now, so it overlapped with this forward.
         if let Some(prev) = pending.replace((copy, batch, buffers)) {
-            hand_off(prev, &mut host, &mut times)?;
+            hand_off(prev, &mut host, &mut times, &mut reported)?;
         }
     }
     if let Some(prev) = pending.take() {
@@ -220,11 +232,13 @@ fn run_job(
     Ok(times)
 }
 
-/// Waits for a batch's host copy and queues it for the splitter (unless the writers are gone).
+/// Waits for a batch's host copy and queues it for the splitter (unless the writers are gone),
+/// with the time spent since the last batch handed over.
 fn hand_off(
     (copy, input, buffers): InFlight,
     host: &mut Option<SyncSender<HostBatch>>,
     times: &mut RankTimes,
+    reported: &mut RankTimes,
 ) -> Result<()> {
     let t = Instant::now();
     let states = copy.wait()?;
@@ -235,7 +249,9 @@ fn hand_off(
             input,
             states,
             buffers,
+            times: times.since(reported),
         };
+        *reported = *times;
         if h.send(batch).is_err() {
             *host = None;
         }

@@ -9,7 +9,7 @@ use hslake_schemas::{DType, Sample, TensorData};
 use tch::Tensor;
 
 use super::host::{BatchLease, HostBatch};
-use super::progress::CancelToken;
+use super::progress::{CancelToken, ProgressSink};
 use crate::cuda::PinnedBuffer;
 use crate::error::{CaptureError, Result};
 use crate::input::InputSample;
@@ -66,6 +66,7 @@ pub(super) fn split_batches(
     ranks_lost: &CancelToken,
     writers: Vec<SyncSender<SampleRows>>,
     recycle: Sender<Vec<PinnedBuffer>>,
+    progress: &dyn ProgressSink,
 ) -> Result<()> {
     let mut load = vec![0u64; writers.len()];
     loop {
@@ -79,7 +80,12 @@ pub(super) fn split_batches(
             input,
             states,
             buffers,
+            times,
         } = hb;
+        progress.forward_progress(
+            times.compute.as_secs_f64(),
+            times.storage_wait.as_secs_f64(),
+        );
         let lease =
             buffers.map(|b| Arc::new(BatchLease::new(input.samples.len(), b, recycle.clone())));
         for (i, s) in input.samples.iter().enumerate() {
