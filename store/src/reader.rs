@@ -14,6 +14,7 @@ use parquet::file::metadata::{PageIndexPolicy, ParquetMetaData};
 use parquet::file::statistics::Statistics;
 
 use crate::format::codec::decode_samples_from;
+use crate::format::decode::with_file_metadata;
 use crate::io::counting::CountingStore;
 use crate::io::ranged::ShardFile;
 use crate::table::manifest::Manifest;
@@ -123,6 +124,7 @@ impl DatasetReader {
         }
         let rows = meta.metadata().row_group(row_group).num_rows().max(1) as usize;
         let arrow = meta.schema().clone();
+        let file_meta = arrow.metadata().clone();
         let mask =
             match columns {
                 None => ProjectionMask::all(),
@@ -147,7 +149,7 @@ impl DatasetReader {
             .try_collect()
             .await
             .map_err(|e| StoreError::pq(&shown, e))?;
-        match batches.len() {
+        let batch = match batches.len() {
             1 => Ok(batches.into_iter().next().expect("one batch")),
             0 => Err(StoreError::corrupt(
                 &shown,
@@ -157,7 +159,8 @@ impl DatasetReader {
                 let schema = batches[0].schema();
                 arrow_select_concat(&schema, &batches, &shown)
             }
-        }
+        }?;
+        Ok(with_file_metadata(batch, &file_meta))
     }
 
     /// Fetch one sample by id: the footer (cached) says which row group holds it, then one
@@ -185,7 +188,7 @@ impl DatasetReader {
                 let ids = batch.column(0).as_primitive::<UInt64Type>();
                 if let Some(row) = ids.values().iter().position(|&x| x == sample_id) {
                     let one = batch.slice(row, 1);
-                    let mut v = decode_samples_from(self.schema(), &one, &self.shown(i))?;
+                    let mut v = decode_samples_from(self.schema(), &one, &self.shown(i), Some(rg))?;
                     return v
                         .pop()
                         .ok_or_else(|| StoreError::corrupt(self.shown(i), "empty row"));

@@ -30,6 +30,10 @@ pub struct WriterOptions {
     pub zstd_level: i32,
     /// What to do with NaN/Inf.
     pub finite_policy: FinitePolicy,
+    /// Whether every zstd frame of every tensor and scale value carries zstd's content
+    /// checksum (and the shard declares it, docs/FORMAT.md). On by default; off only to write
+    /// files as writers before checksums did (benchmarks, compatibility tests).
+    pub value_checksums: bool,
 }
 
 impl Default for WriterOptions {
@@ -39,6 +43,7 @@ impl Default for WriterOptions {
             row_group_target_bytes: 8 << 20,
             zstd_level: 1,
             finite_policy: FinitePolicy::Error,
+            value_checksums: true,
         }
     }
 }
@@ -133,7 +138,7 @@ pub fn encode_sample(
     if !keep {
         return Ok(None);
     }
-    EncodedSample::new(sample, stats, opts.zstd_level).map(Some)
+    EncodedSample::new(sample, stats, opts.zstd_level, opts.value_checksums).map(Some)
 }
 
 /// Appends samples to a dataset; `commit` makes them visible atomically as a new version.
@@ -155,7 +160,7 @@ impl DatasetWriter {
     pub async fn new(ds: &Dataset, opts: WriterOptions) -> Result<Self> {
         let schema = ds.manifest(None).await?.schema;
         let arrow = Arc::new(schema.to_arrow());
-        let props = writer_properties(&schema, opts.zstd_level)?;
+        let props = writer_properties(&schema, opts.zstd_level, opts.value_checksums)?;
         Ok(DatasetWriter {
             ds: ds.clone(),
             schema,
@@ -197,6 +202,16 @@ impl DatasetWriter {
             self.stats.skipped += 1;
             return Ok(Appended::Skipped);
         };
+        // The shard declares checksummed values, or none: a reader holds every frame of a
+        // declaring file to it, so one sample encoded otherwise would read as corrupt.
+        if enc.checksums() != self.opts.value_checksums {
+            return Err(StoreError::Usage(format!(
+                "sample {} was encoded with value_checksums = {}, but this writer writes {}",
+                enc.sample_id,
+                enc.checksums(),
+                self.opts.value_checksums
+            )));
+        }
         self.stats.samples += 1;
         self.stats.tokens += enc.input_ids.len() as u64;
         self.stats.raw_bytes += enc.raw_bytes();
