@@ -1,4 +1,5 @@
 use datafusion::error::DataFusionError;
+use hslake_store::format::decode::describe_site;
 
 /// Everything that can go wrong in hslake-query.
 #[derive(Debug, thiserror::Error)]
@@ -36,6 +37,26 @@ pub enum QueryError {
         setting: String,
         /// More about it (the biggest memory consumers), empty or starting with `; `.
         detail: String,
+    },
+    /// A tensor function met a stored value that does not decode (wrong length, corrupt
+    /// frames, a checksum that does not match). The session fills in the file and row group
+    /// from the sample id before the error reaches the caller.
+    #[error("{function}: {}: {reason}", describe_site(.file, .row_group, .row, .sample_id, .column))]
+    BadValue {
+        /// The function, e.g. `tensor_norm`.
+        function: String,
+        /// The shard file, where known.
+        file: Option<String>,
+        /// The row group in that file, where known.
+        row_group: Option<usize>,
+        /// The row: in the row group once located, else in the batch the function was given.
+        row: Option<usize>,
+        /// The row's sample id, where the query sees it.
+        sample_id: Option<u64>,
+        /// The column.
+        column: String,
+        /// What is wrong.
+        reason: String,
     },
     /// Writing results failed.
     #[error("writing {format} output: {detail}")]
@@ -75,8 +96,40 @@ impl From<DataFusionError> for QueryError {
                     detail: detail.clone(),
                 };
             }
+            if let Some(e @ QueryError::BadValue { .. }) = inner.downcast_ref::<QueryError>() {
+                return e.clone_bad_value();
+            }
         }
         QueryError::Sql(strip_context(e))
+    }
+}
+
+impl QueryError {
+    /// A copy of a [`QueryError::BadValue`] (other variants hold errors that cannot be copied);
+    /// `self` for anything else is a bug, reported as an internal error.
+    pub(crate) fn clone_bad_value(&self) -> QueryError {
+        match self {
+            QueryError::BadValue {
+                function,
+                file,
+                row_group,
+                row,
+                sample_id,
+                column,
+                reason,
+            } => QueryError::BadValue {
+                function: function.clone(),
+                file: file.clone(),
+                row_group: *row_group,
+                row: *row,
+                sample_id: *sample_id,
+                column: column.clone(),
+                reason: reason.clone(),
+            },
+            other => QueryError::Sql(DataFusionError::Internal(format!(
+                "clone_bad_value called on {other}"
+            ))),
+        }
     }
 }
 

@@ -454,4 +454,57 @@ mod tests {
         assert_eq!(kept.stats[0].nan_count, 1);
         assert_eq!(kept.raw_bytes(), 8);
     }
+
+    /// Each shard's file metadata as `read_row_group` attaches it to the batches it returns.
+    async fn file_metadata(ds: &Dataset) -> Vec<std::collections::HashMap<String, String>> {
+        let r = crate::DatasetReader::open(ds, None).await.unwrap();
+        let mut out = vec![];
+        for i in 0..r.manifest().shards.len() {
+            let b = r.read_row_group(i, 0, None).await.unwrap();
+            out.push(b.schema().metadata().clone());
+        }
+        out
+    }
+
+    #[tokio::test]
+    async fn shards_declare_value_checksums_only_when_written_with_them() {
+        let (schema, s) = nan_sample();
+        for on in [true, false] {
+            let url = format!("memory://writer-checksums-{on}");
+            let ds = Dataset::create(&url, schema.clone(), crate::Provenance::default())
+                .await
+                .unwrap();
+            let opts = WriterOptions {
+                finite_policy: FinitePolicy::Record,
+                value_checksums: on,
+                ..WriterOptions::default()
+            };
+            let mut w = DatasetWriter::new(&ds, opts).await.unwrap();
+            // A sample encoded the other way would make the file's declaration false.
+            let other = WriterOptions {
+                value_checksums: !on,
+                ..opts
+            };
+            let wrong = encode_sample(&schema, &other, &s).unwrap();
+            let err = w.append_encoded(wrong).await.unwrap_err().to_string();
+            assert!(err.contains("value_checksums"), "{err}");
+            w.append(&s).await.unwrap();
+            w.commit().await.unwrap();
+            let metas = file_metadata(&ds).await;
+            assert_eq!(metas.len(), 1);
+            assert_eq!(
+                metas[0].get(crate::format::planes::CHECKSUM_META_KEY).is_some(),
+                on,
+                "{metas:?}"
+            );
+            let back = crate::DatasetReader::open(&ds, None)
+                .await
+                .unwrap()
+                .get_sample(9)
+                .await
+                .unwrap();
+            assert_eq!(back.tensors[0].data, s.tensors[0].data);
+        }
+    }
 }
+

@@ -133,8 +133,9 @@ pub struct ValueAt<'a> {
     pub column: &'a str,
 }
 
-/// `file: row group 2: row 3 (sample 17) layer_30`, leaving out what is not known.
-pub(crate) fn describe_site(
+/// Where a value sits, as errors print it: `file: row group 2: row 3 (sample 17) layer_30`,
+/// leaving out what is not known.
+pub fn describe_site(
     file: &Option<String>,
     row_group: &Option<usize>,
     row: &Option<usize>,
