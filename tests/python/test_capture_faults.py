@@ -17,7 +17,7 @@ from capture_util import capture_cmd, hslake_bin, random_samples, randomize, sav
 
 VOCAB = 101
 N = 240
-RUNS = 3
+RUNS = 6
 CLASSES = [{"kind": "status", "code": 503}, {"kind": "status", "code": 500}, {"kind": "reset_before"},
            {"kind": "reset_after"}, {"kind": "delay", "ms": 20}, {"kind": "truncate", "bytes": 10}]
 
