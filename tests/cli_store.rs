@@ -206,8 +206,22 @@ fn a_flipped_byte_in_a_tensor_value_is_named_by_sql_export_and_verify() {
     let url = format!("file://{}", dir.display());
     // Layers 1, 3, 4 and 7 of 8: what the speculators preset takes.
     let o = hslake(&[
-        "synth", &url, "--samples", "12", "--seq-len", "4:20", "--hidden", "32", "--layers",
-        "1,3,4,7", "--num-layers", "8", "--seed", "5", "--row-group-mb", "0",
+        "synth",
+        &url,
+        "--samples",
+        "12",
+        "--seq-len",
+        "4:20",
+        "--hidden",
+        "32",
+        "--layers",
+        "1,3,4,7",
+        "--num-layers",
+        "8",
+        "--seed",
+        "5",
+        "--row-group-mb",
+        "0",
     ]);
     assert!(o.status.success(), "{}", stderr(&o));
     let out = |name: &str| tmp.path().join(name).display().to_string();
@@ -215,7 +229,14 @@ fn a_flipped_byte_in_a_tensor_value_is_named_by_sql_export_and_verify() {
     let run_all = |tag: &str| {
         [
             hslake(&["sql", &url, "--format", "csv", norms]),
-            hslake(&["export", &url, "--sample", "7", "--dir", &out(&format!("npy-{tag}"))]),
+            hslake(&[
+                "export",
+                &url,
+                "--sample",
+                "7",
+                "--dir",
+                &out(&format!("npy-{tag}")),
+            ]),
             hslake(&[
                 "export",
                 &url,
@@ -234,9 +255,15 @@ fn a_flipped_byte_in_a_tensor_value_is_named_by_sql_export_and_verify() {
     }
 
     let (file, flip) = flip_value(&dir, "layer_3", 7);
-    let site = format!("row group {}: row {} (sample 7) layer_3", flip.row_group, flip.row);
+    let site = format!(
+        "row group {}: row {} (sample 7) layer_3",
+        flip.row_group, flip.row
+    );
     let after = run_all("after");
-    for (what, o) in ["sql", "export npy", "export speculators"].iter().zip(&after) {
+    for (what, o) in ["sql", "export npy", "export speculators"]
+        .iter()
+        .zip(&after)
+    {
         let err = stderr(o);
         assert!(!o.status.success(), "{what} succeeded over a flipped value");
         assert!(
@@ -248,7 +275,9 @@ fn a_flipped_byte_in_a_tensor_value_is_named_by_sql_export_and_verify() {
     let verify = String::from_utf8_lossy(&after[3].stdout).into_owned();
     assert_eq!(after[3].status.code(), Some(1));
     assert!(
-        verify.lines().any(|l| l.contains(&file) && l.contains("sample 7 layer_3")),
+        verify
+            .lines()
+            .any(|l| l.contains(&file) && l.contains("sample 7 layer_3")),
         "{verify}"
     );
 
@@ -263,7 +292,10 @@ fn a_flipped_byte_in_a_tensor_value_is_named_by_sql_export_and_verify() {
     let rows: Vec<&str> = others.lines().skip(1).collect();
     assert_eq!(rows.len(), 11, "{others}");
     for r in rows {
-        assert!(all.lines().any(|l| l == r), "{r} differs from before the flip:\n{all}");
+        assert!(
+            all.lines().any(|l| l == r),
+            "{r} differs from before the flip:\n{all}"
+        );
     }
     sql_ok("SELECT count(*), sum(seq_len), max(layer_3_norm) FROM samples");
     sql_ok("SELECT max(tensor_norm(layer_4)) FROM samples");

@@ -1131,9 +1131,13 @@ mod tests {
         let (clean, _) = collect(&l, &l.initial_state(), None).await;
         let shard = &l.manifest().shards[0];
         let (rel, victim) = (shard.path.clone(), shard.min_sample_id + 1);
-        let flip =
-            hslake_store::tools::corrupt::flip_value_byte(&dir.path().join(&rel), "layer_1", 2, victim)
-                .unwrap();
+        let flip = hslake_store::tools::corrupt::flip_value_byte(
+            &dir.path().join(&rel),
+            "layer_1",
+            2,
+            victim,
+        )
+        .unwrap();
 
         // The file still parses; the value's checksum (or its frames) give it away.
         let mut s = l.stream(&l.initial_state()).unwrap();
@@ -1193,4 +1197,3 @@ mod tests {
         }
     }
 }
-

@@ -41,23 +41,8 @@ pub enum QueryError {
     /// A tensor function met a stored value that does not decode (wrong length, corrupt
     /// frames, a checksum that does not match). The session fills in the file and row group
     /// from the sample id before the error reaches the caller.
-    #[error("{function}: {}: {reason}", describe_site(.file, .row_group, .row, .sample_id, .column))]
-    BadValue {
-        /// The function, e.g. `tensor_norm`.
-        function: String,
-        /// The shard file, where known.
-        file: Option<String>,
-        /// The row group in that file, where known.
-        row_group: Option<usize>,
-        /// The row: in the row group once located, else in the batch the function was given.
-        row: Option<usize>,
-        /// The row's sample id, where the query sees it.
-        sample_id: Option<u64>,
-        /// The column.
-        column: String,
-        /// What is wrong.
-        reason: String,
-    },
+    #[error("{0}")]
+    BadValue(Box<BadTensorValue>),
     /// Writing results failed.
     #[error("writing {format} output: {detail}")]
     Output {
@@ -96,41 +81,32 @@ impl From<DataFusionError> for QueryError {
                     detail: detail.clone(),
                 };
             }
-            if let Some(e @ QueryError::BadValue { .. }) = inner.downcast_ref::<QueryError>() {
-                return e.clone_bad_value();
+            if let Some(QueryError::BadValue(b)) = inner.downcast_ref::<QueryError>() {
+                return QueryError::BadValue(b.clone());
             }
         }
         QueryError::Sql(strip_context(e))
     }
 }
 
-impl QueryError {
-    /// A copy of a [`QueryError::BadValue`] (other variants hold errors that cannot be copied);
-    /// `self` for anything else is a bug, reported as an internal error.
-    pub(crate) fn clone_bad_value(&self) -> QueryError {
-        match self {
-            QueryError::BadValue {
-                function,
-                file,
-                row_group,
-                row,
-                sample_id,
-                column,
-                reason,
-            } => QueryError::BadValue {
-                function: function.clone(),
-                file: file.clone(),
-                row_group: *row_group,
-                row: *row,
-                sample_id: *sample_id,
-                column: column.clone(),
-                reason: reason.clone(),
-            },
-            other => QueryError::Sql(DataFusionError::Internal(format!(
-                "clone_bad_value called on {other}"
-            ))),
-        }
-    }
+/// A stored value a tensor function could not decode, and where it sits.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("{function}: {}: {reason}", describe_site(.file, .row_group, .row, .sample_id, .column))]
+pub struct BadTensorValue {
+    /// The function, e.g. `tensor_norm`.
+    pub function: String,
+    /// The shard file, where known.
+    pub file: Option<String>,
+    /// The row group in that file, where known.
+    pub row_group: Option<usize>,
+    /// The row: in the row group once located, else in the batch the function was given.
+    pub row: Option<usize>,
+    /// The row's sample id, where the query sees it.
+    pub sample_id: Option<u64>,
+    /// The column.
+    pub column: String,
+    /// What is wrong.
+    pub reason: String,
 }
 
 /// Drop the analyzer-rule names DataFusion wraps around errors (`apply_function_rewrites

@@ -8,14 +8,14 @@ use datafusion::arrow::record_batch::RecordBatch;
 use datafusion::catalog::MemorySchemaProvider;
 use datafusion::datasource::object_store::ObjectStoreUrl;
 use datafusion::datasource::MemTable;
+use datafusion::error::DataFusionError;
 use datafusion::execution::runtime_env::RuntimeEnvBuilder;
 use datafusion::execution::{SendableRecordBatchStream, SessionStateBuilder};
+use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::prelude::{DataFrame, SQLOptions, SessionConfig, SessionContext};
 use datafusion::sql::parser::{DFParser, Statement as DFStatement};
 use datafusion::sql::sqlparser::ast::Statement;
 use datafusion::sql::sqlparser::dialect::GenericDialect;
-use datafusion::error::DataFusionError;
-use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use futures::{StreamExt, TryStreamExt};
 use hslake_store::{Dataset, DatasetReader, Manifest};
 
@@ -256,18 +256,13 @@ impl QuerySession {
 /// `e` with the file, row group and row of the sample it names, if it is a
 /// [`QueryError::BadValue`] of a sample exactly one registered dataset holds; otherwise `e`.
 async fn locate_bad_value(e: DataFusionError, datasets: &[(Dataset, u64)]) -> DataFusionError {
-    let Some(QueryError::BadValue {
-        function,
-        file: None,
-        sample_id: Some(id),
-        column,
-        reason,
-        ..
-    }) = (match e.find_root() {
+    let Some(QueryError::BadValue(bad)) = (match e.find_root() {
         DataFusionError::External(inner) => inner.downcast_ref::<QueryError>(),
         _ => None,
-    })
-    else {
+    }) else {
+        return e;
+    };
+    let (None, Some(id)) = (&bad.file, &bad.sample_id) else {
         return e;
     };
     let mut sites = Vec::new();
@@ -285,15 +280,14 @@ async fn locate_bad_value(e: DataFusionError, datasets: &[(Dataset, u64)]) -> Da
     let [(url, site)] = sites.as_slice() else {
         return e;
     };
-    DataFusionError::External(Box::new(QueryError::BadValue {
-        function: function.clone(),
-        file: Some(format!("{url}/{}", site.path)),
-        row_group: Some(site.row_group),
-        row: Some(site.row),
-        sample_id: Some(*id),
-        column: column.clone(),
-        reason: reason.clone(),
-    }))
+    DataFusionError::External(Box::new(QueryError::BadValue(Box::new(
+        crate::error::BadTensorValue {
+            file: Some(format!("{url}/{}", site.path)),
+            row_group: Some(site.row_group),
+            row: Some(site.row),
+            ..bad.as_ref().clone()
+        },
+    ))))
 }
 
 fn check_name(n: &str) -> Result<()> {

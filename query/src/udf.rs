@@ -36,6 +36,7 @@ use datafusion::logical_expr::{
 use datafusion::prelude::SessionContext;
 use hslake_schemas::{DType, TensorFieldMeta, TENSOR_META_KEY};
 
+use crate::error::BadTensorValue;
 use crate::tensor::{self, TensorKind};
 use crate::QueryError;
 
@@ -402,7 +403,7 @@ impl RowInfo<'_> {
     /// The error for a value of tensor argument `arg` (in `column`) at `row` that does not
     /// decode; the session names its file and row group from the sample id.
     fn bad(&self, arg: usize, column: &str, row: usize, reason: String) -> DataFusionError {
-        DataFusionError::External(Box::new(QueryError::BadValue {
+        DataFusionError::External(Box::new(QueryError::BadValue(Box::new(BadTensorValue {
             function: self.function.to_string(),
             file: None,
             row_group: None,
@@ -410,12 +411,17 @@ impl RowInfo<'_> {
             sample_id: Self::get(&self.sample_ids, arg, row),
             column: column.to_string(),
             reason,
-        }))
+        }))))
     }
 }
 
 /// Run `op` over whole arrays (tensor arrays already checked to be LargeBinary).
-fn evaluate(op: Op, kinds: &[TensorKind], arrays: &[ArrayRef], info: &RowInfo<'_>) -> Result<ArrayRef> {
+fn evaluate(
+    op: Op,
+    kinds: &[TensorKind],
+    arrays: &[ArrayRef],
+    info: &RowInfo<'_>,
+) -> Result<ArrayRef> {
     let name = info.function;
     let col = info.columns[0].as_str();
     let t = arrays[0].as_binary::<i64>();
@@ -557,7 +563,12 @@ fn evaluate(op: Op, kinds: &[TensorKind], arrays: &[ArrayRef], info: &RowInfo<'_
                     sk.decode_tokens_into(s.value(i), Some(tokens), &mut scale_raw, &mut scales)
                 {
                     let scale_col = format!("{col}'s scales");
-                    return Err(info.bad(0, &scale_col, i, format!("{e} (one f32 scale per token)")));
+                    return Err(info.bad(
+                        0,
+                        &scale_col,
+                        i,
+                        format!("{e} (one f32 scale per token)"),
+                    ));
                 }
                 for (row, sc) in buf.chunks_exact_mut(k.hidden).zip(&scales) {
                     row.iter_mut().for_each(|v| *v *= sc);

@@ -242,8 +242,13 @@ pub async fn run(b: Bench) -> Result<std::process::ExitCode> {
             let best = |r: &Rounds, f: fn(&Rounds) -> &Vec<f64>| Rounds::spread(f(r)).0;
             println!(
                 "cost of checksums (best on vs best off): read {:+.1} %, write {:+.1} %",
-                100.0 * (1.0 - best(&rounds[0], |r| &r.read_mb_s) / best(&rounds[1], |r| &r.read_mb_s)),
-                100.0 * (1.0 - best(&rounds[0], |r| &r.write_mb_s) / best(&rounds[1], |r| &r.write_mb_s)),
+                100.0
+                    * (1.0
+                        - best(&rounds[0], |r| &r.read_mb_s) / best(&rounds[1], |r| &r.read_mb_s)),
+                100.0
+                    * (1.0
+                        - best(&rounds[0], |r| &r.write_mb_s)
+                            / best(&rounds[1], |r| &r.write_mb_s)),
             );
         }
     }

@@ -493,7 +493,7 @@ mod tests {
             let metas = file_metadata(&ds).await;
             assert_eq!(metas.len(), 1);
             assert_eq!(
-                metas[0].get(crate::format::planes::CHECKSUM_META_KEY).is_some(),
+                metas[0].contains_key(crate::format::planes::CHECKSUM_META_KEY),
                 on,
                 "{metas:?}"
             );
@@ -507,4 +507,3 @@ mod tests {
         }
     }
 }
-

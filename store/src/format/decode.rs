@@ -244,7 +244,11 @@ pub fn with_file_metadata(
     if metadata.is_empty() {
         return batch;
     }
-    let schema = batch.schema_ref().as_ref().clone().with_metadata(metadata.clone());
+    let schema = batch
+        .schema_ref()
+        .as_ref()
+        .clone()
+        .with_metadata(metadata.clone());
     // The same fields with more metadata, which `with_schema` accepts.
     match batch.clone().with_schema(std::sync::Arc::new(schema)) {
         Ok(b) => b,
@@ -367,8 +371,14 @@ impl TensorColumn {
         decode_value(self.values.value(row), self.kind, tokens, self.checks, out)
             .map_err(|e| e.at(&self.at(row, &self.name)))?;
         if let Some((sname, col)) = &self.scales {
-            decode_value(col.value(row), ValueKind::Scales, tokens, self.checks, scales)
-                .map_err(|e| e.at(&self.at(row, sname)))?;
+            decode_value(
+                col.value(row),
+                ValueKind::Scales,
+                tokens,
+                self.checks,
+                scales,
+            )
+            .map_err(|e| e.at(&self.at(row, sname)))?;
         }
         Ok(())
     }
@@ -531,19 +541,29 @@ mod tests {
 
     #[test]
     fn check_tokens_reads_only_the_header() {
-        assert_eq!(check_tokens(&bf16_value(3), BF16, 3, Checksums::Required), Ok(()));
         assert_eq!(
-            check_tokens(&poisoned(400), BF16, 8, Checksums::Required).unwrap_err().reason,
+            check_tokens(&bf16_value(3), BF16, 3, Checksums::Required),
+            Ok(())
+        );
+        assert_eq!(
+            check_tokens(&poisoned(400), BF16, 8, Checksums::Required)
+                .unwrap_err()
+                .reason,
             "expected shape [8, 4] of bf16, got [100, 4]"
         );
     }
 
     #[test]
     fn header_tokens_refuses_partial_rows() {
-        assert_eq!(header_tokens(&bf16_value(3), BF16, Checksums::Required), Ok(3));
+        assert_eq!(
+            header_tokens(&bf16_value(3), BF16, Checksums::Required),
+            Ok(3)
+        );
         let five = planes::encode(&[0u8; 10], 2, 1, true).unwrap();
         assert_eq!(
-            header_tokens(&five, BF16, Checksums::Required).unwrap_err().reason,
+            header_tokens(&five, BF16, Checksums::Required)
+                .unwrap_err()
+                .reason,
             "a value of 5 bf16 elements is not a whole number of rows of 4"
         );
     }
@@ -559,8 +579,11 @@ mod tests {
         ]);
         if declared {
             schema = schema.with_metadata(
-                [(planes::CHECKSUM_META_KEY.to_string(), planes::CHECKSUM_KIND.to_string())]
-                    .into(),
+                [(
+                    planes::CHECKSUM_META_KEY.to_string(),
+                    planes::CHECKSUM_KIND.to_string(),
+                )]
+                .into(),
             );
         }
         let batch = RecordBatch::try_new(Arc::new(schema), vec![ids, vals]).unwrap();
@@ -585,8 +608,9 @@ mod tests {
         assert_eq!(col.checksums(), Checksums::Required);
         let err = col.decode_chunk(&[0, 2, 4]).unwrap_err().to_string();
         assert!(
-            err.starts_with("data/a.parquet: row group 0: row 1 (sample 42) layer_3: corrupt value: plane 2: ")
-                && err.contains("checksum"),
+            err.starts_with(
+                "data/a.parquet: row group 0: row 1 (sample 42) layer_3: corrupt value: plane 2: "
+            ) && err.contains("checksum"),
             "{err}"
         );
         let (mut out, mut sc) = (Vec::new(), Vec::new());
@@ -600,13 +624,18 @@ mod tests {
         let unsummed = planes::encode(&raw, 2, 1, false).unwrap();
         let old_file = batch_of([bf16_value(2), unsummed.clone()], false);
         assert_eq!(old_file.checksums(), Checksums::IfPresent);
-        assert!(old_file.decode_chunk(&[0, 2, 4]).is_ok(), "old files still read");
+        assert!(
+            old_file.decode_chunk(&[0, 2, 4]).is_ok(),
+            "old files still read"
+        );
         let err = batch_of([bf16_value(2), unsummed], true)
             .decode_chunk(&[0, 2, 4])
             .unwrap_err()
             .to_string();
         assert!(
-            err.contains("(sample 42) layer_3: corrupt value: plane 0: frame has no content checksum"),
+            err.contains(
+                "(sample 42) layer_3: corrupt value: plane 0: frame has no content checksum"
+            ),
             "{err}"
         );
     }

@@ -352,8 +352,7 @@ fn frames(value: &[u8], size: usize, checks: Checksums) -> Result<Vec<&[u8]>, Pl
         let frame = &value[pos..end];
         // Byte 4 is the frame header descriptor, after the 4-byte magic number (a frame too
         // short to have one is refused by `content_size` or zstd).
-        if checks == Checksums::Required && frame.get(4).is_some_and(|d| d & CHECKSUM_FLAG == 0)
-        {
+        if checks == Checksums::Required && frame.get(4).is_some_and(|d| d & CHECKSUM_FLAG == 0) {
             return Err(PlaneError::Checksum {
                 plane: i,
                 detail: format!(
@@ -628,7 +627,10 @@ mod tests {
         let mut plain = encode(&data, 2, 1, false).unwrap();
         plain[start + len / 2] ^= 0x10;
         let silently_wrong = decode(&plain, 2, Checksums::IfPresent).unwrap();
-        assert_ne!(silently_wrong, data, "without a checksum the flip goes unnoticed");
+        assert_ne!(
+            silently_wrong, data,
+            "without a checksum the flip goes unnoticed"
+        );
 
         let mut summed = encode(&data, 2, 1, true).unwrap();
         let (start, len) = frame_starts(&summed, 2)[2];

@@ -377,7 +377,12 @@ fn decode_layout(layout: &str, b: &RecordBatch, k: usize, h: usize) -> u64 {
                             unsplit_into(v, k, &mut out);
                             out
                         }
-                        _ => crate::format::planes::decode(v, k, crate::format::planes::Checksums::IfPresent).unwrap_or_default(),
+                        _ => crate::format::planes::decode(
+                            v,
+                            k,
+                            crate::format::planes::Checksums::IfPresent,
+                        )
+                        .unwrap_or_default(),
                     };
                     total += std::hint::black_box(out).len() as u64;
                 }

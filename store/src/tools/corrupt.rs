@@ -40,10 +40,7 @@ pub fn flip_value_byte(file: &Path, column: &str, size: usize, sample_id: u64) -
             .index_of(name)
             .map_err(|_| StoreError::corrupt(&shown, format!("no column {name:?}")))
     };
-    let mask = ProjectionMask::roots(
-        builder.parquet_schema(),
-        [idx("sample_id")?, idx(column)?],
-    );
+    let mask = ProjectionMask::roots(builder.parquet_schema(), [idx("sample_id")?, idx(column)?]);
     let groups = builder.metadata().num_row_groups();
     for rg in 0..groups {
         let reader = ParquetRecordBatchReaderBuilder::try_new(Bytes::from(bytes.clone()))
@@ -70,7 +67,9 @@ pub fn flip_value_byte(file: &Path, column: &str, size: usize, sample_id: u64) -
             // The last frame starts after the header of frame lengths and the other frames.
             let count = plane_count(size);
             let lens: Vec<usize> = (0..count)
-                .map(|i| u32::from_le_bytes(value[4 * i..4 * i + 4].try_into().expect("4")) as usize)
+                .map(|i| {
+                    u32::from_le_bytes(value[4 * i..4 * i + 4].try_into().expect("4")) as usize
+                })
                 .collect();
             let last = 4 * count + lens[..count - 1].iter().sum::<usize>();
             let offset = start + last + lens[count - 1] / 2;
