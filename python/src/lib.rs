@@ -321,7 +321,8 @@ impl NativeStream {
 
 /// Write a synthetic dataset (values shaped like real activations, from the store's
 /// generator; the same as `hslake synth`) and return its committed version: for tests and
-/// benchmarks without the CLI.
+/// benchmarks without the CLI. `value_checksums=False` writes values without zstd frame
+/// checksums, as writers before them did (the checksum cost benchmark reads both).
 #[pyfunction]
 #[pyo3(signature = (url, samples, seq_len, hidden, layers, final_norm=false, seed=0, first_id=0,
                     row_group_bytes=32 << 20, shard_bytes=256 << 20, dtype="bf16",
