@@ -186,3 +186,119 @@ fn version_names_the_build_profile_and_opt_level() {
         "{out}"
     );
 }
+
+/// Flip a byte inside sample `id`'s value of `column` (bf16) in whichever shard holds it; the
+/// Parquet file still parses. Returns the shard's file name and the flip.
+fn flip_value(dir: &Path, column: &str, id: u64) -> (String, hslake_store::tools::corrupt::Flip) {
+    for f in shards(dir) {
+        if let Ok(flip) = hslake_store::tools::corrupt::flip_value_byte(&f, column, 2, id) {
+            let name = f.file_name().unwrap().to_string_lossy().to_string();
+            return (name, flip);
+        }
+    }
+    panic!("no shard holds sample {id}");
+}
+
+#[test]
+fn a_flipped_byte_in_a_tensor_value_is_named_by_sql_export_and_verify() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("ds");
+    let url = format!("file://{}", dir.display());
+    // Layers 1, 3, 4 and 7 of 8: what the speculators preset takes.
+    let o = hslake(&[
+        "synth",
+        &url,
+        "--samples",
+        "12",
+        "--seq-len",
+        "4:20",
+        "--hidden",
+        "32",
+        "--layers",
+        "1,3,4,7",
+        "--num-layers",
+        "8",
+        "--seed",
+        "5",
+        "--row-group-mb",
+        "0",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = |name: &str| tmp.path().join(name).display().to_string();
+    let norms = "SELECT sample_id, tensor_norm(layer_3) AS n FROM samples ORDER BY sample_id";
+    let run_all = |tag: &str| {
+        [
+            hslake(&["sql", &url, "--format", "csv", norms]),
+            hslake(&[
+                "export",
+                &url,
+                "--sample",
+                "7",
+                "--dir",
+                &out(&format!("npy-{tag}")),
+            ]),
+            hslake(&[
+                "export",
+                &url,
+                "--format",
+                "speculators",
+                "--no-progress",
+                "--dir",
+                &out(&format!("spec-{tag}")),
+            ]),
+            hslake(&["verify", &url]),
+        ]
+    };
+    let before = run_all("before");
+    for o in &before {
+        assert!(o.status.success(), "{}", stderr(o));
+    }
+
+    let (file, flip) = flip_value(&dir, "layer_3", 7);
+    let site = format!(
+        "row group {}: row {} (sample 7) layer_3",
+        flip.row_group, flip.row
+    );
+    let after = run_all("after");
+    for (what, o) in ["sql", "export npy", "export speculators"]
+        .iter()
+        .zip(&after)
+    {
+        let err = stderr(o);
+        assert!(!o.status.success(), "{what} succeeded over a flipped value");
+        assert!(
+            err.contains(&file) && err.contains(&site),
+            "{what}: expected {file} and {site} in:\n{err}"
+        );
+        assert!(!err.contains("panicked"), "{what}: {err}");
+    }
+    let verify = String::from_utf8_lossy(&after[3].stdout).into_owned();
+    assert_eq!(after[3].status.code(), Some(1));
+    assert!(
+        verify
+            .lines()
+            .any(|l| l.contains(&file) && l.contains("sample 7 layer_3")),
+        "{verify}"
+    );
+
+    // What does not touch the value is unaffected: statistics, other samples, other layers.
+    let sql_ok = |q: &str| {
+        let o = hslake(&["sql", &url, "--format", "csv", q]);
+        assert!(o.status.success(), "{q}: {}", stderr(&o));
+        String::from_utf8_lossy(&o.stdout).into_owned()
+    };
+    let all = String::from_utf8_lossy(&before[0].stdout).into_owned();
+    let others = sql_ok(&norms.replace("ORDER BY", "WHERE sample_id <> 7 ORDER BY"));
+    let rows: Vec<&str> = others.lines().skip(1).collect();
+    assert_eq!(rows.len(), 11, "{others}");
+    for r in rows {
+        assert!(
+            all.lines().any(|l| l == r),
+            "{r} differs from before the flip:\n{all}"
+        );
+    }
+    sql_ok("SELECT count(*), sum(seq_len), max(layer_3_norm) FROM samples");
+    sql_ok("SELECT max(tensor_norm(layer_4)) FROM samples");
+    let o = hslake(&["export", &url, "--sample", "8", "--dir", &out("npy-8")]);
+    assert!(o.status.success(), "{}", stderr(&o));
+}

@@ -1115,4 +1115,85 @@ mod tests {
         assert!(skipped > 0 && l.stats().row_groups_skipped.load(Ordering::Relaxed) > 0);
         assert_eq!(ids(&b).len() as u64 + skipped, 30);
     }
+
+    #[tokio::test]
+    async fn a_flipped_byte_in_a_tensor_value_fails_naming_file_row_group_and_sample_or_is_skipped()
+    {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("file://{}", dir.path().display());
+        make(&url, 30).await;
+        let c = LoaderConfig {
+            shuffle: false,
+            shuffle_window: 1,
+            ..cfg(4)
+        };
+        let l = Loader::open(&url, c.clone()).await.unwrap();
+        let (clean, _) = collect(&l, &l.initial_state(), None).await;
+        let shard = &l.manifest().shards[0];
+        let (rel, victim) = (shard.path.clone(), shard.min_sample_id + 1);
+        let flip = hslake_store::tools::corrupt::flip_value_byte(
+            &dir.path().join(&rel),
+            "layer_1",
+            2,
+            victim,
+        )
+        .unwrap();
+
+        // The file still parses; the value's checksum (or its frames) give it away.
+        let mut s = l.stream(&l.initial_state()).unwrap();
+        let mut err = None;
+        while let Some(b) = s.next().await {
+            if let Err(e) = b {
+                err = Some(e.to_string());
+                break;
+            }
+        }
+        let err = err.expect("a flipped value is an error by default");
+        let site = format!(
+            "{rel}: row group {}: row {} (sample {victim}) layer_1: ",
+            flip.row_group, flip.row
+        );
+        assert!(err.contains(&site), "{site} not in: {err}");
+
+        // Skipped: its row group is left out and counted, every other sample is as before.
+        let l = Loader::open(
+            &url,
+            LoaderConfig {
+                on_corrupt: CorruptPolicy::Skip,
+                ..c
+            },
+        )
+        .await
+        .unwrap();
+        let (b, _) = collect(&l, &l.initial_state(), None).await;
+        let rows = l.manifest().shards[0].row_groups[flip.row_group];
+        assert_eq!(l.stats().samples_skipped.load(Ordering::Relaxed), rows);
+        assert_eq!(l.stats().row_groups_skipped.load(Ordering::Relaxed), 1);
+        let kept = ids(&b);
+        assert!(!kept.contains(&victim));
+        let clean_ids: Vec<u64> = ids(&clean)
+            .into_iter()
+            .filter(|i| kept.contains(i))
+            .collect();
+        assert_eq!(kept, clean_ids, "the other samples come in the same order");
+        assert_eq!(kept.len() as u64 + rows, 30);
+        // Each sample's own tokens of the padded [B, T, H] target, by sample id.
+        let tensors = |bs: &[Batch]| -> HashMap<u64, Vec<u8>> {
+            let mut out = HashMap::new();
+            for b in bs {
+                let t = b.field("target_hidden_states").unwrap();
+                let row = t.bytes().len() / b.sample_ids.len();
+                let per_token = row / t.shape[1];
+                for (i, &id) in b.sample_ids.iter().enumerate() {
+                    let own = &t.bytes()[i * row..i * row + b.seq_lens[i] * per_token];
+                    out.insert(id, own.to_vec());
+                }
+            }
+            out
+        };
+        let (before, after) = (tensors(&clean), tensors(&b));
+        for id in &kept {
+            assert_eq!(before[id], after[id], "sample {id}");
+        }
+    }
 }

@@ -321,10 +321,12 @@ impl NativeStream {
 
 /// Write a synthetic dataset (values shaped like real activations, from the store's
 /// generator; the same as `hslake synth`) and return its committed version: for tests and
-/// benchmarks without the CLI.
+/// benchmarks without the CLI. `value_checksums=False` writes values without zstd frame
+/// checksums, as writers before them did (the checksum cost benchmark reads both).
 #[pyfunction]
 #[pyo3(signature = (url, samples, seq_len, hidden, layers, final_norm=false, seed=0, first_id=0,
-                    row_group_bytes=32 << 20, shard_bytes=256 << 20, dtype="bf16"))]
+                    row_group_bytes=32 << 20, shard_bytes=256 << 20, dtype="bf16",
+                    value_checksums=true))]
 #[allow(clippy::too_many_arguments)]
 fn write_synthetic(
     py: Python<'_>,
@@ -339,6 +341,7 @@ fn write_synthetic(
     row_group_bytes: u64,
     shard_bytes: u64,
     dtype: &str,
+    value_checksums: bool,
 ) -> PyResult<Option<u64>> {
     use hslake_store::tools::synth::{write_dataset, SynthSpec};
     use hslake_store::WriterOptions;
@@ -359,6 +362,7 @@ fn write_synthetic(
         writer: WriterOptions {
             shard_target_bytes: shard_bytes,
             row_group_target_bytes: row_group_bytes,
+            value_checksums,
             ..Default::default()
         },
         commit_every: 0,

@@ -1,4 +1,5 @@
 use datafusion::error::DataFusionError;
+use hslake_store::format::decode::describe_site;
 
 /// Everything that can go wrong in hslake-query.
 #[derive(Debug, thiserror::Error)]
@@ -37,6 +38,11 @@ pub enum QueryError {
         /// More about it (the biggest memory consumers), empty or starting with `; `.
         detail: String,
     },
+    /// A tensor function met a stored value that does not decode (wrong length, corrupt
+    /// frames, a checksum that does not match). The session fills in the file and row group
+    /// from the sample id before the error reaches the caller.
+    #[error("{0}")]
+    BadValue(Box<BadTensorValue>),
     /// Writing results failed.
     #[error("writing {format} output: {detail}")]
     Output {
@@ -75,9 +81,32 @@ impl From<DataFusionError> for QueryError {
                     detail: detail.clone(),
                 };
             }
+            if let Some(QueryError::BadValue(b)) = inner.downcast_ref::<QueryError>() {
+                return QueryError::BadValue(b.clone());
+            }
         }
         QueryError::Sql(strip_context(e))
     }
+}
+
+/// A stored value a tensor function could not decode, and where it sits.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("{function}: {}: {reason}", describe_site(.file, .row_group, .row, .sample_id, .column))]
+pub struct BadTensorValue {
+    /// The function, e.g. `tensor_norm`.
+    pub function: String,
+    /// The shard file, where known.
+    pub file: Option<String>,
+    /// The row group in that file, where known.
+    pub row_group: Option<usize>,
+    /// The row: in the row group once located, else in the batch the function was given.
+    pub row: Option<usize>,
+    /// The row's sample id, where the query sees it.
+    pub sample_id: Option<u64>,
+    /// The column.
+    pub column: String,
+    /// What is wrong.
+    pub reason: String,
 }
 
 /// Drop the analyzer-rule names DataFusion wraps around errors (`apply_function_rewrites

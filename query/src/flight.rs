@@ -152,6 +152,8 @@ fn to_status(e: QueryError) -> Status {
         QueryError::ReadOnly { .. } => Status::permission_denied(e.to_string()),
         QueryError::Sql(_) => Status::invalid_argument(e.to_string()),
         QueryError::Limit { .. } => Status::resource_exhausted(e.to_string()),
+        // A stored value that does not decode: the data is damaged, not the query.
+        QueryError::BadValue(_) => Status::data_loss(e.to_string()),
         other => Status::internal(other.to_string()),
     }
 }
@@ -448,6 +450,26 @@ pub async fn serve_listener(
 mod tests {
     use super::*;
     use arrow_flight::sql::client::FlightSqlServiceClient;
+
+    #[test]
+    fn a_corrupt_stored_value_is_data_loss_naming_its_place() {
+        let bad = crate::BadTensorValue {
+            function: "tensor_norm".into(),
+            file: Some("s3://b/ds/data/a.parquet".into()),
+            row_group: Some(2),
+            row: Some(5),
+            sample_id: Some(17),
+            column: "layer_3".into(),
+            reason: "corrupt value: plane 2: content differs from the frame's checksum".into(),
+        };
+        let st = to_status(QueryError::BadValue(Box::new(bad)));
+        assert_eq!(st.code(), tonic::Code::DataLoss);
+        assert_eq!(
+            st.message(),
+            "tensor_norm: s3://b/ds/data/a.parquet: row group 2: row 5 (sample 17) layer_3: \
+             corrupt value: plane 2: content differs from the frame's checksum"
+        );
+    }
     use futures::StreamExt;
     use hslake_schemas::DType;
 

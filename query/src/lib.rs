@@ -28,7 +28,7 @@ pub mod tensor;
 pub mod udf;
 
 pub use datafusion::execution::{RecordBatchStream, SendableRecordBatchStream};
-pub use error::{QueryError, Result};
+pub use error::{BadTensorValue, QueryError, Result};
 pub use limits::QueryLimits;
 pub use output::{write_batches, OutputFormat};
 pub use session::{check_read_only, QuerySession, RegisteredDataset};

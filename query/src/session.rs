@@ -8,14 +8,16 @@ use datafusion::arrow::record_batch::RecordBatch;
 use datafusion::catalog::MemorySchemaProvider;
 use datafusion::datasource::object_store::ObjectStoreUrl;
 use datafusion::datasource::MemTable;
+use datafusion::error::DataFusionError;
 use datafusion::execution::runtime_env::RuntimeEnvBuilder;
 use datafusion::execution::{SendableRecordBatchStream, SessionStateBuilder};
+use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::prelude::{DataFrame, SQLOptions, SessionConfig, SessionContext};
 use datafusion::sql::parser::{DFParser, Statement as DFStatement};
 use datafusion::sql::sqlparser::ast::Statement;
 use datafusion::sql::sqlparser::dialect::GenericDialect;
-use futures::TryStreamExt;
-use hslake_store::{Dataset, Manifest};
+use futures::{StreamExt, TryStreamExt};
+use hslake_store::{Dataset, DatasetReader, Manifest};
 
 use crate::limits::QueryLimits;
 use crate::table::{CountingStore, ShardFile, ShardTable};
@@ -37,6 +39,8 @@ pub struct RegisteredDataset {
     pub manifest: Manifest,
     /// Counts bytes read from the dataset's store by queries.
     pub counter: Arc<CountingStore>,
+    /// The dataset, for finding where a sample named in an error sits.
+    pub dataset: Dataset,
 }
 
 /// A DataFusion session with hslake datasets registered as tables and the tensor functions
@@ -154,6 +158,7 @@ impl QuerySession {
             url: dataset.url().to_string(),
             manifest,
             counter,
+            dataset: dataset.clone(),
         });
         Ok(())
     }
@@ -201,7 +206,30 @@ impl QuerySession {
             .build_arc()?;
         let task = Arc::new(task.with_runtime(runtime));
         let stream = datafusion::physical_plan::execute_stream(plan, task)?;
-        Ok(self.limits.guard(stream))
+        Ok(self.locating(self.limits.guard(stream)))
+    }
+
+    /// `stream` with each [`QueryError::BadValue`] it fails with completed by the file, row
+    /// group and row that hold the sample: a tensor function sees values apart from their file,
+    /// so it names the sample and this finds the rest (only on the error path).
+    fn locating(&self, stream: SendableRecordBatchStream) -> SendableRecordBatchStream {
+        let datasets: Arc<Vec<(Dataset, u64)>> = Arc::new(
+            self.datasets
+                .iter()
+                .map(|d| (d.dataset.clone(), d.manifest.version))
+                .collect(),
+        );
+        let schema = stream.schema();
+        let located = stream.then(move |r| {
+            let datasets = datasets.clone();
+            async move {
+                match r {
+                    Ok(b) => Ok(b),
+                    Err(e) => Err(locate_bad_value(e, &datasets).await),
+                }
+            }
+        });
+        Box::pin(RecordBatchStreamAdapter::new(schema, located))
     }
 
     /// Plan and run one statement under the session's limits, collecting every batch.
@@ -223,6 +251,43 @@ impl QuerySession {
     pub fn reset_counters(&self) {
         self.datasets.iter().for_each(|d| d.counter.reset());
     }
+}
+
+/// `e` with the file, row group and row of the sample it names, if it is a
+/// [`QueryError::BadValue`] of a sample exactly one registered dataset holds; otherwise `e`.
+async fn locate_bad_value(e: DataFusionError, datasets: &[(Dataset, u64)]) -> DataFusionError {
+    let Some(QueryError::BadValue(bad)) = (match e.find_root() {
+        DataFusionError::External(inner) => inner.downcast_ref::<QueryError>(),
+        _ => None,
+    }) else {
+        return e;
+    };
+    let (None, Some(id)) = (&bad.file, &bad.sample_id) else {
+        return e;
+    };
+    let mut sites = Vec::new();
+    for (ds, version) in datasets {
+        let found = match DatasetReader::open(ds, Some(*version)).await {
+            Ok(r) => r.locate_sample(*id).await,
+            Err(err) => Err(err),
+        };
+        match found {
+            Ok(Some(site)) => sites.push((ds.url().to_string(), site)),
+            Ok(None) => {}
+            Err(err) => tracing::warn!("cannot locate sample {id} named in an error: {err}"),
+        }
+    }
+    let [(url, site)] = sites.as_slice() else {
+        return e;
+    };
+    DataFusionError::External(Box::new(QueryError::BadValue(Box::new(
+        crate::error::BadTensorValue {
+            file: Some(format!("{url}/{}", site.path)),
+            row_group: Some(site.row_group),
+            row: Some(site.row),
+            ..bad.as_ref().clone()
+        },
+    ))))
 }
 
 fn check_name(n: &str) -> Result<()> {

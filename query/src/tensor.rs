@@ -7,7 +7,12 @@
 //! `layer_30_norm` up to float rounding; `nan_count` / `inf_count` report what was skipped.
 use hslake_schemas::{bf16_bits_to_f32, fp8_e4m3_to_f32, DType, TensorFieldMeta, TENSOR_ENCODING};
 use hslake_store::format::decode::{self, ValueKind};
-use hslake_store::format::planes;
+use hslake_store::format::planes::{self, Checksums};
+
+/// A value in SQL is seen apart from its file, so whether the file declares checksummed values
+/// is not known: a frame's checksum is checked where present. A cleared checksum flag alone
+/// still fails, since the frame then ends four bytes before the length its value records.
+const CHECKS: Checksums = Checksums::IfPresent;
 
 /// What a tensor column holds, taken from its field's `hslake.tensor` metadata.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -57,14 +62,14 @@ impl TensorKind {
     /// Number of token rows in a stored value, from its own header, or an error naming the
     /// mismatch.
     pub fn tokens(&self, value: &[u8]) -> Result<usize, String> {
-        decode::header_tokens(value, self.value_kind()).map_err(|e| e.reason)
+        decode::header_tokens(value, self.value_kind(), CHECKS).map_err(|e| e.reason)
     }
 
     /// Token rows of a stored value: `seq_len`, its row's token count where the query sees it,
     /// checked against the value's header (nothing is decoded); otherwise from the header.
     pub fn expect_tokens(&self, value: &[u8], seq_len: Option<usize>) -> Result<usize, String> {
         match seq_len {
-            Some(n) => decode::check_tokens(value, self.value_kind(), n)
+            Some(n) => decode::check_tokens(value, self.value_kind(), n, CHECKS)
                 .map(|()| n)
                 .map_err(|e| e.reason),
             None => self.tokens(value),
@@ -94,7 +99,7 @@ impl TensorKind {
             Some(n) => n,
             None => self.tokens(value)?,
         };
-        decode::decode_value(value, kind, tokens, raw).map_err(|e| e.reason)?;
+        decode::decode_value(value, kind, tokens, CHECKS, raw).map_err(|e| e.reason)?;
         out.clear();
         out.reserve(tokens * self.hidden);
         match self.dtype {
@@ -120,7 +125,7 @@ impl TensorKind {
 /// f32). zstd's fastest level: these are intermediate results, not stored data.
 pub fn encode_f32(values: &[f32]) -> Result<Vec<u8>, String> {
     let raw: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
-    planes::encode(&raw, 4, -5).map_err(|e| e.to_string())
+    planes::encode(&raw, 4, -5, false).map_err(|e| e.to_string())
 }
 
 /// L2 norm of one token row over its finite elements.
@@ -195,7 +200,7 @@ mod tests {
     use super::*;
 
     fn encoded(size: usize, le: &[Vec<u8>]) -> Vec<u8> {
-        planes::encode(&le.concat(), size, 1).unwrap()
+        planes::encode(&le.concat(), size, 1, true).unwrap()
     }
 
     #[test]
@@ -259,9 +264,9 @@ mod tests {
             dtype: DType::Bf16,
             hidden: 4,
         };
-        let twelve = planes::encode(&[0u8; 24], 2, 1).unwrap();
+        let twelve = planes::encode(&[0u8; 24], 2, 1, true).unwrap();
         assert_eq!(k.tokens(&twelve).unwrap(), 3);
-        let five = planes::encode(&[0u8; 10], 2, 1).unwrap();
+        let five = planes::encode(&[0u8; 10], 2, 1, true).unwrap();
         let err = k.tokens(&five).unwrap_err();
         assert!(
             err.contains("5 bf16 elements") && err.contains("rows of 4"),

@@ -9,7 +9,9 @@
 //! fp8 tensors hold one f32 scale per token in a sibling column. [`TensorArgRewrite`] rewrites
 //! `f(layer_30)` into `f(dequantize(layer_30, layer_30_scale))` while the plan still sees the
 //! table's columns, so users never name the scale column themselves; it also hands each tensor
-//! argument its row's `seq_len`, so a value whose frames claim another length is refused.
+//! argument its row's `seq_len`, so a value whose frames claim another length is refused, and
+//! its `sample_id`, so that a value that does not decode is named by sample
+//! ([`QueryError::BadValue`]; the session adds its file and row group).
 use std::any::Any;
 use std::sync::Arc;
 
@@ -21,7 +23,8 @@ use datafusion::arrow::datatypes::{DataType, Field, FieldRef, Int64Type, UInt64T
 use datafusion::common::config::ConfigOptions;
 use datafusion::common::tree_node::Transformed;
 use datafusion::common::{
-    exec_err, plan_datafusion_err, plan_err, DFSchema, ExprSchema, Result, ScalarValue,
+    exec_err, plan_datafusion_err, plan_err, DFSchema, DataFusionError, ExprSchema, Result,
+    ScalarValue,
 };
 use datafusion::execution::FunctionRegistry;
 use datafusion::logical_expr::expr::ScalarFunction;
@@ -33,7 +36,9 @@ use datafusion::logical_expr::{
 use datafusion::prelude::SessionContext;
 use hslake_schemas::{DType, TensorFieldMeta, TENSOR_META_KEY};
 
+use crate::error::BadTensorValue;
 use crate::tensor::{self, TensorKind};
+use crate::QueryError;
 
 /// Names of every tensor function, for docs and help.
 pub const FUNCTION_NAMES: [&str; 11] = [
@@ -117,14 +122,19 @@ impl Op {
 struct TensorFn {
     op: Op,
     signature: Signature,
-    /// Whether each tensor argument's row length (`seq_len`, or NULL where the query does not
-    /// see it) follows the arguments; only [`TensorArgRewrite`] makes such calls.
+    /// Whether each tensor argument's row length (`seq_len`), then each one's `sample_id` (NULL
+    /// where the query does not see them), follow the arguments; only [`TensorArgRewrite`]
+    /// makes such calls.
     seq_lens: bool,
 }
 
 impl TensorFn {
     fn new(op: Op, seq_lens: bool) -> Self {
-        let extra = if seq_lens { op.tensor_args().len() } else { 0 };
+        let extra = if seq_lens {
+            2 * op.tensor_args().len()
+        } else {
+            0
+        };
         TensorFn {
             op,
             signature: Signature::any(op.arity() + extra, Volatility::Immutable),
@@ -330,30 +340,37 @@ impl ScalarUDFImpl for TensorFn {
             .iter()
             .map(|a| a.to_array(args.number_rows))
             .collect::<Result<_>>()?;
-        let (arrays, lens) = arrays.split_at(self.op.arity());
+        let (arrays, extra) = arrays.split_at(self.op.arity());
+        let (lens, ids) = extra.split_at(extra.len() / 2);
         let out = if kinds.iter().any(Option::is_none)
             || arrays[1..].iter().any(|a| a.data_type() == &DataType::Null)
         {
             datafusion::arrow::array::new_null_array(&self.op.return_type(), args.number_rows)
         } else {
             let kinds: Vec<TensorKind> = kinds.into_iter().flatten().collect();
-            let lens = lens
-                .iter()
-                .map(|a| datafusion::arrow::compute::cast(a, &DataType::UInt64))
-                .collect::<std::result::Result<Vec<_>, _>>()?;
-            let seq_lens = SeqLens(
-                lens.iter()
-                    .map(|a| a.as_primitive::<UInt64Type>())
+            let u64s = |a: &[ArrayRef]| {
+                a.iter()
+                    .map(|a| datafusion::arrow::compute::cast(a, &DataType::UInt64))
+                    .collect::<std::result::Result<Vec<_>, _>>()
+            };
+            let (lens, ids) = (u64s(lens)?, u64s(ids)?);
+            let prim = |a: &'_ [ArrayRef]| -> Vec<UInt64Array> {
+                a.iter()
+                    .map(|a| a.as_primitive::<UInt64Type>().clone())
+                    .collect()
+            };
+            let rows = RowInfo {
+                seq_lens: prim(&lens),
+                sample_ids: prim(&ids),
+                columns: self
+                    .op
+                    .tensor_args()
+                    .iter()
+                    .map(|&p| args.arg_fields[p].name().to_string())
                     .collect(),
-            );
-            evaluate(
-                self.op,
-                name,
-                &kinds,
-                arrays,
-                &seq_lens,
-                args.arg_fields[0].name(),
-            )?
+                function: name,
+            };
+            evaluate(self.op, &kinds, arrays, &rows)?
         };
         if all_scalar {
             Ok(ColumnarValue::Scalar(ScalarValue::try_from_array(&out, 0)?))
@@ -363,28 +380,50 @@ impl ScalarUDFImpl for TensorFn {
     }
 }
 
-/// The row lengths (`seq_len`) of each tensor argument, where the query sees them.
-struct SeqLens<'a>(Vec<&'a UInt64Array>);
+/// What the rows of each tensor argument are, where the query sees it: their row lengths
+/// (`seq_len`) and sample ids; and the names errors use.
+struct RowInfo<'a> {
+    seq_lens: Vec<UInt64Array>,
+    sample_ids: Vec<UInt64Array>,
+    /// The tensor arguments' column names.
+    columns: Vec<String>,
+    function: &'a str,
+}
 
-impl SeqLens<'_> {
+impl RowInfo<'_> {
+    fn get(a: &[UInt64Array], arg: usize, row: usize) -> Option<u64> {
+        a.get(arg).filter(|a| a.is_valid(row)).map(|a| a.value(row))
+    }
+
     /// Tokens of row `row` of tensor argument `arg`; `None` where unknown.
-    fn get(&self, arg: usize, row: usize) -> Option<usize> {
-        self.0
-            .get(arg)
-            .filter(|a| a.is_valid(row))
-            .map(|a| a.value(row) as usize)
+    fn seq_len(&self, arg: usize, row: usize) -> Option<usize> {
+        Self::get(&self.seq_lens, arg, row).map(|n| n as usize)
+    }
+
+    /// The error for a value of tensor argument `arg` (in `column`) at `row` that does not
+    /// decode; the session names its file and row group from the sample id.
+    fn bad(&self, arg: usize, column: &str, row: usize, reason: String) -> DataFusionError {
+        DataFusionError::External(Box::new(QueryError::BadValue(Box::new(BadTensorValue {
+            function: self.function.to_string(),
+            file: None,
+            row_group: None,
+            row: Some(row),
+            sample_id: Self::get(&self.sample_ids, arg, row),
+            column: column.to_string(),
+            reason,
+        }))))
     }
 }
 
 /// Run `op` over whole arrays (tensor arrays already checked to be LargeBinary).
 fn evaluate(
     op: Op,
-    name: &str,
     kinds: &[TensorKind],
     arrays: &[ArrayRef],
-    seq_lens: &SeqLens<'_>,
-    col: &str,
+    info: &RowInfo<'_>,
 ) -> Result<ArrayRef> {
+    let name = info.function;
+    let col = info.columns[0].as_str();
     let t = arrays[0].as_binary::<i64>();
     let k = kinds[0];
     let rows = t.len();
@@ -392,10 +431,8 @@ fn evaluate(
     let mut raw = Vec::new();
     // Decode row i of the first tensor argument into `buf`, checking its length.
     let mut decode = |i: usize, buf: &mut Vec<f32>| -> Result<usize> {
-        match k.decode_tokens_into(t.value(i), seq_lens.get(0, i), &mut raw, buf) {
-            Ok(n) => Ok(n),
-            Err(e) => exec_err!("{name}: {col} row {i}: {e}"),
-        }
+        k.decode_tokens_into(t.value(i), info.seq_len(0, i), &mut raw, buf)
+            .map_err(|e| info.bad(0, col, i, e))
     };
     macro_rules! per_row_f64 {
         ($f:expr) => {{
@@ -419,10 +456,9 @@ fn evaluate(
                     b.append_null();
                     continue;
                 }
-                let tokens = match k.expect_tokens(t.value(i), seq_lens.get(0, i)) {
-                    Ok(n) => n,
-                    Err(e) => return exec_err!("{name}: {col} row {i}: {e}"),
-                };
+                let tokens = k
+                    .expect_tokens(t.value(i), info.seq_len(0, i))
+                    .map_err(|e| info.bad(0, col, i, e))?;
                 b.values().append_value(tokens as u64);
                 b.values().append_value(k.hidden as u64);
                 b.append(true);
@@ -476,15 +512,9 @@ fn evaluate(
                     continue;
                 }
                 let ta = decode(i, &mut buf)?;
-                let tb = match ku.decode_tokens_into(
-                    u.value(i),
-                    seq_lens.get(1, i),
-                    &mut other_raw,
-                    &mut other,
-                ) {
-                    Ok(n) => n,
-                    Err(e) => return exec_err!("{name}: argument 2 row {i}: {e}"),
-                };
+                let tb = ku
+                    .decode_tokens_into(u.value(i), info.seq_len(1, i), &mut other_raw, &mut other)
+                    .map_err(|e| info.bad(1, &info.columns[1], i, e))?;
                 if ta != tb {
                     return exec_err!("{name}: row {i} has {ta} tokens in argument 1 and {tb} in argument 2; expected equal token counts");
                 }
@@ -532,7 +562,13 @@ fn evaluate(
                 if let Err(e) =
                     sk.decode_tokens_into(s.value(i), Some(tokens), &mut scale_raw, &mut scales)
                 {
-                    return exec_err!("{name}: argument 2 row {i}: {e} (one f32 scale per token)");
+                    let scale_col = format!("{col}'s scales");
+                    return Err(info.bad(
+                        0,
+                        &scale_col,
+                        i,
+                        format!("{e} (one f32 scale per token)"),
+                    ));
                 }
                 for (row, sc) in buf.chunks_exact_mut(k.hidden).zip(&scales) {
                     row.iter_mut().for_each(|v| *v *= sc);
@@ -586,7 +622,7 @@ impl FunctionRewrite for TensorArgRewrite {
                 }
             }
         }
-        Ok(Transformed::yes(with_seq_lens(tf.op, args, schema)))
+        Ok(Transformed::yes(with_row_info(tf.op, args, schema)))
     }
 }
 
@@ -624,26 +660,28 @@ fn with_scales(op: Op, pos: usize, arg: &Expr, schema: &DFSchema) -> Result<Opti
         );
     }
     let args = vec![Expr::Column(c.clone()), Expr::Column(scale_col)];
-    Ok(Some(with_seq_lens(Op::Dequantize, args, schema)))
+    Ok(Some(with_row_info(Op::Dequantize, args, schema)))
 }
 
-/// `op(args..., <seq_len of each tensor argument>)`.
-fn with_seq_lens(op: Op, mut args: Vec<Expr>, schema: &DFSchema) -> Expr {
-    for &pos in op.tensor_args() {
-        let seq_len = args[pos]
-            .column_refs()
-            .into_iter()
-            .next()
-            .map(|c| datafusion::common::Column::new(c.relation.clone(), "seq_len"))
-            .filter(|s| {
-                schema
-                    .field_from_column(s)
-                    .is_ok_and(|f| f.data_type().is_unsigned_integer())
+/// `op(args..., <seq_len of each tensor argument>, <sample_id of each tensor argument>)`.
+fn with_row_info(op: Op, mut args: Vec<Expr>, schema: &DFSchema) -> Expr {
+    for sibling in ["seq_len", "sample_id"] {
+        for &pos in op.tensor_args() {
+            let col = args[pos]
+                .column_refs()
+                .into_iter()
+                .next()
+                .map(|c| datafusion::common::Column::new(c.relation.clone(), sibling))
+                .filter(|s| {
+                    schema
+                        .field_from_column(s)
+                        .is_ok_and(|f| f.data_type().is_unsigned_integer())
+                });
+            args.push(match col {
+                Some(s) => Expr::Column(s),
+                None => Expr::Literal(ScalarValue::UInt64(None), None),
             });
-        args.push(match seq_len {
-            Some(s) => Expr::Column(s),
-            None => Expr::Literal(ScalarValue::UInt64(None), None),
-        });
+        }
     }
     let f = Arc::new(ScalarUDF::new_from_impl(TensorFn::new(op, true)));
     Expr::ScalarFunction(ScalarFunction::new_udf(f, args))
@@ -682,7 +720,7 @@ mod tests {
             let mut enc = encode_sample(&schema, &opts, &s).unwrap().unwrap();
             if id == 1 {
                 let claim = vec![0u8; 1000 * 64 * 2];
-                enc.tensors[0] = hslake_store::format::planes::encode(&claim, 2, 1).unwrap();
+                enc.tensors[0] = hslake_store::format::planes::encode(&claim, 2, 1, true).unwrap();
             }
             w.append_encoded(Some(enc)).await.unwrap();
         }
@@ -698,9 +736,14 @@ mod tests {
         for f in ["tensor_shape", "tensor_max_abs", "token_norms"] {
             let sql = format!("SELECT {f}(layer_1) FROM samples WHERE sample_id = 1");
             let err = session.query(&sql).await.unwrap_err().to_string();
+            // The function sees the value apart from its file; the error names the file, row
+            // group and row the session found for the sample.
             assert!(
-                err.contains(&format!("{f}: layer_1 row "))
-                    && err.contains("expected shape [8, 64] of bf16, got [1000, 64]"),
+                err.starts_with(&format!("{f}: memory://udf-poisoned/data/"))
+                    && err.contains(
+                        ".parquet: row group 0: row 1 (sample 1) layer_1: \
+                         expected shape [8, 64] of bf16, got [1000, 64]"
+                    ),
                 "{sql}: {err}"
             );
         }

@@ -47,6 +47,67 @@ pub struct StoreArgs {
     /// Print JSON.
     #[arg(long)]
     pub json: bool,
+    /// Also write and read the samples this many times with value checksums and as many
+    /// without, alternating, and print best, median and worst of each (0: skip).
+    #[arg(long, default_value_t = 0)]
+    pub checksum_rounds: usize,
+}
+
+/// Figures of one variant over the rounds of `--checksum-rounds`: MB/s per CPU second.
+#[derive(Debug)]
+struct Rounds {
+    checksums: bool,
+    file_bytes: u64,
+    read_mb_s: Vec<f64>,
+    write_mb_s: Vec<f64>,
+}
+
+impl Rounds {
+    fn to_json(&self) -> serde_json::Value {
+        serde_json::json!({"checksums": self.checksums, "file_bytes": self.file_bytes,
+                           "read_mb_s": self.read_mb_s, "write_mb_s": self.write_mb_s})
+    }
+
+    /// (best, median, worst) of `v`.
+    fn spread(v: &[f64]) -> (f64, f64, f64) {
+        let mut s = v.to_vec();
+        s.sort_by(f64::total_cmp);
+        (s[s.len() - 1], s[s.len() / 2], s[0])
+    }
+}
+
+/// Write and read `samples` `rounds` times with checksums and as many without, alternating so
+/// that a noisy machine slows both alike.
+async fn checksum_rounds(
+    dir: &std::path::Path,
+    schema: &DatasetSchema,
+    samples: &[Sample],
+    zstd_level: i32,
+    rounds: usize,
+) -> Result<[Rounds; 2]> {
+    let mut out = [true, false].map(|checksums| Rounds {
+        checksums,
+        file_bytes: 0,
+        read_mb_s: vec![],
+        write_mb_s: vec![],
+    });
+    for round in 0..rounds {
+        for r in out.iter_mut() {
+            let d = dir.join(format!("round-{round}-{}", r.checksums));
+            let opts = hslake_store::WriterOptions {
+                zstd_level,
+                value_checksums: r.checksums,
+                ..Default::default()
+            };
+            let url = format!("file://{}", d.display());
+            let st = bench_store(&url, schema.clone(), samples, opts).await?;
+            let _ = std::fs::remove_dir_all(&d);
+            r.file_bytes = st.file_bytes;
+            r.read_mb_s.push(st.read_mb_s);
+            r.write_mb_s.push(st.write_mb_s);
+        }
+    }
+    Ok(out)
 }
 
 async fn load_samples(a: &StoreArgs) -> Result<(DatasetSchema, Vec<Sample>)> {
@@ -116,13 +177,18 @@ pub async fn run(b: Bench) -> Result<std::process::ExitCode> {
     };
     let st = bench_store(&url, schema.clone(), &samples, opts).await?;
     let layouts = tokio::task::block_in_place(|| bench_layouts(&schema, &samples, a.zstd_level))?;
+    let rounds = if a.checksum_rounds > 0 {
+        Some(checksum_rounds(&dir, &schema, &samples, a.zstd_level, a.checksum_rounds).await?)
+    } else {
+        None
+    };
     let _ = std::fs::remove_dir_all(&dir);
     if a.json {
         println!(
             "{}",
             serde_json::to_string_pretty(&serde_json::json!({
                 "build": build_info::describe(), "optimized": build_info::optimized(),
-                "store": st, "layouts": layouts
+                "store": st, "layouts": layouts, "checksum_rounds": rounds.as_ref().map(|r| r.iter().map(Rounds::to_json).collect::<Vec<_>>())
             }))?
         );
     } else {
@@ -157,6 +223,32 @@ pub async fn run(b: Bench) -> Result<std::process::ExitCode> {
             println!(
                 "{}\t{:.3}\t{:.0}\t{:.0}",
                 l.layout, l.ratio, l.write_mb_s, l.read_mb_s
+            );
+        }
+        if let Some(rounds) = &rounds {
+            println!(
+                "value checksums, {} alternating rounds each: MB/s raw per CPU s, best / median / worst",
+                a.checksum_rounds
+            );
+            for r in rounds {
+                let (rb, rm, rw) = Rounds::spread(&r.read_mb_s);
+                let (wb, wm, ww) = Rounds::spread(&r.write_mb_s);
+                println!(
+                    "checksums {:<3}  file {}  read {rb:.0} / {rm:.0} / {rw:.0}  write {wb:.0} / {wm:.0} / {ww:.0}",
+                    if r.checksums { "on" } else { "off" },
+                    super::human_bytes(r.file_bytes),
+                );
+            }
+            let best = |r: &Rounds, f: fn(&Rounds) -> &Vec<f64>| Rounds::spread(f(r)).0;
+            println!(
+                "cost of checksums (best on vs best off): read {:+.1} %, write {:+.1} %",
+                100.0
+                    * (1.0
+                        - best(&rounds[0], |r| &r.read_mb_s) / best(&rounds[1], |r| &r.read_mb_s)),
+                100.0
+                    * (1.0
+                        - best(&rounds[0], |r| &r.write_mb_s)
+                            / best(&rounds[1], |r| &r.write_mb_s)),
             );
         }
     }

@@ -213,6 +213,29 @@ impl StoreError {
             reason: reason.into(),
         }
     }
+
+    /// A [`StoreError::BadValue`] of a value that sits at `row` of its row group (decoded from
+    /// a batch cut down to it, whose row numbers start elsewhere); other errors unchanged.
+    pub fn in_row(self, row: usize) -> Self {
+        match self {
+            StoreError::BadValue {
+                file,
+                row_group,
+                sample_id,
+                column,
+                reason,
+                ..
+            } => StoreError::BadValue {
+                file,
+                row_group,
+                row: Some(row),
+                sample_id,
+                column,
+                reason,
+            },
+            e => e,
+        }
+    }
 }
 
 /// ` (e.g. 1, 2, 3)`, with `…` where more than those shown exist.

@@ -45,7 +45,7 @@ pub use copy::{copy_dataset, CopyReport};
 pub use dataset::Dataset;
 pub use error::{Result, StoreError};
 pub use io::location;
-pub use reader::DatasetReader;
+pub use reader::{DatasetReader, SampleSite};
 pub use table::manifest::{
     manifest_path, Manifest, Provenance, ShardEntry, DATA_DIR, VERSIONS_DIR,
 };

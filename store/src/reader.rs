@@ -14,10 +14,24 @@ use parquet::file::metadata::{PageIndexPolicy, ParquetMetaData};
 use parquet::file::statistics::Statistics;
 
 use crate::format::codec::decode_samples_from;
+use crate::format::decode::with_file_metadata;
 use crate::io::counting::CountingStore;
 use crate::io::ranged::ShardFile;
 use crate::table::manifest::Manifest;
 use crate::{Dataset, Result, StoreError};
+
+/// Where one sample sits in a version.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SampleSite {
+    /// Index of its shard in the manifest.
+    pub shard: usize,
+    /// The shard's path, relative to the dataset.
+    pub path: String,
+    /// The row group in that shard.
+    pub row_group: usize,
+    /// The row in that row group.
+    pub row: usize,
+}
 
 /// A reader pinned to one committed version; footers are cached after first use.
 #[derive(Clone)]
@@ -123,6 +137,7 @@ impl DatasetReader {
         }
         let rows = meta.metadata().row_group(row_group).num_rows().max(1) as usize;
         let arrow = meta.schema().clone();
+        let file_meta = arrow.metadata().clone();
         let mask =
             match columns {
                 None => ProjectionMask::all(),
@@ -147,7 +162,7 @@ impl DatasetReader {
             .try_collect()
             .await
             .map_err(|e| StoreError::pq(&shown, e))?;
-        match batches.len() {
+        let batch = match batches.len() {
             1 => Ok(batches.into_iter().next().expect("one batch")),
             0 => Err(StoreError::corrupt(
                 &shown,
@@ -157,12 +172,14 @@ impl DatasetReader {
                 let schema = batches[0].schema();
                 arrow_select_concat(&schema, &batches, &shown)
             }
-        }
+        }?;
+        Ok(with_file_metadata(batch, &file_meta))
     }
 
-    /// Fetch one sample by id: the footer (cached) says which row group holds it, then one
-    /// ranged read of that row group.
-    pub async fn get_sample(&self, sample_id: u64) -> Result<Sample> {
+    /// (shard, row group) pairs that may hold `sample_id`, by the manifest's id ranges and the
+    /// footers' (cached) `sample_id` statistics.
+    async fn candidates(&self, sample_id: u64) -> Result<Vec<(usize, usize)>> {
+        let mut out = Vec::new();
         for (i, s) in self.manifest.shards.iter().enumerate() {
             if sample_id < s.min_sample_id || sample_id > s.max_sample_id {
                 continue;
@@ -178,18 +195,47 @@ impl DatasetReader {
                     },
                     _ => true,
                 };
-                if !may_hold {
-                    continue;
+                if may_hold {
+                    out.push((i, rg));
                 }
-                let batch = self.read_row_group(i, rg, None).await?;
-                let ids = batch.column(0).as_primitive::<UInt64Type>();
-                if let Some(row) = ids.values().iter().position(|&x| x == sample_id) {
-                    let one = batch.slice(row, 1);
-                    let mut v = decode_samples_from(self.schema(), &one, &self.shown(i))?;
-                    return v
-                        .pop()
-                        .ok_or_else(|| StoreError::corrupt(self.shown(i), "empty row"));
-                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Where `sample_id` sits in the pinned version (reading only `sample_id` columns), or
+    /// `None` if the version does not hold it. Errors about a value seen apart from its file
+    /// (SQL) use it to name the file and row group.
+    pub async fn locate_sample(&self, sample_id: u64) -> Result<Option<SampleSite>> {
+        let cols = ["sample_id".to_string()];
+        for (i, rg) in self.candidates(sample_id).await? {
+            let b = self.read_row_group(i, rg, Some(&cols)).await?;
+            let ids = b.column(0).as_primitive::<UInt64Type>();
+            if let Some(row) = ids.values().iter().position(|&x| x == sample_id) {
+                return Ok(Some(SampleSite {
+                    shard: i,
+                    path: self.manifest.shards[i].path.clone(),
+                    row_group: rg,
+                    row,
+                }));
+            }
+        }
+        Ok(None)
+    }
+
+    /// Fetch one sample by id: the footer (cached) says which row group holds it, then one
+    /// ranged read of that row group.
+    pub async fn get_sample(&self, sample_id: u64) -> Result<Sample> {
+        for (i, rg) in self.candidates(sample_id).await? {
+            let batch = self.read_row_group(i, rg, None).await?;
+            let ids = batch.column(0).as_primitive::<UInt64Type>();
+            if let Some(row) = ids.values().iter().position(|&x| x == sample_id) {
+                let one = batch.slice(row, 1);
+                let mut v = decode_samples_from(self.schema(), &one, &self.shown(i), Some(rg))
+                    .map_err(|e| e.in_row(row))?;
+                return v
+                    .pop()
+                    .ok_or_else(|| StoreError::corrupt(self.shown(i), "empty row"));
             }
         }
         Err(StoreError::SampleNotFound {

@@ -12,7 +12,7 @@ use hslake_schemas::DatasetSchema;
 use object_store::ObjectStoreExt;
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 
-use crate::format::decode::TensorColumn;
+use crate::format::decode::{with_file_metadata, TensorColumn};
 use crate::table::manifest::{manifest_path, ShardEntry};
 use crate::table::sample_ids::SHOWN_DUPLICATES;
 use crate::{Dataset, Result, StoreError};
@@ -242,6 +242,7 @@ fn check_contents(
             ),
         );
     }
+    let file_meta = builder.schema().metadata().clone();
     let reader = match builder.with_batch_size(1024).build() {
         Ok(r) => r,
         Err(e) => {
@@ -253,6 +254,7 @@ fn check_contents(
     for batch in reader {
         match batch {
             Ok(b) => {
+                let b = with_file_metadata(b, &file_meta);
                 check_batch(schema, entry, &b, row0, seen, problem);
                 row0 += b.num_rows() as u64;
             }

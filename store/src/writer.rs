@@ -30,6 +30,10 @@ pub struct WriterOptions {
     pub zstd_level: i32,
     /// What to do with NaN/Inf.
     pub finite_policy: FinitePolicy,
+    /// Whether every zstd frame of every tensor and scale value carries zstd's content
+    /// checksum (and the shard declares it, docs/FORMAT.md). On by default; off only to write
+    /// files as writers before checksums did (benchmarks, compatibility tests).
+    pub value_checksums: bool,
 }
 
 impl Default for WriterOptions {
@@ -39,6 +43,7 @@ impl Default for WriterOptions {
             row_group_target_bytes: 8 << 20,
             zstd_level: 1,
             finite_policy: FinitePolicy::Error,
+            value_checksums: true,
         }
     }
 }
@@ -133,7 +138,7 @@ pub fn encode_sample(
     if !keep {
         return Ok(None);
     }
-    EncodedSample::new(sample, stats, opts.zstd_level).map(Some)
+    EncodedSample::new(sample, stats, opts.zstd_level, opts.value_checksums).map(Some)
 }
 
 /// Appends samples to a dataset; `commit` makes them visible atomically as a new version.
@@ -155,7 +160,7 @@ impl DatasetWriter {
     pub async fn new(ds: &Dataset, opts: WriterOptions) -> Result<Self> {
         let schema = ds.manifest(None).await?.schema;
         let arrow = Arc::new(schema.to_arrow());
-        let props = writer_properties(&schema, opts.zstd_level)?;
+        let props = writer_properties(&schema, opts.zstd_level, opts.value_checksums)?;
         Ok(DatasetWriter {
             ds: ds.clone(),
             schema,
@@ -197,6 +202,16 @@ impl DatasetWriter {
             self.stats.skipped += 1;
             return Ok(Appended::Skipped);
         };
+        // The shard declares checksummed values, or none: a reader holds every frame of a
+        // declaring file to it, so one sample encoded otherwise would read as corrupt.
+        if enc.checksums() != self.opts.value_checksums {
+            return Err(StoreError::Usage(format!(
+                "sample {} was encoded with value_checksums = {}, but this writer writes {}",
+                enc.sample_id,
+                enc.checksums(),
+                self.opts.value_checksums
+            )));
+        }
         self.stats.samples += 1;
         self.stats.tokens += enc.input_ids.len() as u64;
         self.stats.raw_bytes += enc.raw_bytes();
@@ -438,5 +453,57 @@ mod tests {
             .expect("kept");
         assert_eq!(kept.stats[0].nan_count, 1);
         assert_eq!(kept.raw_bytes(), 8);
+    }
+
+    /// Each shard's file metadata as `read_row_group` attaches it to the batches it returns.
+    async fn file_metadata(ds: &Dataset) -> Vec<std::collections::HashMap<String, String>> {
+        let r = crate::DatasetReader::open(ds, None).await.unwrap();
+        let mut out = vec![];
+        for i in 0..r.manifest().shards.len() {
+            let b = r.read_row_group(i, 0, None).await.unwrap();
+            out.push(b.schema().metadata().clone());
+        }
+        out
+    }
+
+    #[tokio::test]
+    async fn shards_declare_value_checksums_only_when_written_with_them() {
+        let (schema, s) = nan_sample();
+        for on in [true, false] {
+            let url = format!("memory://writer-checksums-{on}");
+            let ds = Dataset::create(&url, schema.clone(), crate::Provenance::default())
+                .await
+                .unwrap();
+            let opts = WriterOptions {
+                finite_policy: FinitePolicy::Record,
+                value_checksums: on,
+                ..WriterOptions::default()
+            };
+            let mut w = DatasetWriter::new(&ds, opts).await.unwrap();
+            // A sample encoded the other way would make the file's declaration false.
+            let other = WriterOptions {
+                value_checksums: !on,
+                ..opts
+            };
+            let wrong = encode_sample(&schema, &other, &s).unwrap();
+            let err = w.append_encoded(wrong).await.unwrap_err().to_string();
+            assert!(err.contains("value_checksums"), "{err}");
+            w.append(&s).await.unwrap();
+            w.commit().await.unwrap();
+            let metas = file_metadata(&ds).await;
+            assert_eq!(metas.len(), 1);
+            assert_eq!(
+                metas[0].contains_key(crate::format::planes::CHECKSUM_META_KEY),
+                on,
+                "{metas:?}"
+            );
+            let back = crate::DatasetReader::open(&ds, None)
+                .await
+                .unwrap()
+                .get_sample(9)
+                .await
+                .unwrap();
+            assert_eq!(back.tensors[0].data, s.tensors[0].data);
+        }
     }
 }

@@ -331,3 +331,24 @@ async fn a_synth_under_random_503s_and_resets_completes_with_every_sample_once()
     assert_eq!(ids(&ds).await, (0..40).collect::<Vec<_>>());
     assert!(verify(&ds, None, |_| {}).await.unwrap().is_clean());
 }
+
+#[tokio::test]
+async fn a_versions_listing_cut_short_is_retried() {
+    let Some((p, _turn)) = setup().await else {
+        return;
+    };
+    let url = fresh_url();
+    let ds = Dataset::create(&url, schema(), Provenance::default())
+        .await
+        .unwrap();
+    // object_store retries a failed listing request, but not a body that ends early.
+    rules(
+        p,
+        vec![Rule::new(Fault::Truncate { bytes: Some(40) })
+            .method("GET")
+            .key("list-type")
+            .nth(1, 2)],
+    );
+    assert_eq!(ds.versions().await.unwrap(), vec![0]);
+    assert_eq!(p.proxy.counters().class("truncate"), 2);
+}

@@ -286,6 +286,64 @@ def test_corrupted_shard_is_skipped_and_counted_by_policy(local_ds, tmp_path):
     assert n + st["samples_skipped"] == SAMPLES
 
 
+def flip_value_copy(src: Path, dst: Path, column: str = "layer_2") -> tuple[str, int, int, int]:
+    """Copy the dataset and flip one bit in the middle of the last zstd frame of one sample's
+    `column` value (found with pyarrow, then as plain bytes in the file: tensor pages are
+    uncompressed). The Parquet file still parses. Returns (shard, row group, row, sample id)."""
+    shutil.copytree(src, dst)
+    shard = latest_manifest(dst)["shards"][0]["path"]
+    f = dst / shard
+    pf = pq.ParquetFile(f)
+    t = pf.read_row_group(0, columns=["sample_id", column])
+    row = 1
+    sample_id = t.column("sample_id")[row].as_py()
+    value = t.column(column)[row].as_py()
+    data = bytearray(f.read_bytes())
+    start = data.find(value)
+    assert start >= 0 and data.find(value, start + 1) < 0
+    lens = np.frombuffer(value[:12], "<u4")  # bf16: three frames
+    offset = start + 12 + int(lens[0]) + int(lens[1]) + int(lens[2]) // 2
+    data[offset] ^= 0x10
+    f.write_bytes(bytes(data))
+    pq.ParquetFile(f).read()  # still a readable Parquet file
+    return shard, 0, row, sample_id
+
+
+def test_a_flipped_byte_in_a_tensor_value_fails_naming_file_row_group_and_sample(local_ds, tmp_path):
+    shard, rg, row, sid = flip_value_copy(local_ds, tmp_path / "bad")
+    meta = pq.read_metadata(tmp_path / "bad" / shard).metadata
+    assert meta[b"hslake.value_checksum"] == b"zstd_xxh64"
+    loader = hslake.Loader(url_of(tmp_path / "bad"), batch_size=4, shuffle=False,
+                           aux_layers=[1, 2, 3], target="final_norm")
+    site = f"{shard}: row group {rg}: row {row} (sample {sid}) layer_2: "
+    with pytest.raises(hslake.HslakeError) as e:
+        for _ in loader:
+            pass
+    assert site in str(e.value), str(e.value)
+
+
+def test_a_flipped_tensor_value_is_skipped_by_policy_and_the_rest_is_unchanged(local_ds, tmp_path):
+    shard, rg, row, sid = flip_value_copy(local_ds, tmp_path / "bad")
+    kw = dict(batch_size=4, shuffle=False, aux_layers=[1, 2, 3], target="final_norm")
+    clean = {i: b for b in hslake.Loader(url_of(local_ds), **kw)
+             for i, b in zip(b["sample_ids"].tolist(), [b] * len(b["sample_ids"]))}
+    loader = hslake.Loader(url_of(tmp_path / "bad"), on_corrupt="skip", **kw)
+    got = {}
+    for b in loader:
+        for j, i in enumerate(b["sample_ids"].tolist()):
+            n = int(b["attention_mask"][j].sum())
+            got[i] = b["aux_hidden_states"][j, :n].clone()
+    st = loader.stats()
+    rows = latest_manifest(tmp_path / "bad")["shards"][0]["row_groups"][rg]
+    assert st["samples_skipped"] == rows and st["row_groups_skipped"] == 1
+    assert sid not in got and len(got) + rows == SAMPLES
+    for i, t in got.items():
+        cb = clean[i]
+        j = cb["sample_ids"].tolist().index(i)
+        n = int(cb["attention_mask"][j].sum())
+        assert torch.equal(cb["aux_hidden_states"][j, :n], t), i
+
+
 # --- the same over S3 ------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
@@ -321,6 +379,44 @@ def test_s3_resume_equals_uninterrupted(s3_ds):
     second = hslake.Loader(s3_ds, max_tokens=60, seed=5)
     second.load_state_dict(first.state_dict())
     assert head + [b["sample_ids"].tolist() for b in second] == whole
+
+
+def batch_digests(loader) -> list[str]:
+    """One sha256 per batch over every field's bytes, in field order."""
+    import hashlib
+    out = []
+    for b in loader:
+        h = hashlib.sha256()
+        for k in sorted(b):
+            t = b[k]
+            t = t.view(torch.int16) if t.dtype == torch.bfloat16 else t
+            h.update(k.encode() + t.contiguous().numpy().tobytes())
+        out.append(h.hexdigest())
+    return out
+
+
+def test_s3_epoch_under_read_faults_equals_the_fault_free_epoch(s3_ds, fault_proxy, monkeypatch):
+    kw = dict(max_tokens=80, seed=9, aux_layers=[1, 2, 3], target="final_norm", decode_threads=2)
+    clean = batch_digests(hslake.Loader(s3_ds, **kw))
+    # 503 SlowDown, 500, resets before and after the store answered: each on 5 % of reads.
+    classes = {"status_503", "status_500", "reset_before", "reset_after"}
+    faults = [{"kind": "status", "code": 503}, {"kind": "status", "code": 500},
+              {"kind": "reset_before"}, {"kind": "reset_after"}]
+    fault_proxy.set_rules([{"name": "reads", "method": "GET", "fault": {"kind": "random", "p": 0.05, "of": faults}}],
+                          seed=11)
+    fault_proxy.reset_counters()
+    monkeypatch.setenv("AWS_ENDPOINT", fault_proxy.endpoint)
+    monkeypatch.setenv("HSLAKE_S3_RETRIES", "8")
+    # An epoch reads few objects (footers and row groups of 6 shards): repeat until every class
+    # has been met, at most 20 epochs.
+    runs = 0
+    while runs < 20 and set(fault_proxy.counters()["faults"]) != classes:
+        got = batch_digests(hslake.Loader(s3_ds, **kw))
+        runs += 1
+        assert got == clean, f"epoch {runs}: batches differ under faults"
+    c = fault_proxy.counters()
+    print(f"loader over the fault proxy: {runs} epochs, {c['requests']} requests, faults {c['faults']}")
+    assert set(c["faults"]) == classes, c
 
 
 def test_installed_module_and_binary_are_optimised_builds():

@@ -12,16 +12,24 @@ use hslake_schemas::{DatasetSchema, Sample, StatKind, TensorData, TensorStats};
 use crate::format::decode::TensorColumn;
 use crate::{Result, StoreError};
 
-/// Little-endian values of `size` bytes in the `plane_zstd` encoding at zstd `level` (see
-/// [`crate::format::planes`]); `what` names them in the error.
-fn encode_values(raw: &[u8], size: usize, level: i32, what: &str) -> Result<Vec<u8>> {
-    crate::format::planes::encode(raw, size, level)
+/// Little-endian values of `size` bytes in the `plane_zstd` encoding at zstd `level`, with
+/// frame checksums when `checksum` is set (see [`crate::format::planes`]); `what` names them
+/// in the error.
+fn encode_values(
+    raw: &[u8],
+    size: usize,
+    level: i32,
+    checksum: bool,
+    what: &str,
+) -> Result<Vec<u8>> {
+    crate::format::planes::encode(raw, size, level, checksum)
         .map_err(|e| StoreError::Usage(format!("encoding {what}: {e}")))
 }
 
-/// A tensor's values in the `plane_zstd` encoding at zstd `level`.
-pub fn encode_tensor(t: &TensorData, level: i32) -> Result<Vec<u8>> {
-    encode_values(&t.data, t.dtype.size(), level, "a tensor")
+/// A tensor's values in the `plane_zstd` encoding at zstd `level`, with frame checksums when
+/// `checksum` is set.
+pub fn encode_tensor(t: &TensorData, level: i32, checksum: bool) -> Result<Vec<u8>> {
+    encode_values(&t.data, t.dtype.size(), level, checksum, "a tensor")
 }
 
 /// A sample ready to be written: tensors encoded, statistics computed.
@@ -41,13 +49,16 @@ pub struct EncodedSample {
     pub stats: Vec<TensorStats>,
     /// Raw (decoded) tensor bytes.
     raw_bytes: u64,
+    /// Whether every frame of its values carries a checksum.
+    checksums: bool,
 }
 
 impl EncodedSample {
-    /// Encode a sample (already validated against the schema) at zstd `level`; `stats` are
-    /// its tensors' [`tensor_stats`], in order.
-    pub fn new(s: &Sample, stats: Vec<TensorStats>, level: i32) -> Result<Self> {
+    /// Encode a sample (already validated against the schema) at zstd `level`, with frame
+    /// checksums when `checksums` is set; `stats` are its tensors' [`tensor_stats`], in order.
+    pub fn new(s: &Sample, stats: Vec<TensorStats>, level: i32, checksums: bool) -> Result<Self> {
         Ok(EncodedSample {
+            checksums,
             sample_id: s.sample_id,
             input_ids: s.input_ids.clone(),
             loss_mask: s.loss_mask.clone(),
@@ -55,7 +66,7 @@ impl EncodedSample {
             tensors: s
                 .tensors
                 .iter()
-                .map(|t| encode_tensor(t, level))
+                .map(|t| encode_tensor(t, level, checksums))
                 .collect::<Result<_>>()?,
             scales: s
                 .tensors
@@ -65,7 +76,7 @@ impl EncodedSample {
                         .as_ref()
                         .map(|sc| {
                             let raw: Vec<u8> = sc.iter().flat_map(|v| v.to_le_bytes()).collect();
-                            encode_values(&raw, 4, level, "fp8 scales")
+                            encode_values(&raw, 4, level, checksums, "fp8 scales")
                         })
                         .transpose()
                 })
@@ -77,6 +88,11 @@ impl EncodedSample {
     /// Uncompressed tensor bytes.
     pub fn raw_bytes(&self) -> u64 {
         self.raw_bytes
+    }
+
+    /// Whether every frame of its values carries zstd's content checksum.
+    pub fn checksums(&self) -> bool {
+        self.checksums
     }
 }
 
@@ -157,14 +173,16 @@ fn column<'a>(batch: &'a RecordBatch, name: &str, path: &str) -> Result<&'a Arra
 
 /// Decode every row of a batch (all columns present) into samples.
 pub fn decode_samples(schema: &DatasetSchema, batch: &RecordBatch) -> Result<Vec<Sample>> {
-    decode_samples_from(schema, batch, "record batch")
+    decode_samples_from(schema, batch, "record batch", None)
 }
 
-/// Decode every row of a batch read from `path` (named in errors) into samples.
+/// Decode every row of a batch read from `path` (row group `row_group`, where known; both
+/// named in errors) into samples.
 pub fn decode_samples_from(
     schema: &DatasetSchema,
     batch: &RecordBatch,
     path: &str,
+    row_group: Option<usize>,
 ) -> Result<Vec<Sample>> {
     let bad_type =
         |name: &str| StoreError::corrupt(path, format!("column {name:?} has an unexpected type"));
@@ -180,7 +198,9 @@ pub fn decode_samples_from(
     let tensor_cols = schema
         .points
         .iter()
-        .map(|&p| TensorColumn::from_batch(batch, schema.dtype, schema.hidden_size, p, path, None))
+        .map(|&p| {
+            TensorColumn::from_batch(batch, schema.dtype, schema.hidden_size, p, path, row_group)
+        })
         .collect::<Result<Vec<_>>>()?;
     let mut out = Vec::with_capacity(batch.num_rows());
     for row in 0..batch.num_rows() {

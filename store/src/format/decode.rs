@@ -2,7 +2,9 @@
 //! SQL tensor functions all decode through here, so every value is checked against what its
 //! row and the schema say it holds (`seq_len × hidden` elements, or `seq_len` scales) before
 //! anything is sized from it: a corrupt value whose frames claim another length is refused,
-//! never allocated for.
+//! never allocated for. Every frame's zstd content checksum, where present, is checked on the
+//! way; a file that declares checksummed values ([`planes::CHECKSUM_META_KEY`] in its schema
+//! metadata) has every frame without one refused.
 use std::fmt::Write;
 
 use arrow_array::cast::AsArray;
@@ -11,7 +13,7 @@ use arrow_array::{Array, LargeBinaryArray, RecordBatch, UInt64Array};
 use arrow_buffer::{Buffer, OffsetBuffer, ScalarBuffer};
 use hslake_schemas::{CapturePoint, DType};
 
-use crate::format::planes::{self, PlaneError};
+use crate::format::planes::{self, Checksums, PlaneError};
 use crate::{Result, StoreError};
 
 /// What each token of a stored value holds.
@@ -82,6 +84,7 @@ impl ValueKind {
                     self.found(found)
                 )
             }
+            e @ PlaneError::Checksum { .. } => format!("corrupt value: {e}"),
             e => format!("cannot be decoded as {}: {e}", self.expected(tokens)),
         };
         ValueError { reason }
@@ -130,8 +133,9 @@ pub struct ValueAt<'a> {
     pub column: &'a str,
 }
 
-/// `file: row group 2: row 3 (sample 17) layer_30`, leaving out what is not known.
-pub(crate) fn describe_site(
+/// Where a value sits, as errors print it: `file: row group 2: row 3 (sample 17) layer_30`,
+/// leaving out what is not known.
+pub fn describe_site(
     file: &Option<String>,
     row_group: &Option<usize>,
     row: &Option<usize>,
@@ -156,11 +160,12 @@ pub(crate) fn describe_site(
 }
 
 /// Decode a value that must hold `tokens` tokens of `kind` into `out`, which is exactly
-/// `kind.bytes(tokens)` long.
+/// `kind.bytes(tokens)` long; `checks` says whether its frames must carry checksums.
 pub fn decode_value_into(
     value: &[u8],
     kind: ValueKind,
     tokens: usize,
+    checks: Checksums,
     out: &mut [u8],
 ) -> Result<(), ValueError> {
     if out.len() != kind.bytes(tokens) {
@@ -172,25 +177,32 @@ pub fn decode_value_into(
             ),
         });
     }
-    planes::decode_into(value, kind.elem_size(), out).map_err(|e| kind.refuse(tokens, e))
+    planes::decode_into(value, kind.elem_size(), checks, out).map_err(|e| kind.refuse(tokens, e))
 }
 
 /// Decode a value that must hold `tokens` tokens of `kind` into `out`, resized to fit only
-/// after the value's own header agrees with `tokens`.
+/// after the value's own header agrees with `tokens`; `checks` says whether its frames must
+/// carry checksums.
 pub fn decode_value(
     value: &[u8],
     kind: ValueKind,
     tokens: usize,
+    checks: Checksums,
     out: &mut Vec<u8>,
 ) -> Result<(), ValueError> {
-    planes::decode_to_vec(value, kind.elem_size(), kind.elements(tokens), out)
+    planes::decode_to_vec(value, kind.elem_size(), kind.elements(tokens), checks, out)
         .map_err(|e| kind.refuse(tokens, e))
 }
 
 /// Check, without decoding, that a value's header claims `tokens` tokens of `kind`.
-pub fn check_tokens(value: &[u8], kind: ValueKind, tokens: usize) -> Result<(), ValueError> {
+pub fn check_tokens(
+    value: &[u8],
+    kind: ValueKind,
+    tokens: usize,
+    checks: Checksums,
+) -> Result<(), ValueError> {
     let expected = kind.elements(tokens);
-    match planes::element_count(value, kind.elem_size()) {
+    match planes::element_count(value, kind.elem_size(), checks) {
         Ok(found) if found == expected => Ok(()),
         Ok(found) => Err(kind.refuse(tokens, PlaneError::WrongLength { found, expected })),
         Err(e) => Err(kind.refuse(tokens, e)),
@@ -199,8 +211,12 @@ pub fn check_tokens(value: &[u8], kind: ValueKind, tokens: usize) -> Result<(), 
 
 /// Tokens in a value whose row length is not known (an SQL value cut off from its row): from
 /// the value's own header, which is trusted only as far as its frames can hold it.
-pub fn header_tokens(value: &[u8], kind: ValueKind) -> Result<usize, ValueError> {
-    let n = planes::element_count(value, kind.elem_size()).map_err(|e| ValueError {
+pub fn header_tokens(
+    value: &[u8],
+    kind: ValueKind,
+    checks: Checksums,
+) -> Result<usize, ValueError> {
+    let n = planes::element_count(value, kind.elem_size(), checks).map_err(|e| ValueError {
         reason: e.to_string(),
     })?;
     let width = kind.width();
@@ -216,6 +232,28 @@ pub fn header_tokens(value: &[u8], kind: ValueKind) -> Result<usize, ValueError>
         });
     }
     Ok(n / width)
+}
+
+/// `batch` with its file's schema metadata (Parquet key-value metadata included), which Arrow
+/// readers leave off the batches they return: [`TensorColumn::from_batch`] reads from it
+/// whether the file declares checksummed values.
+pub fn with_file_metadata(
+    batch: RecordBatch,
+    metadata: &std::collections::HashMap<String, String>,
+) -> RecordBatch {
+    if metadata.is_empty() {
+        return batch;
+    }
+    let schema = batch
+        .schema_ref()
+        .as_ref()
+        .clone()
+        .with_metadata(metadata.clone());
+    // The same fields with more metadata, which `with_schema` accepts.
+    match batch.clone().with_schema(std::sync::Arc::new(schema)) {
+        Ok(b) => b,
+        Err(_) => batch,
+    }
 }
 
 /// A column decoded to plain little-endian tokens: row `r` holds its `[tokens, hidden]` values
@@ -239,12 +277,15 @@ pub struct TensorColumn {
     sample_ids: Option<UInt64Array>,
     file: String,
     row_group: Option<usize>,
+    checks: Checksums,
 }
 
 impl TensorColumn {
     /// `point`'s tensor column, and for fp8 its scale column, in `batch` (read from `file`, row
     /// group `row_group` where known); a missing or mistyped column is
     /// [`StoreError::Corrupt`]. The batch's `sample_id` column, if read, names samples in errors.
+    /// The batch's schema metadata is its file's: where it declares
+    /// [`planes::CHECKSUM_META_KEY`], every frame must carry a checksum.
     pub fn from_batch(
         batch: &RecordBatch,
         dtype: DType,
@@ -285,7 +326,13 @@ impl TensorColumn {
             sample_ids,
             file: file.to_string(),
             row_group,
+            checks: Checksums::declared_by(batch.schema_ref().metadata()),
         })
+    }
+
+    /// Whether this column's frames must carry checksums (its file declares them).
+    pub fn checksums(&self) -> Checksums {
+        self.checks
     }
 
     /// The tensor column's name.
@@ -321,11 +368,17 @@ impl TensorColumn {
         out: &mut Vec<u8>,
         scales: &mut Vec<u8>,
     ) -> Result<()> {
-        decode_value(self.values.value(row), self.kind, tokens, out)
+        decode_value(self.values.value(row), self.kind, tokens, self.checks, out)
             .map_err(|e| e.at(&self.at(row, &self.name)))?;
         if let Some((sname, col)) = &self.scales {
-            decode_value(col.value(row), ValueKind::Scales, tokens, scales)
-                .map_err(|e| e.at(&self.at(row, sname)))?;
+            decode_value(
+                col.value(row),
+                ValueKind::Scales,
+                tokens,
+                self.checks,
+                scales,
+            )
+            .map_err(|e| e.at(&self.at(row, sname)))?;
         }
         Ok(())
     }
@@ -361,7 +414,7 @@ impl TensorColumn {
         // Row lengths come from the untrusted seq_len column: each value's own header must agree
         // (and is bounded by what its frames can hold) before the chunk is sized from them.
         for (r, w) in offsets.windows(2).enumerate() {
-            check_tokens(col.value(r), kind, w[1].saturating_sub(w[0]))
+            check_tokens(col.value(r), kind, w[1].saturating_sub(w[0]), self.checks)
                 .map_err(|e| e.at(&self.at(r, column)))?;
         }
         let mut decoded = vec![
@@ -374,7 +427,7 @@ impl TensorColumn {
         ];
         for (r, w) in offsets.windows(2).enumerate() {
             let dst = &mut decoded[w[0] * row_bytes..w[1] * row_bytes];
-            decode_value_into(col.value(r), kind, w[1] - w[0], dst)
+            decode_value_into(col.value(r), kind, w[1] - w[0], self.checks, dst)
                 .map_err(|e| e.at(&self.at(r, column)))?;
         }
         let ends = offsets.iter().map(|&o| (o * row_bytes) as i64);
@@ -402,22 +455,22 @@ mod tests {
 
     fn bf16_value(tokens: usize) -> Vec<u8> {
         let raw: Vec<u8> = (0..tokens * 4 * 2).map(|i| (i * 37 % 251) as u8).collect();
-        planes::encode(&raw, 2, 1).unwrap()
+        planes::encode(&raw, 2, 1, true).unwrap()
     }
 
     /// A value that is valid zstd and claims `claimed` elements: the planes of `claimed` zero
     /// bytes compress to a few bytes (RLE blocks), as in a poisoned shard.
     fn poisoned(claimed: usize) -> Vec<u8> {
-        planes::encode(&vec![0u8; claimed * 2], 2, 1).unwrap()
+        planes::encode(&vec![0u8; claimed * 2], 2, 1, true).unwrap()
     }
 
     #[test]
     fn decodes_a_value_of_the_expected_tokens() {
         let mut out = Vec::new();
-        decode_value(&bf16_value(3), BF16, 3, &mut out).unwrap();
+        decode_value(&bf16_value(3), BF16, 3, Checksums::Required, &mut out).unwrap();
         assert_eq!(out.len(), 3 * 4 * 2);
         let mut slice = vec![0u8; 24];
-        decode_value_into(&bf16_value(3), BF16, 3, &mut slice).unwrap();
+        decode_value_into(&bf16_value(3), BF16, 3, Checksums::Required, &mut slice).unwrap();
         assert_eq!(slice, out);
     }
 
@@ -427,7 +480,7 @@ mod tests {
         let value = poisoned(2_500_000);
         assert!(value.len() < 64 << 10, "{} bytes", value.len());
         let mut out = Vec::new();
-        let err = decode_value(&value, BF16, 8, &mut out).unwrap_err();
+        let err = decode_value(&value, BF16, 8, Checksums::Required, &mut out).unwrap_err();
         assert_eq!(err.reason, "expected shape [8, 4] of bf16, got [625000, 4]");
         assert_eq!(out.capacity(), 0);
     }
@@ -488,20 +541,102 @@ mod tests {
 
     #[test]
     fn check_tokens_reads_only_the_header() {
-        assert_eq!(check_tokens(&bf16_value(3), BF16, 3), Ok(()));
         assert_eq!(
-            check_tokens(&poisoned(400), BF16, 8).unwrap_err().reason,
+            check_tokens(&bf16_value(3), BF16, 3, Checksums::Required),
+            Ok(())
+        );
+        assert_eq!(
+            check_tokens(&poisoned(400), BF16, 8, Checksums::Required)
+                .unwrap_err()
+                .reason,
             "expected shape [8, 4] of bf16, got [100, 4]"
         );
     }
 
     #[test]
     fn header_tokens_refuses_partial_rows() {
-        assert_eq!(header_tokens(&bf16_value(3), BF16), Ok(3));
-        let five = planes::encode(&[0u8; 10], 2, 1).unwrap();
         assert_eq!(
-            header_tokens(&five, BF16).unwrap_err().reason,
+            header_tokens(&bf16_value(3), BF16, Checksums::Required),
+            Ok(3)
+        );
+        let five = planes::encode(&[0u8; 10], 2, 1, true).unwrap();
+        assert_eq!(
+            header_tokens(&five, BF16, Checksums::Required)
+                .unwrap_err()
+                .reason,
             "a value of 5 bf16 elements is not a whole number of rows of 4"
+        );
+    }
+
+    /// A batch of samples 41 and 42 (2 tokens each) of `layer_3`, its schema declaring
+    /// checksummed values or not.
+    fn batch_of(values: [Vec<u8>; 2], declared: bool) -> TensorColumn {
+        let ids: ArrayRef = Arc::new(UInt64Array::from(vec![41u64, 42]));
+        let vals: ArrayRef = Arc::new(LargeBinaryArray::from_iter_values(values));
+        let mut schema = Schema::new(vec![
+            Field::new("sample_id", arrow_schema::DataType::UInt64, false),
+            Field::new("layer_3", arrow_schema::DataType::LargeBinary, false),
+        ]);
+        if declared {
+            schema = schema.with_metadata(
+                [(
+                    planes::CHECKSUM_META_KEY.to_string(),
+                    planes::CHECKSUM_KIND.to_string(),
+                )]
+                .into(),
+            );
+        }
+        let batch = RecordBatch::try_new(Arc::new(schema), vec![ids, vals]).unwrap();
+        TensorColumn::from_batch(
+            &batch,
+            DType::Bf16,
+            4,
+            CapturePoint::LayerOutput(3),
+            "data/a.parquet",
+            Some(0),
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn a_value_whose_content_fails_its_checksum_is_named() {
+        let raw: Vec<u8> = (0..2 * 4 * 2).map(|i| (i * 37 % 251) as u8).collect();
+        let mut bad = planes::encode(&raw, 2, 1, true).unwrap();
+        // The last byte of the last frame is the top byte of its checksum.
+        *bad.last_mut().unwrap() ^= 0x01;
+        let col = batch_of([bf16_value(2), bad], true);
+        assert_eq!(col.checksums(), Checksums::Required);
+        let err = col.decode_chunk(&[0, 2, 4]).unwrap_err().to_string();
+        assert!(
+            err.starts_with(
+                "data/a.parquet: row group 0: row 1 (sample 42) layer_3: corrupt value: plane 2: "
+            ) && err.contains("checksum"),
+            "{err}"
+        );
+        let (mut out, mut sc) = (Vec::new(), Vec::new());
+        col.decode_row(0, 2, &mut out, &mut sc).unwrap();
+        assert!(col.decode_row(1, 2, &mut out, &mut sc).is_err());
+    }
+
+    #[test]
+    fn a_file_declaring_checksums_refuses_a_value_without_them() {
+        let raw: Vec<u8> = (0..2 * 4 * 2).map(|i| (i * 37 % 251) as u8).collect();
+        let unsummed = planes::encode(&raw, 2, 1, false).unwrap();
+        let old_file = batch_of([bf16_value(2), unsummed.clone()], false);
+        assert_eq!(old_file.checksums(), Checksums::IfPresent);
+        assert!(
+            old_file.decode_chunk(&[0, 2, 4]).is_ok(),
+            "old files still read"
+        );
+        let err = batch_of([bf16_value(2), unsummed], true)
+            .decode_chunk(&[0, 2, 4])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains(
+                "(sample 42) layer_3: corrupt value: plane 0: frame has no content checksum"
+            ),
+            "{err}"
         );
     }
 }

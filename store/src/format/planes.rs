@@ -9,6 +9,13 @@
 //! is measurably skewed). Each plane gets its own frame and zstd runs with its longest minimum
 //! match: on byte planes of activations short LZ matches cost more than the Huffman-coded
 //! literals they replace.
+//!
+//! Every frame written carries zstd's content checksum (the low 32 bits of XXH64 of the plane),
+//! which zstd checks on every decompression, so a flipped bit that still decodes is caught by
+//! every reader, not only by `verify`. A file whose values all carry it says so
+//! ([`CHECKSUM_META_KEY`]); its readers then refuse a frame without one
+//! ([`Checksums::Required`]), so a flip that clears a frame's checksum flag cannot turn the
+//! check off.
 use std::cell::RefCell;
 
 use thiserror::Error;
@@ -19,6 +26,38 @@ pub const ENCODING: &str = hslake_schemas::TENSOR_ENCODING;
 
 /// zstd's longest minimum match length (see the module comment).
 const MIN_MATCH: u32 = 7;
+
+/// Parquet key-value (and so Arrow schema) metadata key by which a shard declares that every
+/// frame of every tensor and scale value in it carries zstd's content checksum.
+pub const CHECKSUM_META_KEY: &str = "hslake.value_checksum";
+
+/// The value of [`CHECKSUM_META_KEY`]: zstd's frame content checksum (XXH64, low 32 bits).
+pub const CHECKSUM_KIND: &str = "zstd_xxh64";
+
+/// The Content_Checksum_flag of a zstd frame header descriptor (RFC 8878, 3.1.1.1.1).
+const CHECKSUM_FLAG: u8 = 1 << 2;
+
+/// Whether the frames of a value must carry zstd's content checksum. A checksum present is
+/// checked either way.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Checksums {
+    /// Frames may lack one: values of files that do not declare [`CHECKSUM_META_KEY`] (written
+    /// before checksums, or without them), or values seen apart from their file (SQL).
+    #[default]
+    IfPresent,
+    /// Every frame must carry one: its file declares [`CHECKSUM_META_KEY`].
+    Required,
+}
+
+impl Checksums {
+    /// The requirement a file's (Arrow schema or Parquet key-value) metadata declares.
+    pub fn declared_by(metadata: &std::collections::HashMap<String, String>) -> Self {
+        match metadata.get(CHECKSUM_META_KEY) {
+            Some(_) => Checksums::Required,
+            None => Checksums::IfPresent,
+        }
+    }
+}
 
 /// Why a stored value cannot be decoded.
 #[derive(Debug, Error, PartialEq)]
@@ -47,6 +86,14 @@ pub enum PlaneError {
         found: usize,
         /// Elements expected.
         expected: usize,
+    },
+    /// A frame's content differs from its checksum, or a frame that must carry one does not.
+    #[error("plane {plane}: {detail}")]
+    Checksum {
+        /// Plane index (0 = top byte).
+        plane: usize,
+        /// What is wrong.
+        detail: String,
     },
     /// zstd failed to compress (only on allocation failure in practice).
     #[error("zstd: {0}")]
@@ -219,13 +266,14 @@ fn rotr1(v: u64, size: usize) -> u64 {
 
 thread_local! {
     static SCRATCH: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
-    static CCTX: RefCell<Option<(i32, zstd::bulk::Compressor<'static>)>> = const { RefCell::new(None) };
+    static CCTX: RefCell<Option<((i32, bool), zstd::bulk::Compressor<'static>)>> = const { RefCell::new(None) };
     static DCTX: RefCell<Option<zstd::bulk::Decompressor<'static>>> = const { RefCell::new(None) };
 }
 
 /// Encode `data` (little-endian elements of `size` bytes) at zstd `level`: a little-endian u32
-/// compressed length per plane, then the planes' zstd frames in order.
-pub fn encode(data: &[u8], size: usize, level: i32) -> Result<Vec<u8>, PlaneError> {
+/// compressed length per plane, then the planes' zstd frames in order, each with zstd's
+/// content checksum when `checksum` is set.
+pub fn encode(data: &[u8], size: usize, level: i32, checksum: bool) -> Result<Vec<u8>, PlaneError> {
     let zerr = |e: std::io::Error| PlaneError::Zstd(e.to_string());
     SCRATCH.with_borrow_mut(|planes| {
         to_planes(data, size, planes);
@@ -235,12 +283,12 @@ pub fn encode(data: &[u8], size: usize, level: i32) -> Result<Vec<u8>, PlaneErro
         let bound: usize = lens.iter().map(|&l| zstd_safe::compress_bound(l)).sum();
         let mut out = vec![0u8; header + bound];
         CCTX.with_borrow_mut(|slot| {
-            if slot.as_ref().is_none_or(|(l, _)| *l != level) {
+            if slot.as_ref().is_none_or(|(k, _)| *k != (level, checksum)) {
                 let mut c = zstd::bulk::Compressor::new(level).map_err(zerr)?;
                 c.set_parameter(zstd::zstd_safe::CParameter::MinMatch(MIN_MATCH))
                     .map_err(zerr)?;
-                c.include_checksum(false).map_err(zerr)?;
-                *slot = Some((level, c));
+                c.include_checksum(checksum).map_err(zerr)?;
+                *slot = Some(((level, checksum), c));
             }
             let (_, c) = slot.as_mut().expect("compressor just set");
             let (mut pos, mut start) = (header, 0);
@@ -259,8 +307,8 @@ pub fn encode(data: &[u8], size: usize, level: i32) -> Result<Vec<u8>, PlaneErro
 }
 
 /// Number of elements in an encoded value (from the first frame's content size).
-pub fn element_count(value: &[u8], size: usize) -> Result<usize, PlaneError> {
-    content_size(frames(value, size)?[0])
+pub fn element_count(value: &[u8], size: usize, checks: Checksums) -> Result<usize, PlaneError> {
+    content_size(frames(value, size, checks)?[0])
 }
 
 /// The content size a frame records. A zstd block holds at most 128 KiB and takes at least
@@ -279,8 +327,9 @@ fn content_size(frame: &[u8]) -> Result<usize, PlaneError> {
     }
 }
 
-/// The frames of a value, checked against its header.
-fn frames(value: &[u8], size: usize) -> Result<Vec<&[u8]>, PlaneError> {
+/// The frames of a value, checked against its header and, where `checks` requires it, each
+/// carrying a content checksum.
+fn frames(value: &[u8], size: usize, checks: Checksums) -> Result<Vec<&[u8]>, PlaneError> {
     let count = plane_count(size);
     let header = 4 * count;
     let short = |detail: String| PlaneError::Truncated {
@@ -300,7 +349,19 @@ fn frames(value: &[u8], size: usize) -> Result<Vec<&[u8]>, PlaneError> {
             .checked_add(len)
             .filter(|&e| e <= value.len())
             .ok_or_else(|| short(format!("frame {i} of {len} bytes at offset {pos}")))?;
-        out.push(&value[pos..end]);
+        let frame = &value[pos..end];
+        // Byte 4 is the frame header descriptor, after the 4-byte magic number (a frame too
+        // short to have one is refused by `content_size` or zstd).
+        if checks == Checksums::Required && frame.get(4).is_some_and(|d| d & CHECKSUM_FLAG == 0) {
+            return Err(PlaneError::Checksum {
+                plane: i,
+                detail: format!(
+                    "frame has no content checksum, but its file declares {CHECKSUM_META_KEY} \
+                     (a cleared checksum flag is corruption)"
+                ),
+            });
+        }
+        out.push(frame);
         pos = end;
     }
     if pos != value.len() {
@@ -313,8 +374,13 @@ fn frames(value: &[u8], size: usize) -> Result<Vec<&[u8]>, PlaneError> {
 }
 
 /// Decode a value into `out`, which must hold exactly the expected elements of `size` bytes.
-pub fn decode_into(value: &[u8], size: usize, out: &mut [u8]) -> Result<(), PlaneError> {
-    let frames = frames(value, size)?;
+pub fn decode_into(
+    value: &[u8],
+    size: usize,
+    checks: Checksums,
+    out: &mut [u8],
+) -> Result<(), PlaneError> {
+    let frames = frames(value, size, checks)?;
     let n = out.len() / size;
     let found = content_size(frames[0])?;
     if found != n {
@@ -329,9 +395,10 @@ pub fn decode_to_vec(
     value: &[u8],
     size: usize,
     n: usize,
+    checks: Checksums,
     out: &mut Vec<u8>,
 ) -> Result<(), PlaneError> {
-    let frames = frames(value, size)?;
+    let frames = frames(value, size, checks)?;
     let found = content_size(frames[0])?;
     if found != n {
         return Err(PlaneError::WrongLength { found, expected: n });
@@ -344,8 +411,8 @@ pub fn decode_to_vec(
 /// Decode a value whose element count is not known beforehand: its header is trusted as far
 /// as a frame of its length can hold it. Readers that know the row's length use
 /// [`decode_to_vec`].
-pub fn decode(value: &[u8], size: usize) -> Result<Vec<u8>, PlaneError> {
-    let frames = frames(value, size)?;
+pub fn decode(value: &[u8], size: usize, checks: Checksums) -> Result<Vec<u8>, PlaneError> {
+    let frames = frames(value, size, checks)?;
     let mut out = vec![0u8; content_size(frames[0])? * size];
     decode_frames(&frames, size, &mut out)?;
     Ok(out)
@@ -370,7 +437,18 @@ fn decode_frames(frames: &[&[u8]], size: usize, out: &mut [u8]) -> Result<(), Pl
                 let bad = |detail: String| PlaneError::BadPlane { plane: i, detail };
                 let got = d
                     .decompress_to_buffer(frame, &mut planes[start..start + len])
-                    .map_err(|e| bad(format!("zstd: {e}")))?;
+                    .map_err(|e| {
+                        // zstd checks a frame's content checksum itself; its error is the one
+                        // worth telling apart (the frame decoded, to the wrong bytes).
+                        if e.to_string().contains("checksum") {
+                            PlaneError::Checksum {
+                                plane: i,
+                                detail: format!("content differs from the frame's checksum ({e})"),
+                            }
+                        } else {
+                            bad(format!("zstd: {e}"))
+                        }
+                    })?;
                 if got != len {
                     return Err(bad(format!("decompressed to {got} bytes, expected {len}")));
                 }
@@ -393,17 +471,31 @@ mod tests {
             .collect()
     }
 
+    /// Bytes with no structure zstd could use (SplitMix64).
+    fn random_bytes(n: usize) -> Vec<u8> {
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        (0..n)
+            .map(|_| {
+                x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
+                let mut z = x;
+                z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+                z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+                (z ^ (z >> 31)) as u8
+            })
+            .collect()
+    }
+
     #[test]
     fn round_trips_every_width_and_odd_lengths() {
         for size in [1usize, 2, 4] {
             for n in [0usize, 1, 2, 3, 7, 1000, 1001] {
                 let data = sample_bytes(n, size);
-                let enc = encode(&data, size, 1).unwrap();
-                assert_eq!(element_count(&enc, size).unwrap(), n);
+                let enc = encode(&data, size, 1, true).unwrap();
+                assert_eq!(element_count(&enc, size, Checksums::Required).unwrap(), n);
                 let mut back = vec![0u8; data.len()];
-                decode_into(&enc, size, &mut back).unwrap();
+                decode_into(&enc, size, Checksums::Required, &mut back).unwrap();
                 assert_eq!(back, data, "size {size}, n {n}");
-                assert_eq!(decode(&enc, size).unwrap(), data);
+                assert_eq!(decode(&enc, size, Checksums::Required).unwrap(), data);
             }
         }
     }
@@ -432,10 +524,10 @@ mod tests {
 
     #[test]
     fn rejects_a_value_of_the_wrong_element_count() {
-        let enc = encode(&sample_bytes(10, 2), 2, 1).unwrap();
+        let enc = encode(&sample_bytes(10, 2), 2, 1, true).unwrap();
         let mut out = vec![0u8; 22];
         assert_eq!(
-            decode_into(&enc, 2, &mut out),
+            decode_into(&enc, 2, Checksums::Required, &mut out),
             Err(PlaneError::WrongLength {
                 found: 10,
                 expected: 11
@@ -445,37 +537,37 @@ mod tests {
 
     #[test]
     fn rejects_truncated_and_garbled_values() {
-        let enc = encode(&sample_bytes(100, 2), 2, 1).unwrap();
+        let enc = encode(&sample_bytes(100, 2), 2, 1, true).unwrap();
         let mut out = vec![0u8; 200];
         assert!(matches!(
-            decode_into(&enc[..enc.len() - 1], 2, &mut out),
+            decode_into(&enc[..enc.len() - 1], 2, Checksums::Required, &mut out),
             Err(PlaneError::Truncated { .. })
         ));
         assert!(matches!(
-            decode_into(&enc[..5], 2, &mut out),
+            decode_into(&enc[..5], 2, Checksums::Required, &mut out),
             Err(PlaneError::Truncated { .. })
         ));
         let mut garbled = enc.clone();
         garbled[12] ^= 0xff; // first byte of the first frame: the zstd magic number
         assert!(matches!(
-            decode_into(&garbled, 2, &mut out),
+            decode_into(&garbled, 2, Checksums::Required, &mut out),
             Err(PlaneError::BadPlane { plane: 0, .. })
         ));
     }
 
     #[test]
     fn decode_to_vec_refuses_a_claim_other_than_the_expected_count_before_allocating() {
-        let enc = encode(&sample_bytes(10, 2), 2, 1).unwrap();
+        let enc = encode(&sample_bytes(10, 2), 2, 1, true).unwrap();
         let mut out = Vec::new();
         assert_eq!(
-            decode_to_vec(&enc, 2, 11, &mut out),
+            decode_to_vec(&enc, 2, 11, Checksums::Required, &mut out),
             Err(PlaneError::WrongLength {
                 found: 10,
                 expected: 11
             })
         );
         assert_eq!(out.capacity(), 0, "nothing allocated for a refused value");
-        decode_to_vec(&enc, 2, 10, &mut out).unwrap();
+        decode_to_vec(&enc, 2, 10, Checksums::Required, &mut out).unwrap();
         assert_eq!(out, sample_bytes(10, 2));
     }
 
@@ -489,7 +581,7 @@ mod tests {
                 bits.to_le_bytes()
             })
             .collect();
-        let enc = encode(&vals, 2, 1).unwrap();
+        let enc = encode(&vals, 2, 1, true).unwrap();
         assert!(
             enc.len() < vals.len() * 9 / 10,
             "{} of {}",
@@ -506,10 +598,89 @@ mod tests {
         frame.extend_from_slice(&[0x01, 0x00, 0x00]); // an empty last raw block
         let mut value = (frame.len() as u32).to_le_bytes().to_vec();
         value.extend_from_slice(&frame);
-        let err = decode(&value, 1).unwrap_err();
+        let err = decode(&value, 1, Checksums::IfPresent).unwrap_err();
         assert!(
             matches!(&err, PlaneError::BadPlane { plane: 0, detail } if detail.contains("claims")),
             "{err}"
         );
+    }
+
+    /// Offsets of each frame in an encoded value (after its header of frame lengths).
+    fn frame_starts(value: &[u8], size: usize) -> Vec<(usize, usize)> {
+        let count = plane_count(size);
+        let mut pos = 4 * count;
+        (0..count)
+            .map(|i| {
+                let len = u32::from_le_bytes(value[4 * i..4 * i + 4].try_into().unwrap()) as usize;
+                pos += len;
+                (pos - len, len)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_flip_that_still_decodes_is_caught_by_the_checksum() {
+        // Random bytes: zstd stores the low nibble plane as a raw block, so a flipped byte in
+        // it decompresses without complaint; only the checksum tells.
+        let data = random_bytes(8192);
+        let (start, len) = frame_starts(&encode(&data, 2, 1, false).unwrap(), 2)[2];
+        let mut plain = encode(&data, 2, 1, false).unwrap();
+        plain[start + len / 2] ^= 0x10;
+        let silently_wrong = decode(&plain, 2, Checksums::IfPresent).unwrap();
+        assert_ne!(
+            silently_wrong, data,
+            "without a checksum the flip goes unnoticed"
+        );
+
+        let mut summed = encode(&data, 2, 1, true).unwrap();
+        let (start, len) = frame_starts(&summed, 2)[2];
+        summed[start + len / 2] ^= 0x10;
+        for checks in [Checksums::IfPresent, Checksums::Required] {
+            let err = decode(&summed, 2, checks).unwrap_err();
+            assert!(
+                matches!(&err, PlaneError::Checksum { plane: 2, detail } if detail.contains("checksum")),
+                "{err}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_cleared_checksum_flag_is_refused() {
+        let data = sample_bytes(1000, 2);
+        let mut value = encode(&data, 2, 1, true).unwrap();
+        let (start, _) = frame_starts(&value, 2)[1];
+        assert_ne!(value[start + 4] & CHECKSUM_FLAG, 0);
+        value[start + 4] &= !CHECKSUM_FLAG;
+        // Where the file declares checksums, the missing flag itself is corruption.
+        let err = decode(&value, 2, Checksums::Required).unwrap_err();
+        assert!(
+            matches!(&err, PlaneError::Checksum { plane: 1, detail } if detail.contains(CHECKSUM_META_KEY)),
+            "{err}"
+        );
+        // Elsewhere the frame no longer ends where the value's header says (its four checksum
+        // bytes are left over), which zstd refuses too.
+        assert!(decode(&value, 2, Checksums::IfPresent).is_err());
+    }
+
+    #[test]
+    fn values_without_checksums_still_read_unless_their_file_requires_them() {
+        let data = sample_bytes(100, 4);
+        let old = encode(&data, 4, 1, false).unwrap();
+        assert_eq!(decode(&old, 4, Checksums::IfPresent).unwrap(), data);
+        assert!(matches!(
+            decode(&old, 4, Checksums::Required),
+            Err(PlaneError::Checksum { plane: 0, .. })
+        ));
+        // The checksum costs four bytes per frame.
+        let new = encode(&data, 4, 1, true).unwrap();
+        assert_eq!(new.len(), old.len() + 4 * plane_count(4));
+    }
+
+    #[test]
+    fn declared_by_reads_the_metadata_key() {
+        let mut meta = std::collections::HashMap::new();
+        assert_eq!(Checksums::declared_by(&meta), Checksums::IfPresent);
+        meta.insert(CHECKSUM_META_KEY.to_string(), CHECKSUM_KIND.to_string());
+        assert_eq!(Checksums::declared_by(&meta), Checksums::Required);
     }
 }

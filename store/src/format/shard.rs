@@ -3,13 +3,20 @@
 //! compression and statistics the format specifies.
 use hslake_schemas::DatasetSchema;
 use parquet::basic::{Compression, ZstdLevel};
+use parquet::file::metadata::KeyValue;
 use parquet::file::properties::{EnabledStatistics, WriterProperties};
 use parquet::schema::types::ColumnPath;
 
+use crate::format::planes::{CHECKSUM_KIND, CHECKSUM_META_KEY};
 use crate::{Result, StoreError};
 
-/// Parquet writer properties of a shard of `schema` at zstd `level`.
-pub fn writer_properties(schema: &DatasetSchema, level: i32) -> Result<WriterProperties> {
+/// Parquet writer properties of a shard of `schema` at zstd `level`; with `value_checksums`
+/// the file declares that every frame of its tensor and scale values carries a checksum.
+pub fn writer_properties(
+    schema: &DatasetSchema,
+    level: i32,
+    value_checksums: bool,
+) -> Result<WriterProperties> {
     let zstd = ZstdLevel::try_new(level)
         .map_err(|e| StoreError::Usage(format!("zstd level {level}: {e}")))?;
     let mut b = WriterProperties::builder()
@@ -18,6 +25,14 @@ pub fn writer_properties(schema: &DatasetSchema, level: i32) -> Result<WriterPro
         .set_statistics_enabled(EnabledStatistics::Chunk)
         .set_max_row_group_row_count(None)
         .set_created_by(format!("hslake {}", env!("CARGO_PKG_VERSION")));
+    if value_checksums {
+        // A plain key-value entry, so that any Parquet reader sees it; Arrow readers find it
+        // in the schema metadata too.
+        b = b.set_key_value_metadata(Some(vec![KeyValue::new(
+            CHECKSUM_META_KEY.to_string(),
+            CHECKSUM_KIND.to_string(),
+        )]));
+    }
     // Tensor and scale values are opaque byte strings: min/max statistics of them are useless
     // bytes. They arrive compressed (plane_zstd), so Parquet must not compress them again.
     for p in &schema.points {
@@ -52,7 +67,7 @@ mod tests {
             vec![CapturePoint::LayerOutput(2)],
         )
         .unwrap();
-        let props = writer_properties(&schema, 3).unwrap();
+        let props = writer_properties(&schema, 3, true).unwrap();
         for col in ["layer_2", "layer_2_scale"] {
             let path = ColumnPath::from(col);
             assert_eq!(props.compression(&path), Compression::UNCOMPRESSED, "{col}");
@@ -61,6 +76,10 @@ mod tests {
         let ids = ColumnPath::from("sample_id");
         assert!(matches!(props.compression(&ids), Compression::ZSTD(_)));
         assert_eq!(props.statistics_enabled(&ids), EnabledStatistics::Chunk);
-        assert!(writer_properties(&schema, 99).is_err());
+        assert!(writer_properties(&schema, 99, true).is_err());
+        let kv = props.key_value_metadata().unwrap();
+        assert_eq!(kv[0].key, CHECKSUM_META_KEY);
+        let off = writer_properties(&schema, 3, false).unwrap();
+        assert!(off.key_value_metadata().is_none());
     }
 }

@@ -298,7 +298,7 @@ fn layout_batch(
                     .map(|s| match layout {
                         "blob-plain" => Ok(s.tensors[i].data.clone()),
                         "blob-split" => Ok(split(&s.tensors[i].data, k)),
-                        _ => crate::format::planes::encode(&s.tensors[i].data, k, level)
+                        _ => crate::format::planes::encode(&s.tensors[i].data, k, level, true)
                             .map_err(|e| StoreError::Usage(e.to_string())),
                     })
                     .collect::<Result<_>>()?;
@@ -377,7 +377,12 @@ fn decode_layout(layout: &str, b: &RecordBatch, k: usize, h: usize) -> u64 {
                             unsplit_into(v, k, &mut out);
                             out
                         }
-                        _ => crate::format::planes::decode(v, k).unwrap_or_default(),
+                        _ => crate::format::planes::decode(
+                            v,
+                            k,
+                            crate::format::planes::Checksums::IfPresent,
+                        )
+                        .unwrap_or_default(),
                     };
                     total += std::hint::black_box(out).len() as u64;
                 }
