@@ -227,7 +227,7 @@ fn run_job(
         }
     }
     if let Some(prev) = pending.take() {
-        hand_off(prev, &mut host, &mut times)?;
+        hand_off(prev, &mut host, &mut times, &mut reported)?;
     }
     Ok(times)
 }
