@@ -12,5 +12,8 @@ if ! command -v apt-get >/dev/null 2>&1; then
 fi
 echo "setup: installing Debian's chromium (for the dashboard test)" >&2
 SUDO=$([ "$(id -u)" = 0 ] && echo "" || echo sudo)
-$SUDO apt-get update -q >/dev/null
-DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q chromium >/dev/null
+# A browser that cannot be installed (no package mirror, no root) costs one test, not the setup.
+if ! { $SUDO apt-get update -q >/dev/null &&
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q chromium >/dev/null; }; then
+  echo "setup: WARNING: could not install chromium with apt-get; the dashboard test will be skipped" >&2
+fi
