@@ -38,15 +38,16 @@ def free_port():
 class Daemon:
     """One `hslake serve-capture` process on a free loopback port."""
 
-    def __init__(self, tmp, model, state, log_name="daemon.log"):
+    def __init__(self, tmp, model, state, log_name="daemon.log", extra=(), env=None):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         token_file = tmp / "token"
         token_file.write_text(TOKEN + "\n")
         self.log = open(tmp / log_name, "ab")
         self.cmd = [hslake_bin(), "serve-capture", "--model", str(model), "--dtype", "f32",
-                    "--bind", f"127.0.0.1:{self.port}", "--state", str(state), "--token-file", str(token_file)]
-        self.proc = subprocess.Popen(self.cmd, stdout=self.log, stderr=self.log)
+                    "--bind", f"127.0.0.1:{self.port}", "--state", str(state), "--token-file", str(token_file),
+                    *extra]
+        self.proc = subprocess.Popen(self.cmd, stdout=self.log, stderr=self.log, env=env)
 
     def request(self, method, path, body=None, token=TOKEN):
         data = json.dumps(body).encode() if body is not None else None
@@ -499,3 +500,25 @@ def test_a_job_failing_mid_run_is_failed_with_its_cause_and_the_next_job_runs(tm
     assert states == ["running", "failed"]
     got, _ = read_dataset(tmp_path / "ok")
     assert sorted(got) == list(range(30))
+
+
+def test_a_lost_rank_fails_its_job_with_the_cause_and_the_daemon_exits_non_zero(daemon_setup):
+    tmp, model = daemon_setup
+    inp = inputs(tmp, "in", 30, seed=17)
+    # Rank 1 of the in-process TP group fails its 12th all-reduce (the job's third batch): the
+    # ranks cannot run another job, so the daemon must record the failure and exit, not hang.
+    env = dict(os.environ, HSLAKE_TEST_FAIL_ALL_REDUCE="1:12")
+    d = Daemon(tmp, model, tmp / "state", extra=("--tp", "2"), env=env)
+    try:
+        d.wait_listening()
+        status, job = d.request("POST", "/v1/jobs", job_body(inp, tmp / "ds", max_tokens_per_batch=24))
+        assert status == 201, job
+        code = d.proc.wait(timeout=120)
+    finally:
+        d.stop()
+    assert code != 0
+    log = (tmp / "daemon.log").read_text()
+    assert "cannot run more jobs" in log and "injected failure" in log, log[-2000:]
+    history = status_history(tmp / "state", job["id"])
+    assert [h["state"] for h in history] == ["running", "failed"], history
+    assert "injected failure" in history[-1]["error"]

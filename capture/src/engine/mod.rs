@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use tch::Device;
 
 use crate::batch::PaddedBatch;
-use crate::comm::{Communicator, LocalComm, SingleRank};
+use crate::comm::{injected_fault, Communicator, FailingComm, LocalComm, SingleRank};
 use crate::cuda::PinnedBuffer;
 use crate::error::{CaptureError, Result};
 use crate::models::ModelInfo;
@@ -454,10 +454,18 @@ pub(crate) fn comm_inits(device: DeviceKind, tp: usize) -> Result<Vec<CommInit>>
     }
     Ok(match (device, tp) {
         (_, 1) => vec![Box::new(|| joined(SingleRank)) as CommInit],
-        (DeviceKind::Cpu, n) => LocalComm::group(n)
-            .into_iter()
-            .map(|c| Box::new(move || joined(c)) as CommInit)
-            .collect(),
+        (DeviceKind::Cpu, n) => {
+            let fault = injected_fault()?;
+            LocalComm::group(n)
+                .into_iter()
+                .map(|c| match fault {
+                    Some((rank, at)) if rank == c.rank() => {
+                        Box::new(move || joined(FailingComm::new(c, at))) as CommInit
+                    }
+                    _ => Box::new(move || joined(c)) as CommInit,
+                })
+                .collect()
+        }
         (DeviceKind::Cuda, n) => {
             let id = nccl::unique_id()?;
             (0..n)
@@ -517,7 +525,6 @@ fn add_writer(summary: &mut CaptureSummary, w: WriterDone) {
 
 #[cfg(test)]
 mod tests {
-    use std::cell::Cell;
     use std::sync::atomic::{AtomicU64, Ordering};
 
     use hslake_schemas::{CapturePoint, DType, FinitePolicy};
@@ -643,35 +650,6 @@ mod tests {
         assert_eq!(kept.samples, 30);
     }
 
-    /// A rank of an in-process group whose `fail_at`-th all-reduce fails.
-    struct FailingComm {
-        inner: LocalComm,
-        fail_at: usize,
-        calls: Cell<usize>,
-    }
-
-    impl Communicator for FailingComm {
-        fn rank(&self) -> usize {
-            self.inner.rank()
-        }
-        fn world_size(&self) -> usize {
-            self.inner.world_size()
-        }
-        fn all_reduce_sum(&self, t: &mut Tensor) -> Result<()> {
-            self.calls.set(self.calls.get() + 1);
-            if self.calls.get() == self.fail_at {
-                return Err(CaptureError::Comm {
-                    rank: self.rank(),
-                    message: "injected failure".into(),
-                });
-            }
-            self.inner.all_reduce_sum(t)
-        }
-        fn abort(&self) {
-            self.inner.abort()
-        }
-    }
-
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_failing_rank_breaks_the_engine_and_nothing_hangs() {
         let d = tempfile::tempdir().unwrap();
@@ -686,11 +664,7 @@ mod tests {
                     // Rank 1 fails in the job's third batch (each batch all-reduces 5 times).
                     let fail_at = if c.rank() == 1 { 12 } else { 0 };
                     Box::new(move || {
-                        Ok(Rc::new(FailingComm {
-                            inner: c,
-                            fail_at,
-                            calls: Cell::new(0),
-                        }) as Rc<dyn Communicator>)
+                        Ok(Rc::new(FailingComm::new(c, fail_at)) as Rc<dyn Communicator>)
                     }) as CommInit
                 })
                 .collect();
