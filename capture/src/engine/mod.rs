@@ -528,7 +528,6 @@ mod tests {
     use std::sync::atomic::{AtomicU64, Ordering};
 
     use hslake_schemas::{CapturePoint, DType, FinitePolicy};
-    use tch::Tensor;
 
     use super::*;
     use crate::fixtures::{assert_close, values, write_inputs, write_model, TINY_LLAMA};
