@@ -24,7 +24,7 @@ use serde::Deserialize;
 use tch::Tensor;
 
 use super::hf_config::ConfigFile;
-use super::llama::{self, SelfAttention, StackConfig};
+use super::llama::{self, SelfAttention, StackConfig, StackShape};
 use super::{DecoderModel, ModelConfig, ModelInfo};
 use crate::error::{CaptureError, Result};
 use crate::layers::{RmsNorm, Rope, RopeScaling, RopeTables};
@@ -260,33 +260,20 @@ impl ModelConfig for DeepseekConfig {
 }
 
 impl StackConfig for DeepseekConfig {
-    fn prefix(&self) -> &str {
-        self.prefix
-    }
-    fn hidden_size(&self) -> usize {
-        self.hidden_size
-    }
-    fn intermediate_size(&self) -> usize {
-        self.intermediate_size
-    }
-    fn mlp_bias(&self) -> bool {
-        false
-    }
-    fn moe(&self) -> Option<&MoeLayers> {
-        Some(&self.moe)
-    }
-    fn num_layers(&self) -> usize {
-        self.num_layers
-    }
-    fn vocab_size(&self) -> usize {
-        self.vocab_size
-    }
-    fn rms_norm_eps(&self) -> f64 {
-        self.rms_norm_eps
-    }
-    fn rotary(&self) -> (usize, &Rope) {
-        // The rotary tables cover only the rope part of each head.
-        (self.qk_rope_head_dim, &self.rope)
+    fn stack(&self) -> StackShape<'_> {
+        StackShape {
+            prefix: self.prefix,
+            hidden_size: self.hidden_size,
+            intermediate_size: self.intermediate_size,
+            mlp_bias: false,
+            moe: Some(&self.moe),
+            num_layers: self.num_layers,
+            vocab_size: self.vocab_size,
+            rms_norm_eps: self.rms_norm_eps,
+            // The rotary tables cover only the rope part of each head.
+            rotary_dim: self.qk_rope_head_dim,
+            rope: &self.rope,
+        }
     }
 }
 

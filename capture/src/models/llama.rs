@@ -165,54 +165,49 @@ impl ModelConfig for LlamaConfig {
 
 /// What the pre-norm decoder stack ([`Model`]) needs of a family's config: every family whose
 /// layers are `x + attn(norm(x))`, `x + mlp(norm(x))` shares the stack and brings its attention.
-pub(crate) trait StackConfig {
+pub(crate) struct StackShape<'a> {
     /// Prefix of the decoder's tensor names: `model.`, or a wrapper's `language_model.model.`.
-    fn prefix(&self) -> &str;
+    pub prefix: &'a str,
     /// Residual width.
-    fn hidden_size(&self) -> usize;
+    pub hidden_size: usize,
     /// Dense MLP width.
-    fn intermediate_size(&self) -> usize;
+    pub intermediate_size: usize,
     /// Bias on the dense MLP's gate/up/down.
-    fn mlp_bias(&self) -> bool;
+    pub mlp_bias: bool,
     /// Mixture-of-experts layers, if any; the others have the dense MLP.
-    fn moe(&self) -> Option<&MoeLayers>;
+    pub moe: Option<&'a MoeLayers>,
     /// Decoder layers.
-    fn num_layers(&self) -> usize;
+    pub num_layers: usize,
     /// Vocabulary size.
-    fn vocab_size(&self) -> usize;
+    pub vocab_size: usize,
     /// Epsilon of the layer norms and the final norm.
-    fn rms_norm_eps(&self) -> f64;
-    /// Width the rotary tables cover (the head, or MLA's rope part of it) and their scaling.
-    fn rotary(&self) -> (usize, &Rope);
+    pub rms_norm_eps: f64,
+    /// Width the rotary tables cover: the head, or MLA's rope part of it.
+    pub rotary_dim: usize,
+    /// Rotary base and scaling.
+    pub rope: &'a Rope,
+}
+
+/// A family config the decoder stack can load from.
+pub(crate) trait StackConfig {
+    /// The stack's shape under this config.
+    fn stack(&self) -> StackShape<'_>;
 }
 
 impl StackConfig for LlamaConfig {
-    fn prefix(&self) -> &str {
-        "model."
-    }
-    fn hidden_size(&self) -> usize {
-        self.hidden_size
-    }
-    fn intermediate_size(&self) -> usize {
-        self.intermediate_size
-    }
-    fn mlp_bias(&self) -> bool {
-        self.mlp_bias
-    }
-    fn moe(&self) -> Option<&MoeLayers> {
-        self.moe.as_ref()
-    }
-    fn num_layers(&self) -> usize {
-        self.num_layers
-    }
-    fn vocab_size(&self) -> usize {
-        self.vocab_size
-    }
-    fn rms_norm_eps(&self) -> f64 {
-        self.rms_norm_eps
-    }
-    fn rotary(&self) -> (usize, &Rope) {
-        (self.head_dim, &self.rope)
+    fn stack(&self) -> StackShape<'_> {
+        StackShape {
+            prefix: "model.",
+            hidden_size: self.hidden_size,
+            intermediate_size: self.intermediate_size,
+            mlp_bias: self.mlp_bias,
+            moe: self.moe.as_ref(),
+            num_layers: self.num_layers,
+            vocab_size: self.vocab_size,
+            rms_norm_eps: self.rms_norm_eps,
+            rotary_dim: self.head_dim,
+            rope: &self.rope,
+        }
     }
 }
 
@@ -321,8 +316,9 @@ struct DecoderLayer<A> {
 
 impl<A: SelfAttention> DecoderLayer<A> {
     fn load(ctx: &LoadCtx, layer: usize, cfg: &A::Config) -> Result<Self> {
-        let prefix = format!("{}layers.{layer}", cfg.prefix());
-        let (h, eps) = (cfg.hidden_size(), cfg.rms_norm_eps());
+        let s = cfg.stack();
+        let prefix = format!("{}layers.{layer}", s.prefix);
+        let (h, eps) = (s.hidden_size, s.rms_norm_eps);
         Ok(DecoderLayer {
             input_layernorm: RmsNorm::load(ctx, &format!("{prefix}.input_layernorm"), h, eps)?,
             self_attn: A::load(ctx, &format!("{prefix}.self_attn"), cfg)?,
@@ -337,9 +333,9 @@ impl<A: SelfAttention> DecoderLayer<A> {
                 &format!("{prefix}.mlp"),
                 layer,
                 h,
-                cfg.intermediate_size(),
-                cfg.mlp_bias(),
-                cfg.moe(),
+                s.intermediate_size,
+                s.mlp_bias,
+                s.moe,
             )?,
         })
     }
@@ -371,21 +367,25 @@ pub(crate) struct Model<A = Attention> {
 impl<A: SelfAttention> Model<A> {
     /// Loads this rank's slice of every weight.
     pub fn load(ctx: &LoadCtx, cfg: &A::Config) -> Result<Self> {
-        let (prefix, h, eps) = (cfg.prefix(), cfg.hidden_size(), cfg.rms_norm_eps());
-        let layers = (0..cfg.num_layers())
+        let s = cfg.stack();
+        let layers = (0..s.num_layers)
             .map(|i| DecoderLayer::load(ctx, i, cfg))
             .collect::<Result<_>>()?;
-        let (rotary_dim, rope) = cfg.rotary();
         Ok(Model {
             embed_tokens: VocabParallelEmbedding::load(
                 ctx,
-                &format!("{prefix}embed_tokens.weight"),
-                cfg.vocab_size(),
-                h,
+                &format!("{}embed_tokens.weight", s.prefix),
+                s.vocab_size,
+                s.hidden_size,
             )?,
             layers,
-            norm: RmsNorm::load(ctx, &format!("{prefix}norm"), h, eps)?,
-            rotary: Rotary::new(rotary_dim, rope, ctx.device)?,
+            norm: RmsNorm::load(
+                ctx,
+                &format!("{}norm", s.prefix),
+                s.hidden_size,
+                s.rms_norm_eps,
+            )?,
+            rotary: Rotary::new(s.rotary_dim, s.rope, ctx.device)?,
             kind: ctx.kind,
         })
     }
