@@ -31,8 +31,8 @@ pub trait ProgressSink: Sync {
 
     /// Rank 0 spent `compute_secs` more on forwards and host copies and `storage_wait_secs`
     /// more blocked on the writers since its last report. Reported with each batch it hands
-    /// over, so that a live view of the GPU's wait needs no end of job; the wait of handing over
-    /// the job's last batch comes only in the summary's totals.
+    /// over, so that a live view of the GPU's wait needs no end of job, and once more at the
+    /// end of the job: the reports of a job add up to its summary's times.
     fn forward_progress(&self, compute_secs: f64, storage_wait_secs: f64) {
         let _ = (compute_secs, storage_wait_secs);
     }

@@ -70,7 +70,7 @@ pub(super) struct RankTimes {
 
 impl RankTimes {
     /// The time spent since `earlier` (a copy of these times taken before).
-    fn since(&self, earlier: &RankTimes) -> RankTimes {
+    pub(super) fn since(&self, earlier: &RankTimes) -> RankTimes {
         RankTimes {
             compute: self.compute.saturating_sub(earlier.compute),
             storage_wait: self.storage_wait.saturating_sub(earlier.storage_wait),

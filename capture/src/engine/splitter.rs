@@ -10,6 +10,7 @@ use tch::Tensor;
 
 use super::host::{BatchLease, HostBatch};
 use super::progress::{CancelToken, ProgressSink};
+use super::rank::RankTimes;
 use crate::cuda::PinnedBuffer;
 use crate::error::{CaptureError, Result};
 use crate::input::InputSample;
@@ -60,15 +61,16 @@ impl SampleRows {
 }
 
 /// Splits every batch from `rx` into samples for `writers`, until rank 0 closes the queue
-/// (or is given up for lost: `ranks_lost`).
+/// (or is given up for lost: `ranks_lost`); returns the time the batches reported.
 pub(super) fn split_batches(
     rx: Receiver<HostBatch>,
     ranks_lost: &CancelToken,
     writers: Vec<SyncSender<SampleRows>>,
     recycle: Sender<Vec<PinnedBuffer>>,
     progress: &dyn ProgressSink,
-) -> Result<()> {
+) -> Result<RankTimes> {
     let mut load = vec![0u64; writers.len()];
+    let mut reported = RankTimes::default();
     loop {
         let hb = match rx.recv_timeout(Duration::from_millis(100)) {
             Ok(hb) => hb,
@@ -86,6 +88,8 @@ pub(super) fn split_batches(
             times.compute.as_secs_f64(),
             times.storage_wait.as_secs_f64(),
         );
+        reported.compute += times.compute;
+        reported.storage_wait += times.storage_wait;
         let lease =
             buffers.map(|b| Arc::new(BatchLease::new(input.samples.len(), b, recycle.clone())));
         for (i, s) in input.samples.iter().enumerate() {
@@ -108,5 +112,5 @@ pub(super) fn split_batches(
                 .map_err(|_| CaptureError::Pipeline("a store writer stopped early".into()))?;
         }
     }
-    Ok(())
+    Ok(reported)
 }

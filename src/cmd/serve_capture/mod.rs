@@ -159,10 +159,6 @@ struct JobProgress {
     commits: AtomicU64,
     raw_bytes: AtomicU64,
     stored_bytes: AtomicU64,
-    /// Forward and storage-wait seconds already added to the metrics live, in nanoseconds; the
-    /// end of the job adds the rest of its summary's totals.
-    compute_nanos: AtomicU64,
-    storage_wait_nanos: AtomicU64,
 }
 
 impl ProgressSink for JobProgress {
@@ -190,11 +186,6 @@ impl ProgressSink for JobProgress {
     fn forward_progress(&self, compute_secs: f64, storage_wait_secs: f64) {
         self.metrics.forward_seconds.inc_by(compute_secs);
         self.metrics.storage_wait_seconds.inc_by(storage_wait_secs);
-        let nanos = |s: f64| (s * 1e9) as u64;
-        self.compute_nanos
-            .fetch_add(nanos(compute_secs), Ordering::Relaxed);
-        self.storage_wait_nanos
-            .fetch_add(nanos(storage_wait_secs), Ordering::Relaxed);
     }
 
     fn bytes_written(&self, raw: u64, stored: u64) {
@@ -255,8 +246,6 @@ impl Daemon {
             commits: AtomicU64::new(0),
             raw_bytes: AtomicU64::new(0),
             stored_bytes: AtomicU64::new(0),
-            compute_nanos: AtomicU64::new(0),
-            storage_wait_nanos: AtomicU64::new(0),
         });
         job.state = JobState::Running;
         job.progress = Some(progress.clone());
@@ -316,13 +305,6 @@ async fn worker(d: Arc<Daemon>, mut engine: Engine) -> Result<()> {
         };
         let record = match result {
             Ok(s) => {
-                // What the batches did not report live: the last batch's hand-over wait.
-                let m = &d.metrics;
-                let live = |n: &AtomicU64| n.load(Ordering::Relaxed) as f64 / 1e9;
-                m.forward_seconds
-                    .inc_by((s.compute_secs - live(&progress.compute_nanos)).max(0.0));
-                m.storage_wait_seconds
-                    .inc_by((s.storage_wait_secs - live(&progress.storage_wait_nanos)).max(0.0));
                 span.in_scope(|| {
                     tracing::info!(
                         samples = s.samples,
