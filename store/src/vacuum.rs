@@ -8,7 +8,6 @@
 use std::collections::HashSet;
 use std::time::Duration;
 
-use futures::TryStreamExt;
 use object_store::path::Path;
 use object_store::ObjectStoreExt;
 
@@ -72,13 +71,7 @@ pub async fn vacuum(ds: &Dataset, grace: Duration, dry_run: bool) -> Result<Vacu
     }
     let mut objects = vec![];
     for dir in [DATA_DIR, VERSIONS_DIR] {
-        let listed: Vec<_> = loc
-            .store
-            .list(Some(&loc.path(dir)))
-            .try_collect()
-            .await
-            .map_err(|e| StoreError::os(format!("{}/{dir}", loc.url), e))?;
-        objects.extend(listed);
+        objects.extend(loc.list_dir(dir).await?);
     }
     let cutoff =
         chrono::Utc::now() - chrono::Duration::from_std(grace).unwrap_or(chrono::Duration::MAX);

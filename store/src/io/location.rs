@@ -3,11 +3,12 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
+use futures::TryStreamExt;
 use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey};
 use object_store::local::LocalFileSystem;
 use object_store::memory::InMemory;
 use object_store::path::Path;
-use object_store::{ClientConfigKey, ObjectStore, RetryConfig};
+use object_store::{ClientConfigKey, ObjectMeta, ObjectStore, RetryConfig};
 use url::Url;
 
 use crate::{Result, StoreError};
@@ -23,6 +24,9 @@ pub struct Location {
     pub prefix: Path,
 }
 
+/// Listings retried after a failure, on top of the store's own retries.
+const LIST_RETRIES: u32 = 4;
+
 impl Location {
     /// Path of an object relative to the dataset root (`data/x.parquet`).
     pub fn path(&self, rel: &str) -> Path {
@@ -36,6 +40,32 @@ impl Location {
         self.url
             .strip_prefix("file://")
             .map(std::path::PathBuf::from)
+    }
+
+    /// Every object under the dataset-relative folder `dir`.
+    ///
+    /// object_store retries a listing request that fails, but not a listing response whose body
+    /// is cut short (a reset or truncated connection after the headers): that error reaches the
+    /// caller, and a writer about to commit, a capture starting up or a vacuum would fail over
+    /// one lost connection. Listing is idempotent, so the whole listing is retried here with a
+    /// short backoff.
+    pub async fn list_dir(&self, dir: &str) -> Result<Vec<ObjectMeta>> {
+        let prefix = self.path(dir);
+        let mut attempt = 0;
+        let mut listed = self.store.list(Some(&prefix)).try_collect().await;
+        while let Err(e) = &listed {
+            if attempt >= LIST_RETRIES || matches!(e, object_store::Error::NotFound { .. }) {
+                break;
+            }
+            attempt += 1;
+            tracing::warn!(
+                "listing {}/{dir} failed ({e}); retrying ({attempt} of {LIST_RETRIES})",
+                self.url
+            );
+            tokio::time::sleep(Duration::from_millis(50 << attempt)).await;
+            listed = self.store.list(Some(&prefix)).try_collect().await;
+        }
+        listed.map_err(|e| StoreError::os(format!("{}/{dir}", self.url), e))
     }
 
     /// The dataset-relative name of a full object path, if it lies under the root.
