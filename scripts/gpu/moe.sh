@@ -6,6 +6,8 @@
 #                    256 experts of 2048 with 8 active (n_group 8, topk_group 4), 3 dense + 2 MoE layers, bf16
 #   deepseek_v3 fp8  the same weights in DeepSeek's FP8 blocks (128 x 128, weight_scale_inv), quantized on the
 #                    device; its reference is transformers on the dequantized weights
+#   deepseek_v3 int4 the same weights with the routed experts in compressed-tensors pack-quantized INT4, groups of
+#                    32 (Kimi-K2-Thinking / K2.5's layout), quantized on the device; reference as for FP8
 #   qwen3_30b_a3b    Qwen3-30B-A3B shapes: 48 layers, 128 experts of 768 with 8 active, bf16
 # and for each, in this one call: transformers' prefill-only tokens/s (batch 8 x 2048; bf16 models only, the FP8
 # model's reference is the same network), ours (debug prefill), our capture + write end to end (SAMPLES samples
@@ -17,11 +19,12 @@
 # into the page cache, 15-30 s each), two loads of ours (prefill, capture; ~10-20 s each from the page cache) and
 # the forwards (16k-token batches of ~3 B active parameters: well under a second each on an H200 even at 20 %
 # MFU, so SAMPLES=32 and ITERS=3 add seconds). About 1.5-2.5 minutes per model, 5-7 minutes in all, under the
-# 9-minute bound; SKIP_QWEN=1 drops the largest third. Disk: the 64 GiB of one H200 machine hold one checkpoint at
+# 9-minute bound; MODELS picks the steps of one call. Disk: the 64 GiB of one H200 machine hold one checkpoint at
 # a time, so each is deleted (with its captured dataset: DeepSeek's 5 layers x 32 x 2048 tokens are ~4.7 GB raw)
 # before the next is written; Qwen3's 61 GB plus ~2 GB of dataset is the tightest.
 #
-# Knobs: SAMPLES (default 32), ITERS (default 3), WORK (scratch, default /tmp/hslake-moe), SKIP_QWEN=1,
+# Knobs: MODELS (the steps in order, default "ds ds8 qw"; ds4 is the INT4 step), SAMPLES (default 32), ITERS
+# (default 3), WORK (scratch, default /tmp/hslake-moe),
 # DEVICE=cpu TINY=1 for a dry run of the whole flow at toy sizes on a CPU (no GPU, minutes).
 set -uo pipefail
 source "$(dirname "$0")/env.sh"
@@ -76,22 +79,25 @@ ours() {
   rm -rf "$m-out"
 }
 
-stage "deepseek_v3 bf16: make, transformers prefill, reference states"
-bench make deepseek_v3 "$W/ds" 2>&1 | tail -3 | tee "$OUT/moe_ds_make.txt"
-ours "$W/ds" deepseek_v3 ds
-rm -rf "$W/ds"
+# A model's step: STEP KIND MODEL LABEL DESCRIPTION
+model() {
+  local step=$1 kind=$2 name=$3 label=$4
+  stage "$label: $5"
+  bench "$kind" "$name" "$W/$step" 2>&1 | tail -12 | tee "$OUT/moe_${step}_make.txt"
+  ours "$W/$step" "$label" "$step"
+  rm -rf "$W/$step"
+}
 
-stage "deepseek_v3 fp8: quantize on the device, reference on the dequantized weights"
-bench fp8 deepseek_v3 "$W/ds8" 2>&1 | tail -3 | tee "$OUT/moe_ds8_make.txt"
-ours "$W/ds8" "deepseek_v3 fp8" ds8
-rm -rf "$W/ds8"
-
-if [ "${SKIP_QWEN:-0}" != 1 ]; then
-  stage "qwen3_30b_a3b bf16: make, transformers prefill, reference states"
-  bench make qwen3_30b_a3b "$W/qw" 2>&1 | tail -3 | tee "$OUT/moe_qw_make.txt"
-  ours "$W/qw" qwen3_30b_a3b qw
-  rm -rf "$W/qw"
-fi
+for m in ${MODELS:-ds ds8 qw}; do
+  case $m in
+  ds) model ds make deepseek_v3 deepseek_v3 "make, transformers prefill, reference states" ;;
+  ds8) model ds8 fp8 deepseek_v3 "deepseek_v3 fp8" "quantize on the device, reference on the dequantized weights" ;;
+  ds4) model ds4 int4 deepseek_v3 "deepseek_v3 int4" \
+    "routed experts to INT4 (Kimi-K2's layout) on the device, reference on the dequantized weights" ;;
+  qw) model qw make qwen3_30b_a3b qwen3_30b_a3b "make, transformers prefill, reference states" ;;
+  *) echo "unknown model step $m (ds, ds8, ds4, qw)" >&2; exit 2 ;;
+  esac
+done
 
 stage "done"
 bench summary | tee "$OUT/moe_summary.txt"

@@ -6,7 +6,16 @@ GPU holds one copy of a model at a time):
   fp8     MODEL DIR   the same weights again, every projection quantized on the device to FP8 blocks of 128 x 128
                       (DeepSeek-V3's layout: float8_e4m3fn + weight_scale_inv); the reference states come from
                       transformers run on the dequantized weights
+  int4    MODEL DIR   the same weights again, the routed experts quantized on the device to compressed-tensors
+                      pack-quantized INT4 (Kimi-K2-Thinking / K2.5's layout: symmetric, groups of 32, eight codes per
+                      int32, bf16 scales; attention, shared experts, dense MLPs and the LM head stay bf16); reference
+                      as for fp8
   cosine  DIR DATASET LABEL  per-token cosine of our captured states against the reference states
+
+make, fp8 and int4 also measure the bf16 noise floor the cosine is judged against: transformers against itself,
+the reference samples run again with eager attention instead of sdpa (the same network, rounded differently from
+the first layer on), per layer, and how many tokens the two runs route to a different set of experts in each MoE
+layer (the routers' top-k, recorded by forward hooks).
   mfu     STEP TOKENS_PER_SEC   MFU on active parameters of the model of moe.sh's step (ds, ds8, qw)
   layers  DIR         the layers captured and compared (all of a short model; EAGLE-3's aux layers and the last)
   summary OUT         the table of every step's numbers (JSON lines in OUT/moe_rows.jsonl)
@@ -110,15 +119,66 @@ def sync(device):
         torch.cuda.synchronize()
 
 
-def reference_states(model, ids, layers, path):
-    """bf16 states of each captured layer for the first samples, one sample at a time (unpadded), as f32."""
-    out = {}
-    with torch.no_grad():
-        for i, row in enumerate(ids):
-            hs = model.model(input_ids=row[None], output_hidden_states=True).hidden_states
-            for l in layers:
-                out[f"{i}/layer_{l}"] = hs[l + 1][0].float().cpu().numpy()
-    np.savez(path, **out)
+def run_states(model, ids, layers):
+    """{"i/layer_l": f32 states} of each captured layer for each sample, one sample at a time (unpadded), and
+    {"i/route_l": sorted top-k expert ids per token} of each MoE layer, from the routers' forward hooks."""
+    out, routes, hooks, current = {}, {}, [], [None]
+    for name, module in model.named_modules():
+        if type(module).__name__.lower().endswith("topkrouter"):
+            layer = int(name.split(".")[2])
+            # Every router returns (logits, weights, indices).
+            hooks.append(module.register_forward_hook(
+                lambda _m, _i, o, layer=layer: routes.__setitem__(f"{current[0]}/route_{layer}",
+                                                                   o[2].sort(-1).values.cpu().numpy())))
+    try:
+        with torch.no_grad():
+            for i, row in enumerate(ids):
+                current[0] = i
+                hs = model.model(input_ids=row[None], output_hidden_states=True).hidden_states
+                for l in layers:
+                    out[f"{i}/layer_{l}"] = hs[l + 1][0].float().cpu().numpy()
+    finally:
+        for h in hooks:
+            h.remove()
+    return out, routes
+
+
+def token_cosines(a, b):
+    """Per-token cosine of two [tokens, hidden] arrays."""
+    a, b = a.astype(np.float64), b.astype(np.float64)
+    cos = (a * b).sum(-1) / np.maximum(np.linalg.norm(a, axis=-1) * np.linalg.norm(b, axis=-1), 1e-30)
+    return cos
+
+
+def summarise(cos):
+    return dict(min=round(float(cos.min()), 6), p001=round(float(np.quantile(cos, 0.001)), 6),
+                mean=round(float(cos.mean()), 6), below_0_999=int((cos < 0.999).sum()), tokens=int(cos.size))
+
+
+def reference_states(model, ids, layers, path, label, row):
+    """The reference (sdpa) states and routes, saved for the cosine step, and transformers' own noise floor: the
+    same samples with eager attention, compared per layer and per router."""
+    ref, ref_routes = run_states(model, ids, layers)
+    np.savez(path, **ref)
+    try:
+        model.set_attn_implementation("eager")
+    except Exception as e:  # noqa: BLE001 - an older transformers: report, do not fail the run
+        print(f"{label}: no noise-floor run ({e})")
+        return
+    other, other_routes = run_states(model, ids, layers)
+    model.set_attn_implementation("sdpa")
+    for l in layers:
+        cos = np.concatenate([token_cosines(ref[f"{i}/layer_{l}"], other[f"{i}/layer_{l}"]) for i in range(len(ids))])
+        stats = summarise(cos)
+        row(model=label, what=f"noise floor (transformers sdpa vs eager) layer_{l}", **stats)
+        print(f"{label}: noise floor layer_{l} cosine {stats}")
+    for key in sorted({k.split("/")[1] for k in ref_routes}, key=lambda k: int(k.split("_")[1])):
+        a = np.concatenate([ref_routes[f"{i}/{key}"] for i in range(len(ids))])
+        b = np.concatenate([other_routes[f"{i}/{key}"] for i in range(len(ids))])
+        flips = int((a != b).any(-1).sum())
+        row(model=label, what=f"noise floor routing flips {key.replace('route_', 'layer_')}", flips=flips,
+            tokens=int(a.shape[0]))
+        print(f"{label}: noise floor {key}: {flips} of {a.shape[0]} tokens routed to another expert set")
 
 
 FP8_LINEAR = re.compile(r"\.(q_proj|q_a_proj|q_b_proj|kv_a_proj_with_mqa|kv_b_proj|o_proj|k_proj|v_proj|"
@@ -137,14 +197,56 @@ def quantize_fp8(w, block=128):
     return q.view(out + po, inp + pi)[:out, :inp].contiguous(), scale, deq.to(torch.bfloat16)
 
 
-def write_fp8(model, path):
-    """Saves the model's projections as FP8 blocks (every other tensor in bf16) and puts the dequantized weights
-    into the model, which then is the reference. The checkpoint goes out in shards of experts-sized pieces so that
-    the host never holds more than one shard."""
+# Kimi-K2-Thinking's compressed-tensors `ignore` list: only the routed experts are INT4.
+KIMI_IGNORE = ["lm_head", "re:.*self_attn.*", "re:.*shared_experts.*", "re:.*mlp\\.(gate|up|gate_up|down)_proj.*"]
+ROUTED_EXPERT = re.compile(r"\.experts\.\d+\.(gate_proj|up_proj|down_proj)\.weight$")
+
+
+def quantize_int4(w, group=32):
+    """[out, in] -> (weight_packed int32 [out, in/8], bf16 weight_scale [out, in/group], the dequantized bf16
+    matrix): symmetric codes in [-8, 7] stored plus 8, column 8j+k in bits 4k..4k+4 of word j (compressed-tensors'
+    pack-quantized), round half to even as numpy's rint in tests/python/test_capture_quant.py."""
+    out, inp = w.shape
+    g = w.float().view(out, inp // group, group)
+    scale = (g.abs().amax(-1).clamp(min=1e-12) / 7.0).to(torch.bfloat16).float()
+    q = torch.clamp(torch.round(g / scale[..., None]), -8, 7).to(torch.int64).view(out, inp)
+    shifts = torch.arange(8, device=w.device, dtype=torch.int64) * 4
+    words = ((q + 8).view(out, inp // 8, 8) << shifts).sum(-1)
+    words = torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)
+    deq = (q.float() * scale.repeat_interleave(group, 1)).to(torch.bfloat16)
+    return words, scale.to(torch.bfloat16), deq
+
+
+def quantized(name, w, scheme):
+    """The checkpoint tensors of one projection in `scheme` and its dequantized weight, or None to keep it bf16."""
+    if scheme == "fp8" and FP8_LINEAR.search(name):
+        q, scale, deq = quantize_fp8(w)
+        return {name: q, name[:-len("weight")] + "weight_scale_inv": scale}, deq
+    if scheme == "int4" and ROUTED_EXPERT.search(name):
+        packed, scale, deq = quantize_int4(w)
+        module = name[:-len(".weight")]
+        return {f"{module}.weight_packed": packed, f"{module}.weight_scale": scale,
+                f"{module}.weight_shape": torch.tensor(list(w.shape), dtype=torch.int32)}, deq
+    return None
+
+
+def write_quantized(model, path, scheme):
+    """Saves the model with its projections quantized per `scheme` (every other tensor in bf16) and puts the
+    dequantized weights into the model, which then is the reference. The checkpoint goes out in shards of
+    experts-sized pieces so that the host never holds more than one shard."""
     from safetensors.torch import save_file
     os.makedirs(path, exist_ok=True)
-    model.config.quantization_config = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
-                                        "weight_block_size": [128, 128]}
+    if scheme == "fp8":
+        model.config.quantization_config = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
+                                            "weight_block_size": [128, 128]}
+    else:
+        model.config.quantization_config = {
+            "quant_method": "compressed-tensors", "format": "pack-quantized", "quantization_status": "compressed",
+            "config_groups": {"group_0": {"targets": ["Linear"], "input_activations": None, "output_activations": None,
+                                          "weights": {"num_bits": 4, "type": "int", "symmetric": True,
+                                                      "strategy": "group", "group_size": 32, "dynamic": False,
+                                                      "observer": "minmax"}}},
+            "ignore": KIMI_IGNORE}
     model.config.save_pretrained(path)
     shard, shard_bytes, index, n = {}, 0, {}, 0
 
@@ -160,9 +262,10 @@ def write_fp8(model, path):
         for name, w, fused in named_linears(model):
             if name.startswith("lm_head."):
                 continue
-            if FP8_LINEAR.search(name):
-                q, scale, deq = quantize_fp8(w)
-                added = {name: q.cpu(), name[:-len("weight")] + "weight_scale_inv": scale.cpu()}
+            q = quantized(name, w, scheme)
+            if q is not None:
+                tensors, deq = q
+                added = {k: v.cpu() for k, v in tensors.items()}
                 if fused is None:
                     w.copy_(deq)
                 else:
@@ -205,7 +308,7 @@ def named_linears(model):
 
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("step", choices=["make", "fp8", "cosine", "mfu", "layers", "summary"])
+    p.add_argument("step", choices=["make", "fp8", "int4", "cosine", "mfu", "layers", "summary"])
     p.add_argument("args", nargs="*")
     p.add_argument("--tiny", action="store_true")
     p.add_argument("--device", default="cuda")
@@ -218,7 +321,7 @@ def main():
     p.add_argument("--rows", default="moe_rows.jsonl")
     a = p.parse_args()
     row = lambda **kv: open(a.rows, "a").write(json.dumps(kv) + "\n")
-    if a.step in ("make", "fp8"):
+    if a.step in ("make", "fp8", "int4"):
         name, out = a.args
         cfg = config(name, a.tiny)
         device = torch.device(a.device)
@@ -226,7 +329,7 @@ def main():
         model = build(cfg, device)
         layers = [int(x) for x in a.layers.split(",")] if a.layers else default_layers(cfg.num_hidden_layers)
         ids = inputs(cfg, os.path.join(out + ".jsonl"), a.samples, a.seq)
-        label = f"{name}{' fp8' if a.step == 'fp8' else ''}"
+        label = name if a.step == "make" else f"{name} {a.step}"
         if a.step == "make":
             tps = prefill_tokens_per_sec(model, ids[:a.batch].to(device), a.iters)
             mfu = tps * 2 * active_params(cfg) / PEAK_FLOPS
@@ -234,8 +337,8 @@ def main():
                 active_params=active_params(cfg))
             model.save_pretrained(out)
         else:
-            write_fp8(model, out)
-        reference_states(model, ids[:a.ref_samples].to(device), layers, out + ".ref.npz")
+            write_quantized(model, out, a.step)
+        reference_states(model, ids[:a.ref_samples].to(device), layers, out + ".ref.npz", label, row)
         print(f"{label}: ready in {time.time() - t:.0f}s ({sum(p.numel() for p in model.parameters()) / 1e9:.1f} B "
               f"parameters, active {active_params(cfg) / 1e9:.2f} B)")
     elif a.step == "layers":
@@ -250,21 +353,18 @@ def main():
         sys.path.insert(0, os.path.join(os.getcwd(), "tests", "python"))
         from capture_util import read_dataset
         ref = np.load(model_dir + ".ref.npz")
-        got, _ = read_dataset(dataset)
+        got, _ = read_dataset(dataset, only={int(k.split("/")[0]) for k in ref.files})
         per_layer = {}
         for key in ref.files:
             sid, col = key.split("/")
-            a_, b_ = got[int(sid)][col].astype(np.float64), ref[key].astype(np.float64)
-            cos = (a_ * b_).sum(-1) / np.maximum(np.linalg.norm(a_, axis=-1) * np.linalg.norm(b_, axis=-1), 1e-30)
-            per_layer.setdefault(col, []).append(cos)
+            per_layer.setdefault(col, []).append(token_cosines(got[int(sid)][col], ref[key]))
         worst = 1.0
         # Per layer, so that a drop that starts at the first MoE layer (a token routed to other
         # experts after a near tie in bf16) tells itself apart from one that grows with depth.
         for col in sorted(per_layer, key=lambda c: int(c.split("_")[1])):
             cos = np.concatenate(per_layer[col])
             worst = min(worst, float(cos.min()))
-            stats = dict(min=round(float(cos.min()), 6), p001=round(float(np.quantile(cos, 0.001)), 6),
-                         mean=round(float(cos.mean()), 6), below_0_999=int((cos < 0.999).sum()), tokens=int(cos.size))
+            stats = summarise(cos)
             row(model=label, what=f"cosine {col}", **stats)
             print(f"{label}: {col} cosine {stats}")
         row(model=label, what="min per-token cosine vs transformers (bf16)", cosine=round(worst, 6))
@@ -274,6 +374,8 @@ def main():
         print(f"{'model':<22} {'measurement':<44} {'value':>14} {'MFU':>7}")
         for r in rows:
             value = r.get("tokens_per_sec", r.get("cosine", r.get("seconds", r.get("min"))))
+            if "flips" in r:
+                value = f"{r['flips']}/{r['tokens']}"
             unit = " tok/s" if "tokens_per_sec" in r else (" s" if "seconds" in r else "")
             mfu = f"{r['mfu']:.1%}" if "mfu" in r else ""
             print(f"{r['model']:<22} {r['what']:<44} {str(value) + unit:>14} {mfu:>7}")
