@@ -84,7 +84,21 @@ def build(cfg, device):
     cls = DeepseekV3ForCausalLM if isinstance(cfg, DeepseekV3Config) else Qwen3MoeForCausalLM
     cfg._attn_implementation = "sdpa"
     with torch.device(device):
-        model = cls(cfg).to(torch.bfloat16).eval()
+        model = cls(cfg)
+    # What from_pretrained(dtype=bfloat16) gives a user: bf16 weights, but RoPE's inverse frequencies (computed
+    # in f32 at init and never cast) and the modules the class keeps in f32 (DeepSeek's router and correction
+    # bias) stay f32. A bare .to(bfloat16) also rounds inv_freq, and that reference's angles drift from the
+    # true ones with position: 0.998 cosine at token 2047 of a DeepSeek-V3-wide layer, in f32 as much as in bf16.
+    freqs = {n: b.clone() for n, b in model.named_buffers() if n.endswith("inv_freq")}
+    keep = getattr(model, "_keep_in_fp32_modules_strict", None) or []
+    model = model.to(torch.bfloat16).eval()
+    with torch.no_grad():
+        for n, t in list(model.named_parameters()) + list(model.named_buffers()):
+            if any(k in n for k in keep):
+                t.data = t.data.float()
+    for n, f in freqs.items():
+        module, attr = n.rsplit(".", 1)
+        setattr(model.get_submodule(module), attr, f)
     with torch.no_grad():
         # Random init leaves norms at 1 and DeepSeek's correction bias at 0; small noise makes routing realistic.
         for name, b in model.named_buffers():
