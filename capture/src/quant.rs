@@ -672,7 +672,7 @@ mod tests {
         let w = fp8(&codes, [2, n / 2]);
         let grid = scale
             .repeat([1, n / 4])
-            .f_narrow(1, 0, (n / 2).div_ceil(2))
+            .f_narrow(1, 0, (n / 2 + 1) / 2)
             .unwrap();
         let f32_then_round = dequantize_fp8(&w, &grid, [2, 2], Kind::Float)
             .unwrap()
