@@ -1,7 +1,16 @@
-"""Train an EAGLE-3 draft with speculators' own Trainer fed by hslake, then measure it.
+"""Train an EAGLE-3 draft with speculators' own Trainer fed by hslake, then measure it; or
+(``--trainer specforge``) train one with SpecForge's EAGLE-3 model and loss fed by hslake.
 
   python scripts/eagle3/train_eval.py --dataset file:///tmp/ds --model DIR --heldout heldout.jsonl \
       --export-dir /tmp/spec-files --out OUT [--device cuda] [--max-steps 600]
+  python scripts/eagle3/train_eval.py --trainer specforge --dataset file:///tmp/ds --model DIR --out OUT
+
+SpecForge (``--trainer specforge``): its ``Eagle3TrainStrategy`` (draft, ``OnlineEagle3Model``,
+``TargetHead``; see drafts.py) fed by ``SpecForgeLoader`` batches, stepped by its own
+``BF16Optimizer`` with its defaults (f32 master weights, clipping at 0.5, cosine schedule with
+1.5 % warm-up); per-step loss, ``acc_k`` and
+``acceptance_rate_k`` as its metrics report them, and its simulated acceptance length. Greedy
+draft-and-verify decoding is measured for speculators' draft only (specdec.py runs that model).
 
 1. Training: ``speculators.train.trainer.Trainer`` (unchanged) with
    ``DataLoader(SpeculatorsLoader(dataset), batch_size=None)``; per-step metrics (loss_k,
@@ -144,6 +153,70 @@ def evaluate(model_dir, draft, heldout, device, max_new, k, aux_hf):
     }
 
 
+def run_specforge(a):
+    """SpecForge's EAGLE-3 training step fed by hslake (see the module doc): report.json/.md."""
+    from hslake.integrations.specforge import SpecForgeLoader, train_batch
+
+    cuda = a.device.startswith("cuda")
+    if not cuda:
+        drafts.cpu_specforge_loss()
+    # bf16 as SpecForge trains (its optimizer keeps the f32 master weights), on CPU too.
+    strategy = drafts.specforge_strategy(a.model, ttt_length=a.ttt, device=a.device)
+    model = strategy.trainable_module()
+    from specforge.optimizer import BF16Optimizer
+
+    # SpecForge's own optimizer and defaults: AdamW over f32 master copies, clipping at 0.5,
+    # cosine schedule with 1.5 % warm-up.
+    opt = BF16Optimizer(model, lr=a.lr, max_grad_norm=0.5, total_steps=a.max_steps, warmup_ratio=0.015)
+    model.train()
+    loader = SpecForgeLoader(a.dataset, batch_size=a.batch_size, max_len=a.max_len, seed=0,
+                             decode_threads=a.decode_threads)
+    rows, step, epoch, t0 = [], 0, 0, time.time()
+    while step < a.max_steps:
+        loader.set_epoch(epoch)
+        for batch in loader:
+            if step >= a.max_steps:
+                break
+            t = time.perf_counter()
+            out = strategy.forward_loss(train_batch(batch))
+            out.loss.backward()
+            opt.step()
+            if cuda:
+                torch.cuda.synchronize()
+            tokens = int(batch["attention_mask"].sum())
+            row = {"step": step, "loss": out.loss.item(), "tokens_per_s": tokens / (time.perf_counter() - t)}
+            for k, (acc, rate) in enumerate(zip(out.metrics["acces"], out.metrics["acceptance_rates"])):
+                row[f"acc_{k}"] = float(acc)
+                row[f"acceptance_rate_{k}"] = float(rate)
+            rows.append(row)
+            if step % max(1, a.max_steps // 10) == 0:
+                print(f"step {step}: {row}", flush=True)
+            step += 1
+        epoch += 1
+    last = max(1, len(rows) // 10)
+    final = {key: window_mean(rows, key, last) for key in rows[0] if key != "step"}
+    sim = drafts.simulated_acc_len([final[f"acceptance_rate_{k}"] for k in range(a.ttt)])
+    report = {"trainer": "SpecForge 0.2.0 (Eagle3TrainStrategy) fed by hslake.integrations.specforge",
+              "device": torch.cuda.get_device_name(0) if cuda else "cpu", "steps": len(rows), "epochs": epoch,
+              "train_seconds": time.time() - t0, "batch_size": a.batch_size, "max_len": a.max_len,
+              "final_window": final, "simulated_acc_len": sim, "train_steps": rows}
+    save_json(report, a.out)
+    picks = sorted(set([0] + [int(len(rows) * f) for f in (0.1, 0.25, 0.5, 0.75)] + [len(rows) - 1]))
+    lines = [f"Trainer: {report['trainer']}; {report['device']}; {len(rows)} steps of {a.batch_size} x {a.max_len} "
+             f"in {report['train_seconds']:.0f} s.", "",
+             "| step | loss | " + " | ".join(f"acc_{k} | acceptance_rate_{k}" for k in range(a.ttt)) + " | tokens/s |",
+             "|" + " --- |" * (3 + 2 * a.ttt)]
+    for i in picks:
+        r = rows[i]
+        accs = " | ".join(f"{r[f'acc_{k}']:.3f} | {r[f'acceptance_rate_{k}']:.3f}" for k in range(a.ttt))
+        lines.append(f"| {r['step']} | {r['loss']:.3f} | {accs} | {r['tokens_per_s']:.0f} |")
+    lines += ["", f"Simulated acceptance length (SpecForge's formula on the last 10 % of steps' acceptance rates): "
+                  f"{sim:.3f}"]
+    with open(os.path.join(a.out, "report.md"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
 def save_json(report, out):
     with open(os.path.join(out, "report.json"), "w") as f:
         json.dump(report, f, indent=1)
@@ -153,8 +226,11 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--dataset", required=True, help="hslake dataset URL (captured with the speculators layers)")
     ap.add_argument("--model", required=True, help="the verifier's HF directory")
-    ap.add_argument("--heldout", required=True, help="JSONL of held-out prompts ({input_ids})")
-    ap.add_argument("--export-dir", required=True, help="`hslake export --format speculators` of the dataset")
+    ap.add_argument("--trainer", choices=["speculators", "specforge"], default="speculators")
+    ap.add_argument("--heldout", help="JSONL of held-out prompts ({input_ids}; speculators)")
+    ap.add_argument("--export-dir", help="`hslake export --format speculators` of the dataset (speculators)")
+    ap.add_argument("--batch-size", type=int, default=8, help="SpecForge: samples per batch")
+    ap.add_argument("--max-len", type=int, default=2048, help="SpecForge: tokens per sample (its --max-length)")
     ap.add_argument("--out", required=True)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--total-seq-len", type=int, default=8192)
@@ -174,6 +250,10 @@ def main():
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
     torch.manual_seed(0)
+    if a.trainer == "specforge":
+        return run_specforge(a)
+    if not (a.heldout and a.export_dir):
+        ap.error("--trainer speculators needs --heldout and --export-dir")
     from transformers import AutoConfig
 
     from hslake.integrations.speculators import SpeculatorsLoader

@@ -4,7 +4,9 @@
 # hslake binary on CUDA (the speculators preset's layers + final_norm), export the speculators
 # file layout, train a draft with speculators' own Trainer fed by hslake, evaluate greedy
 # speculative decoding on held-out prompts, and compare training throughput from the adapter
-# and from speculators' file reader. Results: $OUT/report.json, $OUT/report.md, logs.
+# and from speculators' file reader; then train a SpecForge draft from the same dataset with
+# SpecForge's own strategy, loss and optimizer. Results: $OUT/report.json, $OUT/report.md,
+# $OUT/specforge/report.{json,md}, logs.
 #
 #   bash gpu-run/eagle3.sh stage DIR   copy the model parts carried in DIR to $W/parts
 #   bash gpu-run/eagle3.sh run         everything else (needs all parts staged)
@@ -94,4 +96,14 @@ PYTHONUNBUFFERED=1 python3 "$ROOT/scripts/eagle3/train_eval.py" --dataset "file:
   --heldout "$W/heldout.jsonl" --export-dir "$W/spec-files" --out "$OUT" --device "${DEVICE:-cuda}" \
   --max-steps "${STEPS:-600}" --throughput-steps "${TP_STEPS:-60}" --eval-prompts "${EVAL:-32}" \
   --max-new "${MAX_NEW_EVAL:-96}" ${TRAIN_ARGS:-} 2>&1 | grep --line-buffered -v "it/s\]" | tee "$OUT/train_eval.log" | tail -40
+# SpecForge on the same dataset (its preset: aux layers 1, n/2 - 1, n - 4 and the final norm's
+# output as the target), its own strategy, loss and optimizer; SPECFORGE_STEPS=0 skips it.
+if [ "${SPECFORGE_STEPS:-600}" != 0 ]; then
+  log "SpecForge: train a draft from the same dataset"
+  mkdir -p "$OUT/specforge"
+  PYTHONUNBUFFERED=1 python3 "$ROOT/scripts/eagle3/train_eval.py" --trainer specforge --dataset "file://$W/ds" \
+    --model "$MODEL" --out "$OUT/specforge" --device "${DEVICE:-cuda}" --max-steps "${SPECFORGE_STEPS:-600}" \
+    --batch-size "${SPECFORGE_BATCH:-8}" --max-len 2048 2>&1 | grep --line-buffered -v "it/s\]" \
+    | tee "$OUT/specforge/train.log" | tail -20
+fi
 log "done ($(( $(date +%s) - T0 )) s)"

@@ -20,7 +20,7 @@ mkdir -p gpu-run/wheels
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
   --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
   -d gpu-run/wheels \
-  speculators==0.9.0 hs-connectors==0.9.0 datasets==5.1.0 loguru==0.7.3 dill==0.4.1 multiprocess==0.70.19 \
+  speculators==0.9.0 specforge==0.2.0 xxhash==4.1.0 hs-connectors==0.9.0 datasets==5.1.0 loguru==0.7.3 dill==0.4.1 multiprocess==0.70.19 \
   openai==2.8.0 distro==1.9.0 jiter==0.19.0 sniffio==1.3.1 \
   pydantic==2.14.4 pydantic-core==2.50.5 annotated-types==0.8.0 typing-inspection==0.4.5 typing-extensions==4.16.0 gguf==0.19.0
 if ! ls gpu-run/wheels/hslake-*.whl >/dev/null 2>&1; then
