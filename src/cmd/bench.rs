@@ -2,6 +2,7 @@
 use anyhow::{Context, Result};
 use hslake_schemas::{CapturePoint, DType, DatasetSchema, Sample};
 use hslake_store::build_info;
+use hslake_store::format::planes::ValueChecksum;
 use hslake_store::tools::bench::{bench_layouts, bench_store};
 use hslake_store::tools::synth::SynthModel;
 use hslake_store::{Dataset, DatasetReader};
@@ -47,8 +48,8 @@ pub struct StoreArgs {
     /// Print JSON.
     #[arg(long)]
     pub json: bool,
-    /// Also write and read the samples this many times with value checksums and as many
-    /// without, alternating, and print best, median and worst of each (0: skip).
+    /// Also write and read the samples this many times with each kind of value checksum and
+    /// as many without, alternating, and print best, median and worst of each (0: skip).
     #[arg(long, default_value_t = 0)]
     pub checksum_rounds: usize,
 }
@@ -56,7 +57,7 @@ pub struct StoreArgs {
 /// Figures of one variant over the rounds of `--checksum-rounds`: MB/s per CPU second.
 #[derive(Debug)]
 struct Rounds {
-    checksums: bool,
+    checksum: Option<ValueChecksum>,
     file_bytes: u64,
     read_mb_s: Vec<f64>,
     write_mb_s: Vec<f64>,
@@ -64,8 +65,12 @@ struct Rounds {
 
 impl Rounds {
     fn to_json(&self) -> serde_json::Value {
-        serde_json::json!({"checksums": self.checksums, "file_bytes": self.file_bytes,
+        serde_json::json!({"checksum": self.label(), "file_bytes": self.file_bytes,
                            "read_mb_s": self.read_mb_s, "write_mb_s": self.write_mb_s})
+    }
+
+    fn label(&self) -> &'static str {
+        self.checksum.map_or("off", ValueChecksum::name)
     }
 
     /// (best, median, worst) of `v`.
@@ -76,27 +81,30 @@ impl Rounds {
     }
 }
 
-/// Write and read `samples` `rounds` times with checksums and as many without, alternating so
-/// that a noisy machine slows both alike.
+/// Write and read `samples` `rounds` times without value checksums and with each kind,
+/// alternating so that a noisy machine slows all alike.
 async fn checksum_rounds(
     dir: &std::path::Path,
     schema: &DatasetSchema,
     samples: &[Sample],
     zstd_level: i32,
     rounds: usize,
-) -> Result<[Rounds; 2]> {
-    let mut out = [true, false].map(|checksums| Rounds {
-        checksums,
+) -> Result<Vec<Rounds>> {
+    let kinds = std::iter::once(None).chain(ValueChecksum::ALL.map(Some));
+    let mut out: Vec<Rounds> = kinds
+        .map(|checksum| Rounds {
+            checksum,
         file_bytes: 0,
-        read_mb_s: vec![],
-        write_mb_s: vec![],
-    });
+            read_mb_s: vec![],
+            write_mb_s: vec![],
+        })
+        .collect();
     for round in 0..rounds {
         for r in out.iter_mut() {
-            let d = dir.join(format!("round-{round}-{}", r.checksums));
+            let d = dir.join(format!("round-{round}-{}", r.label()));
             let opts = hslake_store::WriterOptions {
                 zstd_level,
-                value_checksums: r.checksums,
+                value_checksum: r.checksum,
                 ..Default::default()
             };
             let url = format!("file://{}", d.display());
@@ -234,22 +242,25 @@ pub async fn run(b: Bench) -> Result<std::process::ExitCode> {
                 let (rb, rm, rw) = Rounds::spread(&r.read_mb_s);
                 let (wb, wm, ww) = Rounds::spread(&r.write_mb_s);
                 println!(
-                    "checksums {:<3}  file {}  read {rb:.0} / {rm:.0} / {rw:.0}  write {wb:.0} / {wm:.0} / {ww:.0}",
-                    if r.checksums { "on" } else { "off" },
+                    "checksum {:<10}  file {}  read {rb:.0} / {rm:.0} / {rw:.0}  write {wb:.0} / {wm:.0} / {ww:.0}",
+                    r.label(),
                     super::human_bytes(r.file_bytes),
                 );
             }
-            let best = |r: &Rounds, f: fn(&Rounds) -> &Vec<f64>| Rounds::spread(f(r)).0;
-            println!(
-                "cost of checksums (best on vs best off): read {:+.1} %, write {:+.1} %",
-                100.0
-                    * (1.0
-                        - best(&rounds[0], |r| &r.read_mb_s) / best(&rounds[1], |r| &r.read_mb_s)),
-                100.0
-                    * (1.0
-                        - best(&rounds[0], |r| &r.write_mb_s)
-                            / best(&rounds[1], |r| &r.write_mb_s)),
-            );
+            let cost = |on: &[f64], off: &[f64]| {
+                let (b_on, m_on, _) = Rounds::spread(on);
+                let (b_off, m_off, _) = Rounds::spread(off);
+                (100.0 * (1.0 - b_on / b_off), 100.0 * (1.0 - m_on / m_off))
+            };
+            let off = &rounds[0];
+            for r in &rounds[1..] {
+                let (rb, rm) = cost(&r.read_mb_s, &off.read_mb_s);
+                let (wb, wm) = cost(&r.write_mb_s, &off.write_mb_s);
+                println!(
+                    "cost of {} (vs off, best / median): read {rb:+.1} % / {rm:+.1} %, write {wb:+.1} % / {wm:+.1} %",
+                    r.label()
+                );
+            }
         }
     }
     Ok(std::process::ExitCode::SUCCESS)

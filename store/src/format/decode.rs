@@ -2,9 +2,10 @@
 //! SQL tensor functions all decode through here, so every value is checked against what its
 //! row and the schema say it holds (`seq_len × hidden` elements, or `seq_len` scales) before
 //! anything is sized from it: a corrupt value whose frames claim another length is refused,
-//! never allocated for. Every frame's zstd content checksum, where present, is checked on the
-//! way; a file that declares checksummed values ([`planes::CHECKSUM_META_KEY`] in its schema
-//! metadata) has every frame without one refused.
+//! never allocated for. Every value's checksum, where present, is checked on the way (its
+//! CRC-32C trailer before anything is decompressed, or zstd's frame checksums while
+//! decompressing); a file that declares checksummed values ([`planes::CHECKSUM_META_KEY`] in its
+//! schema metadata) has every value without one of the declared kind refused.
 use std::fmt::Write;
 
 use arrow_array::cast::AsArray;
@@ -84,7 +85,9 @@ impl ValueKind {
                     self.found(found)
                 )
             }
-            e @ PlaneError::Checksum { .. } => format!("corrupt value: {e}"),
+            e @ (PlaneError::Checksum { .. } | PlaneError::Trailer { .. }) => {
+                format!("corrupt value: {e}")
+            }
             e => format!("cannot be decoded as {}: {e}", self.expected(tokens)),
         };
         ValueError { reason }
@@ -194,7 +197,9 @@ pub fn decode_value(
         .map_err(|e| kind.refuse(tokens, e))
 }
 
-/// Check, without decoding, that a value's header claims `tokens` tokens of `kind`.
+/// Check, without decoding, that a value's header claims `tokens` tokens of `kind`. The value's
+/// checksum is computed only where the header disagrees, so that a corrupt header is reported
+/// as corrupt; decoding checks it in any case.
 pub fn check_tokens(
     value: &[u8],
     kind: ValueKind,
@@ -202,10 +207,14 @@ pub fn check_tokens(
     checks: Checksums,
 ) -> Result<(), ValueError> {
     let expected = kind.elements(tokens);
-    match planes::element_count(value, kind.elem_size(), checks) {
-        Ok(found) if found == expected => Ok(()),
-        Ok(found) => Err(kind.refuse(tokens, PlaneError::WrongLength { found, expected })),
-        Err(e) => Err(kind.refuse(tokens, e)),
+    let err = match planes::element_count(value, kind.elem_size(), checks) {
+        Ok(found) if found == expected => return Ok(()),
+        Ok(found) => PlaneError::WrongLength { found, expected },
+        Err(e) => e,
+    };
+    match planes::check_trailer(value, kind.elem_size(), checks) {
+        Err(corrupt @ PlaneError::Trailer { .. }) => Err(kind.refuse(tokens, corrupt)),
+        _ => Err(kind.refuse(tokens, err)),
     }
 }
 
@@ -285,7 +294,8 @@ impl TensorColumn {
     /// group `row_group` where known); a missing or mistyped column is
     /// [`StoreError::Corrupt`]. The batch's `sample_id` column, if read, names samples in errors.
     /// The batch's schema metadata is its file's: where it declares
-    /// [`planes::CHECKSUM_META_KEY`], every frame must carry a checksum.
+    /// [`planes::CHECKSUM_META_KEY`], every value must carry a checksum of the declared kind (a
+    /// kind this build does not know is [`StoreError::Corrupt`]).
     pub fn from_batch(
         batch: &RecordBatch,
         dtype: DType,
@@ -305,6 +315,8 @@ impl TensorColumn {
                 )
             })
         };
+        let checks = Checksums::declared_by(batch.schema_ref().metadata())
+            .map_err(|why| StoreError::corrupt(file, why))?;
         let name = point.column();
         let values = binary(&name)?;
         let scales = if dtype.has_scales() {
@@ -326,11 +338,11 @@ impl TensorColumn {
             sample_ids,
             file: file.to_string(),
             row_group,
-            checks: Checksums::declared_by(batch.schema_ref().metadata()),
+            checks,
         })
     }
 
-    /// Whether this column's frames must carry checksums (its file declares them).
+    /// What this column's values are held to: the checksum its file declares, if any.
     pub fn checksums(&self) -> Checksums {
         self.checks
     }
@@ -447,6 +459,10 @@ mod tests {
     use arrow_schema::{Field, Schema};
 
     use super::*;
+    use crate::format::planes::ValueChecksum;
+
+    const CRC: Checksums = Checksums::Declared(ValueChecksum::Crc32c);
+    const SUMMED: Option<ValueChecksum> = Some(ValueChecksum::DEFAULT);
 
     const BF16: ValueKind = ValueKind::Tensor {
         dtype: DType::Bf16,
@@ -455,22 +471,22 @@ mod tests {
 
     fn bf16_value(tokens: usize) -> Vec<u8> {
         let raw: Vec<u8> = (0..tokens * 4 * 2).map(|i| (i * 37 % 251) as u8).collect();
-        planes::encode(&raw, 2, 1, true).unwrap()
+        planes::encode(&raw, 2, 1, SUMMED).unwrap()
     }
 
     /// A value that is valid zstd and claims `claimed` elements: the planes of `claimed` zero
     /// bytes compress to a few bytes (RLE blocks), as in a poisoned shard.
     fn poisoned(claimed: usize) -> Vec<u8> {
-        planes::encode(&vec![0u8; claimed * 2], 2, 1, true).unwrap()
+        planes::encode(&vec![0u8; claimed * 2], 2, 1, SUMMED).unwrap()
     }
 
     #[test]
     fn decodes_a_value_of_the_expected_tokens() {
         let mut out = Vec::new();
-        decode_value(&bf16_value(3), BF16, 3, Checksums::Required, &mut out).unwrap();
+        decode_value(&bf16_value(3), BF16, 3, CRC, &mut out).unwrap();
         assert_eq!(out.len(), 3 * 4 * 2);
         let mut slice = vec![0u8; 24];
-        decode_value_into(&bf16_value(3), BF16, 3, Checksums::Required, &mut slice).unwrap();
+        decode_value_into(&bf16_value(3), BF16, 3, CRC, &mut slice).unwrap();
         assert_eq!(slice, out);
     }
 
@@ -480,7 +496,7 @@ mod tests {
         let value = poisoned(2_500_000);
         assert!(value.len() < 64 << 10, "{} bytes", value.len());
         let mut out = Vec::new();
-        let err = decode_value(&value, BF16, 8, Checksums::Required, &mut out).unwrap_err();
+        let err = decode_value(&value, BF16, 8, CRC, &mut out).unwrap_err();
         assert_eq!(err.reason, "expected shape [8, 4] of bf16, got [625000, 4]");
         assert_eq!(out.capacity(), 0);
     }
@@ -542,11 +558,11 @@ mod tests {
     #[test]
     fn check_tokens_reads_only_the_header() {
         assert_eq!(
-            check_tokens(&bf16_value(3), BF16, 3, Checksums::Required),
+            check_tokens(&bf16_value(3), BF16, 3, CRC),
             Ok(())
         );
         assert_eq!(
-            check_tokens(&poisoned(400), BF16, 8, Checksums::Required)
+            check_tokens(&poisoned(400), BF16, 8, CRC)
                 .unwrap_err()
                 .reason,
             "expected shape [8, 4] of bf16, got [100, 4]"
@@ -556,12 +572,12 @@ mod tests {
     #[test]
     fn header_tokens_refuses_partial_rows() {
         assert_eq!(
-            header_tokens(&bf16_value(3), BF16, Checksums::Required),
+            header_tokens(&bf16_value(3), BF16, CRC),
             Ok(3)
         );
-        let five = planes::encode(&[0u8; 10], 2, 1, true).unwrap();
+        let five = planes::encode(&[0u8; 10], 2, 1, SUMMED).unwrap();
         assert_eq!(
-            header_tokens(&five, BF16, Checksums::Required)
+            header_tokens(&five, BF16, CRC)
                 .unwrap_err()
                 .reason,
             "a value of 5 bf16 elements is not a whole number of rows of 4"
@@ -569,21 +585,17 @@ mod tests {
     }
 
     /// A batch of samples 41 and 42 (2 tokens each) of `layer_3`, its schema declaring
-    /// checksummed values or not.
-    fn batch_of(values: [Vec<u8>; 2], declared: bool) -> TensorColumn {
+    /// checksummed values of the kind named `declared`, or not.
+    fn batch_of(values: [Vec<u8>; 2], declared: Option<&str>) -> Result<TensorColumn> {
         let ids: ArrayRef = Arc::new(UInt64Array::from(vec![41u64, 42]));
         let vals: ArrayRef = Arc::new(LargeBinaryArray::from_iter_values(values));
         let mut schema = Schema::new(vec![
             Field::new("sample_id", arrow_schema::DataType::UInt64, false),
             Field::new("layer_3", arrow_schema::DataType::LargeBinary, false),
         ]);
-        if declared {
+        if let Some(kind) = declared {
             schema = schema.with_metadata(
-                [(
-                    planes::CHECKSUM_META_KEY.to_string(),
-                    planes::CHECKSUM_KIND.to_string(),
-                )]
-                .into(),
+                [(planes::CHECKSUM_META_KEY.to_string(), kind.to_string())].into(),
             );
         }
         let batch = RecordBatch::try_new(Arc::new(schema), vec![ids, vals]).unwrap();
@@ -595,47 +607,75 @@ mod tests {
             "data/a.parquet",
             Some(0),
         )
-        .unwrap()
     }
+
+    const RAW: [u8; 16] = [
+        0, 37, 74, 111, 148, 185, 222, 8, 45, 82, 119, 156, 193, 230, 16, 53,
+    ];
 
     #[test]
     fn a_value_whose_content_fails_its_checksum_is_named() {
-        let raw: Vec<u8> = (0..2 * 4 * 2).map(|i| (i * 37 % 251) as u8).collect();
-        let mut bad = planes::encode(&raw, 2, 1, true).unwrap();
-        // The last byte of the last frame is the top byte of its checksum.
-        *bad.last_mut().unwrap() ^= 0x01;
-        let col = batch_of([bf16_value(2), bad], true);
-        assert_eq!(col.checksums(), Checksums::Required);
+        let site = "data/a.parquet: row group 0: row 1 (sample 42) layer_3: corrupt value: ";
+        // Format 3: a flip in the header of frame lengths, caught by the CRC-32C before the
+        // header is believed (the first pass reads only headers).
+        let mut bad = planes::encode(&RAW, 2, 1, SUMMED).unwrap();
+        bad[0] ^= 0x01;
+        let col = batch_of([bf16_value(2), bad], Some("crc32c")).unwrap();
+        assert_eq!(col.checksums(), CRC);
         let err = col.decode_chunk(&[0, 2, 4]).unwrap_err().to_string();
         assert!(
-            err.starts_with(
-                "data/a.parquet: row group 0: row 1 (sample 42) layer_3: corrupt value: plane 2: "
-            ) && err.contains("checksum"),
+            err.starts_with(&format!("{site}crc32c of the value is ")),
             "{err}"
         );
         let (mut out, mut sc) = (Vec::new(), Vec::new());
         col.decode_row(0, 2, &mut out, &mut sc).unwrap();
         assert!(col.decode_row(1, 2, &mut out, &mut sc).is_err());
+
+        // Format 2: the last byte of the last frame is the top byte of its zstd checksum.
+        let mut bad = planes::encode(&RAW, 2, 1, Some(ValueChecksum::ZstdXxh64)).unwrap();
+        *bad.last_mut().unwrap() ^= 0x01;
+        let good = planes::encode(&RAW, 2, 1, Some(ValueChecksum::ZstdXxh64)).unwrap();
+        let col = batch_of([good, bad], Some("zstd_xxh64")).unwrap();
+        let err = col.decode_chunk(&[0, 2, 4]).unwrap_err().to_string();
+        assert!(
+            err.starts_with(&format!("{site}plane 2: ")) && err.contains("checksum"),
+            "{err}"
+        );
     }
 
     #[test]
     fn a_file_declaring_checksums_refuses_a_value_without_them() {
-        let raw: Vec<u8> = (0..2 * 4 * 2).map(|i| (i * 37 % 251) as u8).collect();
-        let unsummed = planes::encode(&raw, 2, 1, false).unwrap();
-        let old_file = batch_of([bf16_value(2), unsummed.clone()], false);
+        let unsummed = planes::encode(&RAW, 2, 1, None).unwrap();
+        let old_file = batch_of([bf16_value(2), unsummed.clone()], None).unwrap();
         assert_eq!(old_file.checksums(), Checksums::IfPresent);
         assert!(
             old_file.decode_chunk(&[0, 2, 4]).is_ok(),
             "old files still read"
         );
-        let err = batch_of([bf16_value(2), unsummed], true)
-            .decode_chunk(&[0, 2, 4])
+        for (kind, why) in [
+            ("zstd_xxh64", "plane 0: frame has no content checksum"),
+            ("crc32c", "crc32c of the value is"),
+        ] {
+            let good = planes::encode(&RAW, 2, 1, ValueChecksum::from_name(kind)).unwrap();
+            let err = batch_of([good, unsummed.clone()], Some(kind))
+                .unwrap()
+                .decode_chunk(&[0, 2, 4])
+                .unwrap_err()
+                .to_string();
+            assert!(
+                err.contains(&format!("(sample 42) layer_3: corrupt value: {why}")),
+                "{kind}: {err}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_file_declaring_an_unknown_checksum_kind_is_refused_by_name() {
+        let err = batch_of([bf16_value(2), bf16_value(2)], Some("crc32d"))
             .unwrap_err()
             .to_string();
         assert!(
-            err.contains(
-                "(sample 42) layer_3: corrupt value: plane 0: frame has no content checksum"
-            ),
+            err.starts_with("data/a.parquet: ") && err.contains("\"crc32d\""),
             "{err}"
         );
     }

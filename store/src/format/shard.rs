@@ -7,15 +7,15 @@ use parquet::file::metadata::KeyValue;
 use parquet::file::properties::{EnabledStatistics, WriterProperties};
 use parquet::schema::types::ColumnPath;
 
-use crate::format::planes::{CHECKSUM_KIND, CHECKSUM_META_KEY};
+use crate::format::planes::{ValueChecksum, CHECKSUM_META_KEY};
 use crate::{Result, StoreError};
 
-/// Parquet writer properties of a shard of `schema` at zstd `level`; with `value_checksums`
-/// the file declares that every frame of its tensor and scale values carries a checksum.
+/// Parquet writer properties of a shard of `schema` at zstd `level`; with a `value_checksum`
+/// the file declares that every tensor and scale value in it carries one of that kind.
 pub fn writer_properties(
     schema: &DatasetSchema,
     level: i32,
-    value_checksums: bool,
+    value_checksum: Option<ValueChecksum>,
 ) -> Result<WriterProperties> {
     let zstd = ZstdLevel::try_new(level)
         .map_err(|e| StoreError::Usage(format!("zstd level {level}: {e}")))?;
@@ -25,12 +25,12 @@ pub fn writer_properties(
         .set_statistics_enabled(EnabledStatistics::Chunk)
         .set_max_row_group_row_count(None)
         .set_created_by(format!("hslake {}", env!("CARGO_PKG_VERSION")));
-    if value_checksums {
+    if let Some(kind) = value_checksum {
         // A plain key-value entry, so that any Parquet reader sees it; Arrow readers find it
         // in the schema metadata too.
         b = b.set_key_value_metadata(Some(vec![KeyValue::new(
             CHECKSUM_META_KEY.to_string(),
-            CHECKSUM_KIND.to_string(),
+            kind.name().to_string(),
         )]));
     }
     // Tensor and scale values are opaque byte strings: min/max statistics of them are useless
@@ -67,7 +67,7 @@ mod tests {
             vec![CapturePoint::LayerOutput(2)],
         )
         .unwrap();
-        let props = writer_properties(&schema, 3, true).unwrap();
+        let props = writer_properties(&schema, 3, Some(ValueChecksum::Crc32c)).unwrap();
         for col in ["layer_2", "layer_2_scale"] {
             let path = ColumnPath::from(col);
             assert_eq!(props.compression(&path), Compression::UNCOMPRESSED, "{col}");
@@ -76,10 +76,11 @@ mod tests {
         let ids = ColumnPath::from("sample_id");
         assert!(matches!(props.compression(&ids), Compression::ZSTD(_)));
         assert_eq!(props.statistics_enabled(&ids), EnabledStatistics::Chunk);
-        assert!(writer_properties(&schema, 99, true).is_err());
+        assert!(writer_properties(&schema, 99, None).is_err());
         let kv = props.key_value_metadata().unwrap();
         assert_eq!(kv[0].key, CHECKSUM_META_KEY);
-        let off = writer_properties(&schema, 3, false).unwrap();
+        assert_eq!(kv[0].value.as_deref(), Some("crc32c"));
+        let off = writer_properties(&schema, 3, None).unwrap();
         assert!(off.key_value_metadata().is_none());
     }
 }

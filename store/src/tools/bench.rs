@@ -298,7 +298,12 @@ fn layout_batch(
                     .map(|s| match layout {
                         "blob-plain" => Ok(s.tensors[i].data.clone()),
                         "blob-split" => Ok(split(&s.tensors[i].data, k)),
-                        _ => crate::format::planes::encode(&s.tensors[i].data, k, level, true)
+                        _ => crate::format::planes::encode(
+                            &s.tensors[i].data,
+                            k,
+                            level,
+                            Some(crate::format::planes::ValueChecksum::DEFAULT),
+                        )
                             .map_err(|e| StoreError::Usage(e.to_string())),
                     })
                     .collect::<Result<_>>()?;
