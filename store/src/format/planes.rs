@@ -82,15 +82,44 @@ impl ValueChecksum {
     /// The checksum of `bytes` that a value of this kind stores after its last frame, or
     /// `None` where the kind keeps its checksums inside the frames.
     fn trailer_of(self, bytes: &[u8]) -> Option<u32> {
+        let mut sum = self.running()?;
+        sum.update(bytes);
+        Some(sum.finish())
+    }
+
+    /// A trailing checksum to compute piece by piece, or `None` (zstd checksums).
+    fn running(self) -> Option<Running> {
         match self {
             ValueChecksum::ZstdXxh64 => None,
-            ValueChecksum::Crc32c => Some(crc32c::crc32c(bytes)),
-            ValueChecksum::Crc32 => Some(crc32fast::hash(bytes)),
+            ValueChecksum::Crc32c => Some(Running::Crc32c(0)),
+            ValueChecksum::Crc32 => Some(Running::Crc32(crc32fast::Hasher::new())),
         }
     }
 
     fn has_trailer(self) -> bool {
         self != ValueChecksum::ZstdXxh64
+    }
+}
+
+/// A trailing checksum being computed over a value's bytes, in order.
+enum Running {
+    Crc32c(u32),
+    Crc32(crc32fast::Hasher),
+}
+
+impl Running {
+    fn update(&mut self, bytes: &[u8]) {
+        match self {
+            Running::Crc32c(c) => *c = crc32c::crc32c_append(*c, bytes),
+            Running::Crc32(h) => h.update(bytes),
+        }
+    }
+
+    fn finish(self) -> u32 {
+        match self {
+            Running::Crc32c(c) => c,
+            Running::Crc32(h) => h.finalize(),
+        }
     }
 }
 
@@ -406,7 +435,7 @@ pub fn encode(
 /// Number of elements in an encoded value (from the first frame's content size). Its trailing
 /// checksum is not computed (the header alone is read): [`check_trailer`] does that.
 pub fn element_count(value: &[u8], size: usize, checks: Checksums) -> Result<usize, PlaneError> {
-    content_size(frames(value, size, checks, false)?[0])
+    content_size(frames(value, size, checks)?.0[0])
 }
 
 /// Check a value's trailing checksum, where `checks` requires one or the value has one,
@@ -470,9 +499,19 @@ fn split_trailer(
 
 /// Compare the checksum stored after `body` in `value` with the one computed over `body`.
 fn check_sum(value: &[u8], body: &[u8], kind: Option<ValueChecksum>) -> Result<(), PlaneError> {
-    let Some(kind) = kind else { return Ok(()) };
-    let stored = u32::from_le_bytes(value[body.len()..].try_into().expect("4-byte trailer"));
-    let found = kind.trailer_of(body).expect("a trailer kind");
+    match (kind, kind.and_then(|k| k.running())) {
+        (Some(kind), Some(mut sum)) => {
+            sum.update(body);
+            compare(value, kind, sum.finish())
+        }
+        _ => Ok(()),
+    }
+}
+
+/// Compare a value's trailing checksum of `kind` with `found`, computed over the bytes before it.
+fn compare(value: &[u8], kind: ValueChecksum, found: u32) -> Result<(), PlaneError> {
+    let tail = &value[value.len() - TRAILER..];
+    let stored = u32::from_le_bytes(tail.try_into().expect("4-byte trailer"));
     if found != stored {
         return Err(PlaneError::Trailer {
             kind,
@@ -483,18 +522,33 @@ fn check_sum(value: &[u8], body: &[u8], kind: Option<ValueChecksum>) -> Result<(
     Ok(())
 }
 
+/// `decode` run on `value`, with any error it fails with replaced by the value's trailing
+/// checksum error where that fails too: a corrupt value is reported as corrupt, whichever check
+/// met the corruption first. The checksum is computed again only on failure.
+fn checked<T>(
+    value: &[u8],
+    size: usize,
+    checks: Checksums,
+    decode: impl FnOnce() -> Result<T, PlaneError>,
+) -> Result<T, PlaneError> {
+    decode().map_err(|e| match e {
+        e @ PlaneError::Trailer { .. } => e,
+        e => match check_trailer(value, size, checks) {
+            Err(corrupt @ PlaneError::Trailer { .. }) => corrupt,
+            _ => e,
+        },
+    })
+}
+
 /// The frames of a value, checked against its header and, where `checks` requires it, each
-/// carrying a content checksum; with `verify`, the value's trailing checksum is checked first.
+/// carrying a content checksum, and the kind of its trailing checksum, if it has one (not yet
+/// computed: [`decode_frames`] does that while it decompresses).
 fn frames(
     value: &[u8],
     size: usize,
     checks: Checksums,
-    verify: bool,
-) -> Result<Vec<&[u8]>, PlaneError> {
+) -> Result<(Vec<&[u8]>, Option<ValueChecksum>), PlaneError> {
     let (body, trailer) = split_trailer(value, size, checks)?;
-    if verify {
-        check_sum(value, body, trailer)?;
-    }
     let count = plane_count(size);
     let header = 4 * count;
     let short = |detail: String| PlaneError::Truncated {
@@ -538,7 +592,7 @@ fn frames(
             detail: format!("{} bytes after the last frame", body.len() - pos),
         });
     }
-    Ok(out)
+    Ok((out, trailer))
 }
 
 /// Decode a value into `out`, which must hold exactly the expected elements of `size` bytes.
@@ -548,13 +602,15 @@ pub fn decode_into(
     checks: Checksums,
     out: &mut [u8],
 ) -> Result<(), PlaneError> {
-    let frames = frames(value, size, checks, true)?;
-    let n = out.len() / size;
-    let found = content_size(frames[0])?;
-    if found != n {
-        return Err(PlaneError::WrongLength { found, expected: n });
-    }
-    decode_frames(&frames, size, out)
+    checked(value, size, checks, || {
+        let (frames, trailer) = frames(value, size, checks)?;
+        let n = out.len() / size;
+        let found = content_size(frames[0])?;
+        if found != n {
+            return Err(PlaneError::WrongLength { found, expected: n });
+        }
+        decode_frames(value, &frames, trailer, size, out)
+    })
 }
 
 /// Decode a value that must hold `n` elements into `out`, resized to fit only once the
@@ -566,29 +622,46 @@ pub fn decode_to_vec(
     checks: Checksums,
     out: &mut Vec<u8>,
 ) -> Result<(), PlaneError> {
-    let frames = frames(value, size, checks, true)?;
-    let found = content_size(frames[0])?;
-    if found != n {
-        return Err(PlaneError::WrongLength { found, expected: n });
-    }
-    out.clear();
-    out.resize(n * size, 0);
-    decode_frames(&frames, size, out)
+    checked(value, size, checks, || {
+        let (frames, trailer) = frames(value, size, checks)?;
+        let found = content_size(frames[0])?;
+        if found != n {
+            return Err(PlaneError::WrongLength { found, expected: n });
+        }
+        out.clear();
+        out.resize(n * size, 0);
+        decode_frames(value, &frames, trailer, size, out)
+    })
 }
 
 /// Decode a value whose element count is not known beforehand: its header is trusted as far
 /// as a frame of its length can hold it. Readers that know the row's length use
 /// [`decode_to_vec`].
 pub fn decode(value: &[u8], size: usize, checks: Checksums) -> Result<Vec<u8>, PlaneError> {
-    let frames = frames(value, size, checks, true)?;
-    let mut out = vec![0u8; content_size(frames[0])? * size];
-    decode_frames(&frames, size, &mut out)?;
-    Ok(out)
+    checked(value, size, checks, || {
+        let (frames, trailer) = frames(value, size, checks)?;
+        let mut out = vec![0u8; content_size(frames[0])? * size];
+        decode_frames(value, &frames, trailer, size, &mut out)?;
+        Ok(out)
+    })
 }
 
-/// Decompress checked frames into the planes and rebuild `out.len() / size` elements.
-fn decode_frames(frames: &[&[u8]], size: usize, out: &mut [u8]) -> Result<(), PlaneError> {
+/// Decompress checked frames of `value` into the planes and rebuild `out.len() / size`
+/// elements. A `trailer` checksum is computed over the header and then each frame just before
+/// zstd reads it, so that zstd finds the frame in cache (one pass over the value first and
+/// another to decompress it cost more); it is compared before anything is rebuilt.
+fn decode_frames(
+    value: &[u8],
+    frames: &[&[u8]],
+    trailer: Option<ValueChecksum>,
+    size: usize,
+    out: &mut [u8],
+) -> Result<(), PlaneError> {
     let n = out.len() / size;
+    let mut sum = trailer.and_then(|k| Some((k, k.running()?)));
+    if let Some((_, s)) = &mut sum {
+        s.update(&value[..4 * frames.len()]);
+    }
     SCRATCH.with_borrow_mut(|planes| {
         let lens: Vec<usize> = plane_lens(size, n).collect();
         planes.clear();
@@ -602,6 +675,9 @@ fn decode_frames(frames: &[&[u8]], size: usize, out: &mut [u8]) -> Result<(), Pl
             let d = slot.as_mut().expect("decompressor just set");
             let mut start = 0;
             for (i, (frame, &len)) in frames.iter().zip(&lens).enumerate() {
+                if let Some((_, s)) = &mut sum {
+                    s.update(frame);
+                }
                 let bad = |detail: String| PlaneError::BadPlane { plane: i, detail };
                 let got = d
                     .decompress_to_buffer(frame, &mut planes[start..start + len])
@@ -624,6 +700,9 @@ fn decode_frames(frames: &[&[u8]], size: usize, out: &mut [u8]) -> Result<(), Pl
             }
             Ok(())
         })?;
+        if let Some((kind, s)) = sum {
+            compare(value, kind, s.finish())?;
+        }
         from_planes(planes, size, out);
         Ok(())
     })
