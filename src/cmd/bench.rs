@@ -3,7 +3,7 @@ use anyhow::{Context, Result};
 use hslake_schemas::{CapturePoint, DType, DatasetSchema, Sample};
 use hslake_store::build_info;
 use hslake_store::format::planes::ValueChecksum;
-use hslake_store::tools::bench::{bench_layouts, bench_store, read_all};
+use hslake_store::tools::bench::{bench_layouts, bench_store, bench_value_decode, read_all};
 use hslake_store::tools::synth::SynthModel;
 use hslake_store::{Dataset, DatasetReader};
 
@@ -61,12 +61,15 @@ struct Rounds {
     file_bytes: u64,
     read_mb_s: Vec<f64>,
     write_mb_s: Vec<f64>,
+    /// The decoder alone (`bench_value_decode`).
+    decode_mb_s: Vec<f64>,
 }
 
 impl Rounds {
     fn to_json(&self) -> serde_json::Value {
         serde_json::json!({"checksum": self.label(), "file_bytes": self.file_bytes,
-                           "read_mb_s": self.read_mb_s, "write_mb_s": self.write_mb_s})
+                           "read_mb_s": self.read_mb_s, "write_mb_s": self.write_mb_s,
+                           "decode_mb_s": self.decode_mb_s})
     }
 
     fn label(&self) -> &'static str {
@@ -98,6 +101,7 @@ async fn checksum_rounds(
             file_bytes: 0,
             read_mb_s: vec![],
             write_mb_s: vec![],
+            decode_mb_s: vec![],
         })
         .collect();
     let mut datasets = vec![];
@@ -119,6 +123,23 @@ async fn checksum_rounds(
             let (_, cpu) = read_all(ds).await?;
             r.read_mb_s.push(raw / cpu / 1e6);
         }
+    }
+    // The decoder alone, on the first samples (up to 256 MB raw) held in memory.
+    let mut raw = 0usize;
+    let few: Vec<Sample> = samples
+        .iter()
+        .take_while(|s| {
+            raw += s.tensors.iter().map(|t| t.data.len()).sum::<usize>();
+            raw <= 256 << 20
+        })
+        .cloned()
+        .collect();
+    let kinds: Vec<Option<ValueChecksum>> = out.iter().map(|r| r.checksum).collect();
+    let decode = tokio::task::block_in_place(|| {
+        bench_value_decode(&few, zstd_level, &kinds, 5 * rounds)
+    })?;
+    for (r, d) in out.iter_mut().zip(decode) {
+        r.decode_mb_s = d;
     }
     Ok(out)
 }
@@ -246,10 +267,13 @@ pub async fn run(b: Bench) -> Result<std::process::ExitCode> {
             for r in rounds {
                 let (rb, rm, rw) = Rounds::spread(&r.read_mb_s);
                 let (wb, wm, ww) = Rounds::spread(&r.write_mb_s);
+                let (db, dm, dw) = Rounds::spread(&r.decode_mb_s);
                 println!(
-                    "checksum {:<10}  file {}  read {rb:.0} / {rm:.0} / {rw:.0}  write {wb:.0} / {wm:.0} / {ww:.0}",
+                    "checksum {:<10}  file {}  read {rb:.0} / {rm:.0} / {rw:.0}  write {wb:.0} / {wm:.0} / {ww:.0}  \
+                     decoder alone ({} rounds) {db:.0} / {dm:.0} / {dw:.0}",
                     r.label(),
                     super::human_bytes(r.file_bytes),
+                    r.decode_mb_s.len(),
                 );
             }
             let cost = |on: &[f64], off: &[f64]| {
@@ -261,8 +285,10 @@ pub async fn run(b: Bench) -> Result<std::process::ExitCode> {
             for r in &rounds[1..] {
                 let (rb, rm) = cost(&r.read_mb_s, &off.read_mb_s);
                 let (wb, wm) = cost(&r.write_mb_s, &off.write_mb_s);
+                let (db, dm) = cost(&r.decode_mb_s, &off.decode_mb_s);
                 println!(
-                    "cost of {} (vs off, best / median): read {rb:+.1} % / {rm:+.1} %, write {wb:+.1} % / {wm:+.1} %",
+                    "cost of {} (vs off, best / median): read {rb:+.1} % / {rm:+.1} %, write {wb:+.1} % / {wm:+.1} %, \
+                     decoder alone {db:+.1} % / {dm:+.1} %",
                     r.label()
                 );
             }

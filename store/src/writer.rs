@@ -14,7 +14,7 @@ use parquet::file::properties::WriterProperties;
 
 use crate::format::codec::{build_batch, EncodedSample};
 use crate::format::planes::ValueChecksum;
-use crate::format::shard::writer_properties;
+use crate::format::shard::{shard_schema, writer_properties};
 use crate::io::whole::{check, read_whole};
 use crate::table::manifest::{ShardEntry, DATA_DIR};
 use crate::table::sample_ids;
@@ -160,7 +160,7 @@ impl DatasetWriter {
     /// A writer for the dataset's current schema.
     pub async fn new(ds: &Dataset, opts: WriterOptions) -> Result<Self> {
         let schema = ds.manifest(None).await?.schema;
-        let arrow = Arc::new(schema.to_arrow());
+        let arrow = Arc::new(shard_schema(&schema, opts.value_checksum));
         let props = writer_properties(&schema, opts.zstd_level, opts.value_checksum)?;
         Ok(DatasetWriter {
             ds: ds.clone(),

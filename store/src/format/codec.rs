@@ -9,7 +9,7 @@ use arrow_array::{ArrayRef, Float32Array, RecordBatch, UInt32Array, UInt64Array}
 use arrow_schema::{DataType, Field, Schema};
 use hslake_schemas::{DatasetSchema, Sample, StatKind, TensorData, TensorStats};
 
-use crate::format::decode::TensorColumn;
+use crate::format::decode::{token_checksum, TensorColumn, TOKEN_CHECKSUM_COLUMN};
 use crate::format::planes::ValueChecksum;
 use crate::{Result, StoreError};
 
@@ -106,7 +106,8 @@ impl EncodedSample {
     }
 }
 
-/// Build one record batch of the dataset's Arrow schema from encoded samples.
+/// Build one record batch of a shard's Arrow schema (`shard::shard_schema`) from encoded
+/// samples; where the schema has a token checksum column, each row's is computed here.
 pub fn build_batch(
     schema: &DatasetSchema,
     arrow: &Arc<Schema>,
@@ -168,6 +169,12 @@ pub fn build_batch(
             };
             cols.push(col);
         }
+    }
+    if arrow.column_with_name(TOKEN_CHECKSUM_COLUMN).is_some() {
+        cols.push(Arc::new(UInt32Array::from_iter_values(
+            rows.iter()
+                .map(|r| token_checksum(&r.input_ids, &r.loss_mask)),
+        )));
     }
     RecordBatch::try_new(arrow.clone(), cols).map_err(|source| StoreError::Arrow {
         context: "building a shard batch".into(),

@@ -79,9 +79,9 @@ impl ValueChecksum {
         Self::ALL.into_iter().find(|k| k.name() == name)
     }
 
-    /// The checksum of `bytes` that a value of this kind stores after its last frame, or
-    /// `None` where the kind keeps its checksums inside the frames.
-    fn trailer_of(self, bytes: &[u8]) -> Option<u32> {
+    /// This kind's checksum of `bytes` (what a value's trailer holds over the bytes before
+    /// it), or `None` for the kind that lives inside zstd frames.
+    pub fn checksum(self, bytes: &[u8]) -> Option<u32> {
         let mut sum = self.running()?;
         sum.update(bytes);
         Some(sum.finish())
@@ -422,7 +422,7 @@ pub fn encode(
                 pos += written;
                 start += len;
             }
-            if let Some(sum) = checksum.and_then(|k| k.trailer_of(&out[..pos])) {
+            if let Some(sum) = checksum.and_then(|k| k.checksum(&out[..pos])) {
                 out[pos..pos + TRAILER].copy_from_slice(&sum.to_le_bytes());
                 pos += TRAILER;
             }

@@ -1,14 +1,29 @@
 //! How a shard's columns are written to Parquet. The columns themselves are the dataset
 //! schema's Arrow form (`DatasetSchema::to_arrow`, docs/FORMAT.md); this sets, per column, the
 //! compression and statistics the format specifies.
+use arrow_schema::{DataType, Field, Schema};
 use hslake_schemas::DatasetSchema;
 use parquet::basic::{Compression, ZstdLevel};
 use parquet::file::metadata::KeyValue;
 use parquet::file::properties::{EnabledStatistics, WriterProperties};
 use parquet::schema::types::ColumnPath;
 
+use crate::format::decode::TOKEN_CHECKSUM_COLUMN;
 use crate::format::planes::{ValueChecksum, CHECKSUM_META_KEY};
 use crate::{Result, StoreError};
+
+/// The Arrow schema of a shard of `schema`: the dataset schema's columns
+/// (`DatasetSchema::to_arrow`) and, where values carry [`ValueChecksum::DEFAULT`] checksums,
+/// last, each row's checksum of its tokens ([`TOKEN_CHECKSUM_COLUMN`]).
+pub fn shard_schema(schema: &DatasetSchema, value_checksum: Option<ValueChecksum>) -> Schema {
+    let arrow = schema.to_arrow();
+    if value_checksum != Some(ValueChecksum::DEFAULT) {
+        return arrow;
+    }
+    let mut fields: Vec<Field> = arrow.fields().iter().map(|f| f.as_ref().clone()).collect();
+    fields.push(Field::new(TOKEN_CHECKSUM_COLUMN, DataType::UInt32, false));
+    Schema::new(fields).with_metadata(arrow.metadata().clone())
+}
 
 /// Parquet writer properties of a shard of `schema` at zstd `level`; with a `value_checksum`
 /// the file declares that every tensor and scale value in it carries one of that kind.
@@ -33,6 +48,11 @@ pub fn writer_properties(
             kind.name().to_string(),
         )]));
     }
+    // Checksums look random: min/max statistics of them are useless.
+    b = b.set_column_statistics_enabled(
+        ColumnPath::from(TOKEN_CHECKSUM_COLUMN),
+        EnabledStatistics::None,
+    );
     // Tensor and scale values are opaque byte strings: min/max statistics of them are useless
     // bytes. They arrive compressed (plane_zstd), so Parquet must not compress them again.
     for p in &schema.points {

@@ -20,6 +20,8 @@ use parquet::file::properties::WriterProperties;
 use serde::Serialize;
 
 use crate::format::codec::decode_samples;
+use crate::format::decode::{decode_value, ValueKind};
+use crate::format::planes::{Checksums, ValueChecksum};
 use crate::{Dataset, DatasetReader, DatasetWriter, Provenance, Result, StoreError, WriterOptions};
 
 /// CPU seconds (user + system, all threads, exited ones included) this process has used.
@@ -143,6 +145,58 @@ pub async fn read_all(ds: &Dataset) -> Result<(f64, f64)> {
         std::hint::black_box(decode_samples(r.schema(), &b)?);
     }
     Ok(clock.stop())
+}
+
+/// Decode every tensor value of `samples`, encoded once per checksum kind of `kinds` (`None`:
+/// without), `rounds` times through the one decoder, alternating kinds round by round: raw MB
+/// decoded per CPU second, one figure per round, per kind. Values only (no Parquet, no IO), so
+/// the figures show the checksum's cost in the decoder itself, which a full read dilutes.
+pub fn bench_value_decode(
+    samples: &[Sample],
+    zstd_level: i32,
+    kinds: &[Option<ValueChecksum>],
+    rounds: usize,
+) -> Result<Vec<Vec<f64>>> {
+    let encoded: Vec<Vec<(Vec<u8>, ValueKind, usize)>> = kinds
+        .iter()
+        .map(|&k| {
+            samples
+                .iter()
+                .flat_map(|s| s.tensors.iter())
+                .map(|t| {
+                    let kind = ValueKind::Tensor {
+                        dtype: t.dtype,
+                        hidden: t.shape.last().copied().unwrap_or(1),
+                    };
+                    let tokens = t.shape.first().copied().unwrap_or(0);
+                    let v = crate::format::planes::encode(&t.data, t.dtype.size(), zstd_level, k)
+                        .map_err(|e| StoreError::Usage(e.to_string()))?;
+                    Ok((v, kind, tokens))
+                })
+                .collect::<Result<Vec<_>>>()
+        })
+        .collect::<Result<_>>()?;
+    let raw: usize = samples
+        .iter()
+        .flat_map(|s| s.tensors.iter())
+        .map(|t| t.data.len())
+        .sum();
+    let mut out = vec![Vec::with_capacity(rounds); kinds.len()];
+    let mut buf = Vec::new();
+    for _ in 0..rounds {
+        for ((values, &k), figures) in encoded.iter().zip(kinds).zip(out.iter_mut()) {
+            let checks = k.map_or(Checksums::IfPresent, Checksums::Declared);
+            let clock = Clock::start();
+            for (v, kind, tokens) in values {
+                decode_value(v, *kind, *tokens, checks, &mut buf)
+                    .map_err(|e| StoreError::Usage(e.reason))?;
+                std::hint::black_box(&buf);
+            }
+            let (_, cpu) = clock.stop();
+            figures.push(raw as f64 / cpu / 1e6);
+        }
+    }
+    Ok(out)
 }
 
 /// One candidate physical layout's figures.
