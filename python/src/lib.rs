@@ -322,12 +322,12 @@ impl NativeStream {
 /// Write a synthetic dataset (values shaped like real activations, from the store's
 /// generator; the same as `hslake synth`) and return its committed version: for tests and
 /// benchmarks without the CLI. `value_checksum` names the checksum every value carries
-/// (`"crc32c"`, the default; `"zstd_xxh64"` as format 2 wrote; `None` for none, as writers
+/// (`"crc32"`, the default; `"zstd_xxh64"` as format 2 wrote; `None` for none, as writers
 /// before checksums did): the checksum cost benchmark reads them side by side.
 #[pyfunction]
 #[pyo3(signature = (url, samples, seq_len, hidden, layers, final_norm=false, seed=0, first_id=0,
                     row_group_bytes=32 << 20, shard_bytes=256 << 20, dtype="bf16",
-                    value_checksum=Some("crc32c")))]
+                    value_checksum=Some("crc32")))]
 #[allow(clippy::too_many_arguments)]
 fn write_synthetic(
     py: Python<'_>,
@@ -354,7 +354,7 @@ fn write_synthetic(
         .map(|name| {
             ValueChecksum::from_name(name).ok_or_else(|| {
                 ConfigError::new_err(format!(
-                    "value_checksum {name:?}: expected \"crc32c\", \"zstd_xxh64\" or None"
+                    "value_checksum {name:?}: expected \"crc32\", \"zstd_xxh64\" or None"
                 ))
             })
         })

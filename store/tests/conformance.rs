@@ -864,7 +864,7 @@ async fn format_2_datasets_read_verify_and_take_format_3_commits(b: Backend) {
         }
         assert!(verify(&ds, None, |_| {}).await.unwrap().is_clean(), "{name}");
 
-        // New shards are format 3 (CRC-32C values, token checksums) next to the old ones.
+        // New shards are format 3 (CRC-32 value and token checksums) next to the old ones.
         let mut w = DatasetWriter::new(&ds, WriterOptions::default()).await.unwrap();
         for id in 6..9 {
             w.append(&gen.sample(id)).await.unwrap();

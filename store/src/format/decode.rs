@@ -3,8 +3,7 @@
 //! row and the schema say it holds (`seq_len × hidden` elements, or `seq_len` scales) before
 //! anything is sized from it: a corrupt value whose frames claim another length is refused,
 //! never allocated for. Every value's checksum, where present, is checked on the way (its
-//! CRC-32C trailer before anything is decompressed, or zstd's frame checksums while
-//! decompressing); a file that declares checksummed values ([`planes::CHECKSUM_META_KEY`] in its
+//! CRC-32 trailer, computed frame by frame as zstd reads them, or zstd's frame checksums); a file that declares checksummed values ([`planes::CHECKSUM_META_KEY`] in its
 //! schema metadata) has every value without one of the declared kind refused.
 use std::fmt::Write;
 
@@ -600,7 +599,7 @@ mod tests {
     use super::*;
     use crate::format::planes::ValueChecksum;
 
-    const CRC: Checksums = Checksums::Declared(ValueChecksum::Crc32c);
+    const CRC: Checksums = Checksums::Declared(ValueChecksum::Crc32);
     const SUMMED: Option<ValueChecksum> = Some(ValueChecksum::DEFAULT);
 
     const BF16: ValueKind = ValueKind::Tensor {
@@ -755,15 +754,15 @@ mod tests {
     #[test]
     fn a_value_whose_content_fails_its_checksum_is_named() {
         let site = "data/a.parquet: row group 0: row 1 (sample 42) layer_3: corrupt value: ";
-        // Format 3: a flip in the header of frame lengths, caught by the CRC-32C before the
-        // header is believed (the first pass reads only headers).
+        // Format 3: a flip in the header of frame lengths, reported as what it is: the first
+        // pass reads only headers, and a header that disagrees has its value's CRC-32 checked.
         let mut bad = planes::encode(&RAW, 2, 1, SUMMED).unwrap();
         bad[0] ^= 0x01;
-        let col = batch_of([bf16_value(2), bad], Some("crc32c")).unwrap();
+        let col = batch_of([bf16_value(2), bad], Some("crc32")).unwrap();
         assert_eq!(col.checksums(), CRC);
         let err = col.decode_chunk(&[0, 2, 4]).unwrap_err().to_string();
         assert!(
-            err.starts_with(&format!("{site}crc32c of the value is ")),
+            err.starts_with(&format!("{site}crc32 of the value is ")),
             "{err}"
         );
         let (mut out, mut sc) = (Vec::new(), Vec::new());
@@ -793,7 +792,7 @@ mod tests {
         );
         for (kind, why) in [
             ("zstd_xxh64", "plane 0: frame has no content checksum"),
-            ("crc32c", "crc32c of the value is"),
+            ("crc32", "crc32 of the value is"),
         ] {
             let good = planes::encode(&RAW, 2, 1, ValueChecksum::from_name(kind)).unwrap();
             let err = batch_of([good, unsummed.clone()], Some(kind))

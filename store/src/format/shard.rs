@@ -87,7 +87,7 @@ mod tests {
             vec![CapturePoint::LayerOutput(2)],
         )
         .unwrap();
-        let props = writer_properties(&schema, 3, Some(ValueChecksum::Crc32c)).unwrap();
+        let props = writer_properties(&schema, 3, Some(ValueChecksum::Crc32)).unwrap();
         for col in ["layer_2", "layer_2_scale"] {
             let path = ColumnPath::from(col);
             assert_eq!(props.compression(&path), Compression::UNCOMPRESSED, "{col}");
@@ -99,7 +99,7 @@ mod tests {
         assert!(writer_properties(&schema, 99, None).is_err());
         let kv = props.key_value_metadata().unwrap();
         assert_eq!(kv[0].key, CHECKSUM_META_KEY);
-        assert_eq!(kv[0].value.as_deref(), Some("crc32c"));
+        assert_eq!(kv[0].value.as_deref(), Some("crc32"));
         let off = writer_properties(&schema, 3, None).unwrap();
         assert!(off.key_value_metadata().is_none());
     }
