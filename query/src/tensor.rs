@@ -265,7 +265,8 @@ mod tests {
             dtype: DType::Bf16,
             hidden: 4,
         };
-        let twelve = planes::encode(&[0u8; 24], 2, 1, Some(planes::ValueChecksum::DEFAULT)).unwrap();
+        let twelve =
+            planes::encode(&[0u8; 24], 2, 1, Some(planes::ValueChecksum::DEFAULT)).unwrap();
         assert_eq!(k.tokens(&twelve).unwrap(), 3);
         let five = planes::encode(&[0u8; 10], 2, 1, Some(planes::ValueChecksum::DEFAULT)).unwrap();
         let err = k.tokens(&five).unwrap_err();

@@ -725,7 +725,8 @@ mod tests {
                     2,
                     1,
                     Some(hslake_store::format::planes::ValueChecksum::DEFAULT),
-                ).unwrap();
+                )
+                .unwrap();
             }
             w.append_encoded(Some(enc)).await.unwrap();
         }

@@ -106,7 +106,10 @@ async fn checksum_rounds(
         .collect();
     let mut datasets = vec![];
     for r in out.iter_mut() {
-        let url = format!("file://{}", dir.join(format!("sums-{}", r.label())).display());
+        let url = format!(
+            "file://{}",
+            dir.join(format!("sums-{}", r.label())).display()
+        );
         let opts = hslake_store::WriterOptions {
             zstd_level,
             value_checksum: r.checksum,
@@ -135,9 +138,8 @@ async fn checksum_rounds(
         .cloned()
         .collect();
     let kinds: Vec<Option<ValueChecksum>> = out.iter().map(|r| r.checksum).collect();
-    let decode = tokio::task::block_in_place(|| {
-        bench_value_decode(&few, zstd_level, &kinds, 5 * rounds)
-    })?;
+    let decode =
+        tokio::task::block_in_place(|| bench_value_decode(&few, zstd_level, &kinds, 5 * rounds))?;
     for (r, d) in out.iter_mut().zip(decode) {
         r.decode_mb_s = d;
     }

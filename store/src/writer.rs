@@ -470,7 +470,11 @@ mod tests {
     #[tokio::test]
     async fn shards_declare_the_value_checksum_they_are_written_with() {
         let (schema, s) = nan_sample();
-        for on in [Some(ValueChecksum::Crc32), Some(ValueChecksum::ZstdXxh64), None] {
+        for on in [
+            Some(ValueChecksum::Crc32),
+            Some(ValueChecksum::ZstdXxh64),
+            None,
+        ] {
             let url = format!("memory://writer-checksums-{on:?}");
             let ds = Dataset::create(&url, schema.clone(), crate::Provenance::default())
                 .await

@@ -825,7 +825,8 @@ async fn a_row_claiming_u32_max_tokens_is_reported_by_verify(b: Backend) {
 /// zstd frame checksums, one written with `value_checksums=False`) read bit-exactly, verify
 /// clean and take format-3 commits on top.
 async fn format_2_datasets_read_verify_and_take_format_3_commits(b: Backend) {
-    let fixtures = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/format2");
+    let fixtures =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/format2");
     for (name, declared) in [("zstd_xxh64", Some("zstd_xxh64")), ("no_checksums", None)] {
         let Some(url) = fresh_url(b) else { return };
         let src = Dataset::open(&format!("file://{}", fixtures.join(name).display()))
@@ -860,12 +861,21 @@ async fn format_2_datasets_read_verify_and_take_format_3_commits(b: Backend) {
             "{name}"
         );
         for id in 0..6 {
-            assert_eq!(r.get_sample(id).await.unwrap(), gen.sample(id), "{name} {id}");
+            assert_eq!(
+                r.get_sample(id).await.unwrap(),
+                gen.sample(id),
+                "{name} {id}"
+            );
         }
-        assert!(verify(&ds, None, |_| {}).await.unwrap().is_clean(), "{name}");
+        assert!(
+            verify(&ds, None, |_| {}).await.unwrap().is_clean(),
+            "{name}"
+        );
 
         // New shards are format 3 (CRC-32 value and token checksums) next to the old ones.
-        let mut w = DatasetWriter::new(&ds, WriterOptions::default()).await.unwrap();
+        let mut w = DatasetWriter::new(&ds, WriterOptions::default())
+            .await
+            .unwrap();
         for id in 6..9 {
             w.append(&gen.sample(id)).await.unwrap();
         }
@@ -877,9 +887,16 @@ async fn format_2_datasets_read_verify_and_take_format_3_commits(b: Backend) {
         );
         let r = DatasetReader::open(&ds, None).await.unwrap();
         for id in 0..9 {
-            assert_eq!(r.get_sample(id).await.unwrap(), gen.sample(id), "{name} {id}");
+            assert_eq!(
+                r.get_sample(id).await.unwrap(),
+                gen.sample(id),
+                "{name} {id}"
+            );
         }
-        assert!(verify(&ds, None, |_| {}).await.unwrap().is_clean(), "{name}");
+        assert!(
+            verify(&ds, None, |_| {}).await.unwrap().is_clean(),
+            "{name}"
+        );
     }
 }
 

@@ -503,7 +503,10 @@ impl TokenRows {
             Some(c) => c.as_primitive_opt::<UInt32Type>().cloned().ok_or_else(|| {
                 StoreError::corrupt(
                     file,
-                    format!("column {TOKEN_CHECKSUM_COLUMN:?} is {}, not UInt32", c.data_type()),
+                    format!(
+                        "column {TOKEN_CHECKSUM_COLUMN:?} is {}, not UInt32",
+                        c.data_type()
+                    ),
                 )
             })?,
             None => {
@@ -561,7 +564,9 @@ impl TokenRows {
         };
         let bad = |reason: String| ValueError { reason }.at(&at);
         if self.sums.is_null(row) || self.ids.is_null(row) || self.mask.is_null(row) {
-            return Err(bad("corrupt tokens: a null where every row has a value".into()));
+            return Err(bad(
+                "corrupt tokens: a null where every row has a value".into()
+            ));
         }
         let ids = self.ids.value(row);
         let mask = self.mask.value(row);
@@ -569,7 +574,9 @@ impl TokenRows {
             ids.as_primitive_opt::<Int32Type>(),
             mask.as_primitive_opt::<UInt8Type>(),
         ) else {
-            return Err(bad("input_ids is not List<Int32> or loss_mask not List<UInt8>".into()));
+            return Err(bad(
+                "input_ids is not List<Int32> or loss_mask not List<UInt8>".into(),
+            ));
         };
         let found = token_checksum(ids.values(), mask.values());
         let stored = self.sums.value(row);
@@ -695,10 +702,7 @@ mod tests {
 
     #[test]
     fn check_tokens_reads_only_the_header() {
-        assert_eq!(
-            check_tokens(&bf16_value(3), BF16, 3, CRC),
-            Ok(())
-        );
+        assert_eq!(check_tokens(&bf16_value(3), BF16, 3, CRC), Ok(()));
         assert_eq!(
             check_tokens(&poisoned(400), BF16, 8, CRC)
                 .unwrap_err()
@@ -709,15 +713,10 @@ mod tests {
 
     #[test]
     fn header_tokens_refuses_partial_rows() {
-        assert_eq!(
-            header_tokens(&bf16_value(3), BF16, CRC),
-            Ok(3)
-        );
+        assert_eq!(header_tokens(&bf16_value(3), BF16, CRC), Ok(3));
         let five = planes::encode(&[0u8; 10], 2, 1, SUMMED).unwrap();
         assert_eq!(
-            header_tokens(&five, BF16, CRC)
-                .unwrap_err()
-                .reason,
+            header_tokens(&five, BF16, CRC).unwrap_err().reason,
             "a value of 5 bf16 elements is not a whole number of rows of 4"
         );
     }
@@ -732,9 +731,8 @@ mod tests {
             Field::new("layer_3", arrow_schema::DataType::LargeBinary, false),
         ]);
         if let Some(kind) = declared {
-            schema = schema.with_metadata(
-                [(planes::CHECKSUM_META_KEY.to_string(), kind.to_string())].into(),
-            );
+            schema = schema
+                .with_metadata([(planes::CHECKSUM_META_KEY.to_string(), kind.to_string())].into());
         }
         let batch = RecordBatch::try_new(Arc::new(schema), vec![ids, vals]).unwrap();
         TensorColumn::from_batch(
@@ -851,9 +849,8 @@ mod tests {
             .collect();
         let mut schema = Schema::new(fields);
         if let Some(kind) = declared {
-            schema = schema.with_metadata(
-                [(planes::CHECKSUM_META_KEY.to_string(), kind.to_string())].into(),
-            );
+            schema = schema
+                .with_metadata([(planes::CHECKSUM_META_KEY.to_string(), kind.to_string())].into());
         }
         RecordBatch::try_new(Arc::new(schema), cols).unwrap()
     }
@@ -881,10 +878,7 @@ mod tests {
                     corrupt tokens: ";
         let changed_id = [ids[0].clone(), vec![7, 8 ^ 0x10]];
         let changed_mask = [mask[0].clone(), vec![1, 0]];
-        for (i, m) in [
-            (changed_id, mask.clone()),
-            (ids.clone(), changed_mask),
-        ] {
+        for (i, m) in [(changed_id, mask.clone()), (ids.clone(), changed_mask)] {
             let bad = token_batch(i, m, Some(sums), None);
             let err = TokenRows::from_batch(&bad, "data/a.parquet", Some(3))
                 .unwrap()
@@ -914,6 +908,9 @@ mod tests {
         )
         .unwrap_err()
         .to_string();
-        assert!(err.starts_with("f: ") && err.contains(TOKEN_CHECKSUM_COLUMN), "{err}");
+        assert!(
+            err.starts_with("f: ") && err.contains(TOKEN_CHECKSUM_COLUMN),
+            "{err}"
+        );
     }
 }

@@ -889,7 +889,13 @@ mod tests {
         for checks in [Checksums::IfPresent, CRC] {
             let err = decode(&summed, 2, checks).unwrap_err();
             assert!(
-                matches!(err, PlaneError::Trailer { kind: ValueChecksum::Crc32, .. }),
+                matches!(
+                    err,
+                    PlaneError::Trailer {
+                        kind: ValueChecksum::Crc32,
+                        ..
+                    }
+                ),
                 "{err}"
             );
             assert!(check_trailer(&summed, 2, checks).is_err());
@@ -968,7 +974,10 @@ mod tests {
     fn the_trailer_is_the_crc32_of_the_bytes_before_it() {
         let value = encode(&sample_bytes(50, 2), 2, 1, SUMMED).unwrap();
         let (body, sum) = value.split_at(value.len() - 4);
-        assert_eq!(u32::from_le_bytes(sum.try_into().unwrap()), crc32fast::hash(body));
+        assert_eq!(
+            u32::from_le_bytes(sum.try_into().unwrap()),
+            crc32fast::hash(body)
+        );
         // The standard check value of CRC-32/ISO-HDLC (zlib's `crc32(b"123456789")`).
         assert_eq!(
             ValueChecksum::Crc32.checksum(b"123456789"),

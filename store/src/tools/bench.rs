@@ -368,7 +368,7 @@ fn layout_batch(
                             level,
                             Some(crate::format::planes::ValueChecksum::DEFAULT),
                         )
-                            .map_err(|e| StoreError::Usage(e.to_string())),
+                        .map_err(|e| StoreError::Usage(e.to_string())),
                     })
                     .collect::<Result<_>>()?;
                 (

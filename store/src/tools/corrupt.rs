@@ -138,9 +138,7 @@ pub fn flip_token_byte(file: &Path) -> Result<Flip> {
         .map_err(|e| StoreError::pq(&shown, e))?;
     let meta = builder.metadata().clone();
     let leaf = (0..meta.file_metadata().schema_descr().num_columns())
-        .find(|&i| {
-            meta.file_metadata().schema_descr().column(i).path().parts()[0] == "input_ids"
-        })
+        .find(|&i| meta.file_metadata().schema_descr().column(i).path().parts()[0] == "input_ids")
         .ok_or_else(|| StoreError::corrupt(&shown, "no input_ids column"))?;
     for rg in 0..meta.num_row_groups() {
         let (ids, clean) = token_rows(&original, rg)
