@@ -36,7 +36,7 @@ def test_pyarrow_and_numpy_rebuild_every_tensor(tmp_path, dtype):
             seq_len = row["seq_len"]
             assert len(row["input_ids"]) == seq_len == len(row["loss_mask"])
             # Format 3: each row's tokens carry the CRC-32 of their ids and mask bytes.
-            assert schema.metadata[b"hslake.value_checksum"] == b"crc32"
+            assert pq.read_metadata(shard).metadata[b"hslake.value_checksum"] == b"crc32"
             tokens = np.array(row["input_ids"], "<i4").tobytes() + np.array(row["loss_mask"], np.uint8).tobytes()
             assert row["token_checksum"] == zlib.crc32(tokens)
             out = tmp_path / f"export-{row['sample_id']}"
