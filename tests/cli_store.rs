@@ -384,3 +384,24 @@ fn a_flipped_byte_in_input_ids_is_named_by_sql_export_and_verify() {
         "{report}"
     );
 }
+
+#[test]
+fn format_2_datasets_still_read_in_sql_with_and_without_their_checksums() {
+    // The same six samples written by the format-2 writer with zstd frame checksums and
+    // without any (tests/fixtures/format2): token columns without token checksums pass, tensor
+    // values decode either way.
+    let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/format2");
+    let q = "SELECT sample_id, loss_mask, input_ids, tensor_norm(layer_3) AS n FROM samples \
+             ORDER BY sample_id";
+    let outs: Vec<String> = ["zstd_xxh64", "no_checksums"]
+        .iter()
+        .map(|name| {
+            let url = format!("file://{}", fixtures.join(name).display());
+            let o = hslake(&["sql", &url, "--format", "json", q]);
+            assert!(o.status.success(), "{name}: {}", stderr(&o));
+            String::from_utf8_lossy(&o.stdout).into_owned()
+        })
+        .collect();
+    assert_eq!(outs[0], outs[1]);
+    assert_eq!(outs[0].matches("\"sample_id\"").count(), 6, "{}", outs[0]);
+}
