@@ -397,6 +397,26 @@ impl TensorColumn {
     /// Decode every row into one contiguous buffer per column (the loader's column chunk);
     /// row `r` holds the tokens `offsets[r]..offsets[r + 1]`.
     pub fn decode_chunk(&self, offsets: &[usize]) -> Result<DecodedColumn> {
+        self.decode_chunk_rows(offsets, None)
+    }
+
+    /// As [`TensorColumn::decode_chunk`], but a row whose value (or scales) does not decode is
+    /// recorded in `bad` (row → the error naming it) and left zeroed instead of failing the
+    /// chunk, so that a reader can drop that sample alone; rows already in `bad` (refused by
+    /// another column) are not decoded.
+    pub fn decode_chunk_skipping(
+        &self,
+        offsets: &[usize],
+        bad: &mut std::collections::BTreeMap<usize, StoreError>,
+    ) -> Result<DecodedColumn> {
+        self.decode_chunk_rows(offsets, Some(bad))
+    }
+
+    fn decode_chunk_rows(
+        &self,
+        offsets: &[usize],
+        mut bad: Option<&mut std::collections::BTreeMap<usize, StoreError>>,
+    ) -> Result<DecodedColumn> {
         if offsets.len() != self.values.len() + 1 {
             return Err(StoreError::Usage(format!(
                 "{}: {} token offsets for {} rows of {}",
@@ -406,27 +426,57 @@ impl TensorColumn {
                 self.name
             )));
         }
-        let values = self.decode_rows(&self.values, self.kind, offsets, &self.name)?;
+        let values = self.decode_rows(
+            &self.values,
+            self.kind,
+            offsets,
+            &self.name,
+            bad.as_deref_mut(),
+        )?;
         let scales = match &self.scales {
-            Some((sname, col)) => Some(self.decode_rows(col, ValueKind::Scales, offsets, sname)?),
+            Some((sname, col)) => {
+                Some(self.decode_rows(col, ValueKind::Scales, offsets, sname, bad)?)
+            }
             None => None,
         };
         Ok(DecodedColumn { values, scales })
     }
 
+    /// Decode every row of `col`; a row that fails is an error, or where `bad` is given, recorded
+    /// there and left zeroed.
     fn decode_rows(
         &self,
         col: &LargeBinaryArray,
         kind: ValueKind,
         offsets: &[usize],
         column: &str,
+        mut bad: Option<&mut std::collections::BTreeMap<usize, StoreError>>,
     ) -> Result<LargeBinaryArray> {
         let row_bytes = kind.bytes(1);
+        let mut refused: Vec<bool> = (0..offsets.len().saturating_sub(1))
+            .map(|r| bad.as_ref().is_some_and(|b| b.contains_key(&r)))
+            .collect();
+        let mut refuse = |r: usize, e: ValueError| -> Result<()> {
+            let e = e.at(&self.at(r, column));
+            match bad.as_deref_mut() {
+                Some(b) => {
+                    b.entry(r).or_insert(e);
+                    Ok(())
+                }
+                None => Err(e),
+            }
+        };
         // Row lengths come from the untrusted seq_len column: each value's own header must agree
         // (and is bounded by what its frames can hold) before the chunk is sized from them.
         for (r, w) in offsets.windows(2).enumerate() {
-            check_tokens(col.value(r), kind, w[1].saturating_sub(w[0]), self.checks)
-                .map_err(|e| e.at(&self.at(r, column)))?;
+            if refused[r] {
+                continue;
+            }
+            if let Err(e) = check_tokens(col.value(r), kind, w[1].saturating_sub(w[0]), self.checks)
+            {
+                refuse(r, e)?;
+                refused[r] = true;
+            }
         }
         let mut decoded = vec![
             0u8;
@@ -437,9 +487,14 @@ impl TensorColumn {
                 .saturating_mul(row_bytes)
         ];
         for (r, w) in offsets.windows(2).enumerate() {
+            if refused[r] {
+                continue;
+            }
             let dst = &mut decoded[w[0] * row_bytes..w[1] * row_bytes];
-            decode_value_into(col.value(r), kind, w[1] - w[0], self.checks, dst)
-                .map_err(|e| e.at(&self.at(r, column)))?;
+            if let Err(e) = decode_value_into(col.value(r), kind, w[1] - w[0], self.checks, dst) {
+                dst.fill(0);
+                refuse(r, e)?;
+            }
         }
         let ends = offsets.iter().map(|&o| (o * row_bytes) as i64);
         Ok(LargeBinaryArray::new(
@@ -789,6 +844,22 @@ mod tests {
             err.starts_with(&format!("{site}plane 2: ")) && err.contains("checksum"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn decode_chunk_skipping_records_the_corrupt_row_and_decodes_the_rest() {
+        let mut bad_value = planes::encode(&RAW, 2, 1, SUMMED).unwrap();
+        bad_value[14] ^= 0x10;
+        let col = batch_of([bf16_value(2), bad_value], Some("crc32")).unwrap();
+        assert!(col.decode_chunk(&[0, 2, 4]).is_err());
+        let mut bad = std::collections::BTreeMap::new();
+        let out = col.decode_chunk_skipping(&[0, 2, 4], &mut bad).unwrap();
+        assert_eq!(bad.keys().copied().collect::<Vec<_>>(), [1]);
+        assert!(bad[&1].to_string().contains("(sample 42) layer_3: corrupt value"));
+        let (mut row0, mut sc) = (Vec::new(), Vec::new());
+        col.decode_row(0, 2, &mut row0, &mut sc).unwrap();
+        assert_eq!(out.values.value(0), &row0[..]);
+        assert_eq!(out.values.value(1), &[0u8; 16][..], "a refused row is left zeroed");
     }
 
     #[test]
