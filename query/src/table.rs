@@ -6,6 +6,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use datafusion::catalog::Session;
+use datafusion::common::config::ConfigOptions;
 use datafusion::common::stats::Precision;
 use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::common::{ColumnStatistics, DataFusionError, Result, ScalarValue, Statistics};
@@ -16,12 +17,11 @@ use datafusion::datasource::object_store::ObjectStoreUrl;
 use datafusion::datasource::physical_plan::{FileGroup, FileScanConfigBuilder};
 use datafusion::datasource::table_schema::TableSchema;
 use datafusion::datasource::{TableProvider, TableType};
-use datafusion::logical_expr::{Expr, TableProviderFilterPushDown};
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
+use datafusion::logical_expr::{Expr, TableProviderFilterPushDown};
 use datafusion::physical_expr::expressions::Column;
 use datafusion::physical_expr::PhysicalExpr;
 use datafusion::physical_plan::empty::EmptyExec;
-use datafusion::common::config::ConfigOptions;
 use datafusion::physical_plan::filter_pushdown::{
     ChildPushdownResult, FilterDescription, FilterPushdownPhase, FilterPushdownPropagation,
 };
@@ -167,9 +167,12 @@ impl TableProvider for ShardTable {
         let format = ParquetFormat::default().with_options(options);
         let n = self.schema.fields().len();
         let wanted: Vec<usize> = projection.cloned().unwrap_or_else(|| (0..n).collect());
-        let reads_tokens = wanted
-            .iter()
-            .any(|&i| matches!(self.schema.field(i).name().as_str(), "input_ids" | "loss_mask"));
+        let reads_tokens = wanted.iter().any(|&i| {
+            matches!(
+                self.schema.field(i).name().as_str(),
+                "input_ids" | "loss_mask"
+            )
+        });
         if !reads_tokens {
             let source = format.file_source(TableSchema::from(self.schema.clone()));
             let config = FileScanConfigBuilder::new(self.store_url.clone(), source)
@@ -183,9 +186,15 @@ impl TableProvider for ShardTable {
         // Tokens are checked against their row's checksum: the scan also reads both token
         // columns, the sample id (for the error) and the checksum, which the table does not
         // show (a file that predates it yields nulls), and drops them again after the check.
-        let mut fields: Vec<Field> = self.schema.fields().iter().map(|f| f.as_ref().clone()).collect();
+        let mut fields: Vec<Field> = self
+            .schema
+            .fields()
+            .iter()
+            .map(|f| f.as_ref().clone())
+            .collect();
         fields.push(Field::new(TOKEN_CHECKSUM_COLUMN, DataType::UInt32, true));
-        let scan_schema = Arc::new(Schema::new(fields).with_metadata(self.schema.metadata().clone()));
+        let scan_schema =
+            Arc::new(Schema::new(fields).with_metadata(self.schema.metadata().clone()));
         let mut cols = wanted.clone();
         for name in ["sample_id", "input_ids", "loss_mask"] {
             let i = self.schema.index_of(name)?;
@@ -220,7 +229,10 @@ impl TableProvider for ShardTable {
         let shown = checked.schema();
         let exprs = (0..wanted.len()).map(|i| {
             let name = shown.field(i).name().clone();
-            (Arc::new(Column::new(&name, i)) as Arc<dyn PhysicalExpr>, name)
+            (
+                Arc::new(Column::new(&name, i)) as Arc<dyn PhysicalExpr>,
+                name,
+            )
         });
         Ok(Arc::new(ProjectionExec::try_new(exprs, checked)?))
     }

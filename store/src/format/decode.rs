@@ -855,11 +855,17 @@ mod tests {
         let mut bad = std::collections::BTreeMap::new();
         let out = col.decode_chunk_skipping(&[0, 2, 4], &mut bad).unwrap();
         assert_eq!(bad.keys().copied().collect::<Vec<_>>(), [1]);
-        assert!(bad[&1].to_string().contains("(sample 42) layer_3: corrupt value"));
+        assert!(bad[&1]
+            .to_string()
+            .contains("(sample 42) layer_3: corrupt value"));
         let (mut row0, mut sc) = (Vec::new(), Vec::new());
         col.decode_row(0, 2, &mut row0, &mut sc).unwrap();
         assert_eq!(out.values.value(0), &row0[..]);
-        assert_eq!(out.values.value(1), &[0u8; 16][..], "a refused row is left zeroed");
+        assert_eq!(
+            out.values.value(1),
+            &[0u8; 16][..],
+            "a refused row is left zeroed"
+        );
     }
 
     #[test]
