@@ -282,7 +282,9 @@ def test_corrupted_shard_is_skipped_and_counted_by_policy(local_ds, tmp_path):
     loader = hslake.Loader(url_of(tmp_path / "bad"), batch_size=4, on_corrupt="skip")
     n = len(all_ids(loader))
     st = loader.stats()
-    assert st["samples_skipped"] > 0 and st["row_groups_skipped"] > 0
+    # Bytes garbled inside tensor values leave out their samples alone; inside other pages, their
+    # row groups: either way every sample is read or counted as skipped.
+    assert st["samples_skipped"] > 0
     assert n + st["samples_skipped"] == SAMPLES
 
 
