@@ -10,7 +10,7 @@ use hslake_store::format::decode::{self, ValueKind};
 use hslake_store::format::planes::{self, Checksums};
 
 /// A value in SQL is seen apart from its file, so whether the file declares checksummed values
-/// is not known: the checksum a value carries is checked (a CRC-32C trailer, or zstd's frame
+/// is not known: the checksum a value carries is checked (a CRC-32 trailer, or zstd's frame
 /// checksums). Dropping either still fails: a value whose trailer is taken for frame bytes, or
 /// whose frame lost its checksum flag, no longer ends where its header of frame lengths says.
 const CHECKS: Checksums = Checksums::IfPresent;

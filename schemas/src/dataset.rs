@@ -3,7 +3,7 @@ use serde::{Deserialize, Serialize};
 use crate::{CapturePoint, DType, FinitePolicy, Sample, SchemaError, LAYER_CONVENTION};
 
 /// Version of the on-disk format this build writes and the newest it reads (docs/FORMAT.md,
-/// "Format version rules"). Version 3 stores each value's checksum as a CRC-32C after its last
+/// "Format version rules"). Version 3 stores each value's checksum as a CRC-32 after its last
 /// frame, where version 2 had zstd's checksum in every frame.
 pub const FORMAT_VERSION: u32 = 3;
 

@@ -14,9 +14,10 @@
 //! decodes is caught by every reader, not only by `verify`. Since format version 3 it is the
 //! CRC-32 (zlib's) of the value's compressed bytes, stored after its last frame
 //! ([`ValueChecksum::Crc32`]): the compressed bytes are 70 % of the plane bytes, and CRC-32 with
-//! carry-less multiplication runs at several times the speed of zstd's own content checksum
+//! carry-less multiplication runs at two to four times the speed of zstd's own content checksum
 //! (XXH64 over the decompressed planes, format 2's [`ValueChecksum::ZstdXxh64`], still read) and
-//! of CRC-32C with the SSE4.2 instruction (measured side by side: docs/PERFORMANCE.md). A file whose values all carry a checksum
+//! about twice that of CRC-32C with the SSE4.2 instruction (measured side by side:
+//! docs/PERFORMANCE.md). A file whose values all carry a checksum
 //! says which ([`CHECKSUM_META_KEY`]); its readers then refuse a value without one
 //! ([`Checksums::Declared`]), so a flip that clears a frame's checksum flag or drops the
 //! trailer cannot turn the check off.
