@@ -428,8 +428,9 @@ def main() -> None:
     ap.add_argument("--keep", action="store_true", help="reuse the datasets in --out if present")
     ap.add_argument("--json-out", help="also write the results as JSON here")
     ap.add_argument("--checksum-rounds", type=int, default=0,
-                    help="also read the hslake dataset and a copy written without value checksums, "
-                         "alternating, this many times each (window shuffle, local disk)")
+                    help="also read the hslake dataset (CRC-32 value checksums) and copies written with "
+                         "format 2's zstd checksums and without checksums, alternating, this many times "
+                         "each (window shuffle, local disk)")
     ap.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     a = ap.parse_args()
 
@@ -482,11 +483,15 @@ def main() -> None:
         hslake.write_synthetic(str(dirs["hslake"]), a.samples, (lo, hi), a.hidden, layers, final_norm=True, seed=0,
                                row_group_bytes=int(a.row_group_mb * (1 << 20)), shard_bytes=64 << 20)
         write_s["hslake"] = time.perf_counter() - t
-    nosum = out / "hslake_nosum"
-    if a.checksum_rounds and not nosum.exists():
-        hslake.write_synthetic(str(nosum), a.samples, (lo, hi), a.hidden, layers, final_norm=True, seed=0,
-                               row_group_bytes=int(a.row_group_mb * (1 << 20)), shard_bytes=64 << 20,
-                               value_checksums=False)
+    # The same samples under each value checksum: the default dataset carries CRC-32.
+    sum_urls = {"crc32": url}
+    for kind, checksum, sub in [("zstd_xxh64", "zstd_xxh64", "hslake_xxh64"), ("off", None, "hslake_nosum")]:
+        d = out / sub
+        sum_urls[kind] = f"file://{d}"
+        if a.checksum_rounds and not d.exists():
+            hslake.write_synthetic(str(d), a.samples, (lo, hi), a.hidden, layers, final_norm=True, seed=0,
+                                   row_group_bytes=int(a.row_group_mb * (1 << 20)), shard_bytes=64 << 20,
+                                   value_checksum=checksum)
     for fmt in sorted({fmt_of[r] for r in readers} - {"hslake"}):
         if not dirs[fmt].exists():
             t = time.perf_counter()
@@ -521,8 +526,8 @@ def main() -> None:
             runs.append((names[r], r, fmt_of[r], {**common, "dir": str(dirs[fmt_of[r]])}, None))
     # Alternating, so that a noisy machine slows both alike; reported as best / median / worst.
     for i in range(a.checksum_rounds):
-        for on, u in [(True, url), (False, f"file://{nosum}")]:
-            runs.append((f"hslake, value checksums {'on' if on else 'off'}, round {i + 1}", "hslake", "hslake",
+        for kind, u in sum_urls.items():
+            runs.append((f"hslake, value checksums {kind}, round {i + 1}", "hslake", "hslake",
                          {**common, "url": u, "options": hs_opts}, None))
     moto = None
     try:
@@ -563,15 +568,16 @@ def main() -> None:
     if a.checksum_rounds:
         print(f"\nvalue checksums, {a.checksum_rounds} alternating rounds each (best / median / worst):")
         best = {}
-        for on in ["on", "off"]:
-            rs = [r for name, r in results.items() if f"value checksums {on}," in name]
+        for kind in sum_urls:
+            rs = [r for name, r in results.items() if f"value checksums {kind}," in name]
             tps = sorted(r["tokens"] / r["seconds"] for r in rs)
             cpu = sorted(r["tokens"] / r["cpu_s"] for r in rs)
-            best[on] = (tps[-1], cpu[-1])
-            print(f"checksums {on:3}: tokens/s {tps[-1]:,.0f} / {tps[len(tps) // 2]:,.0f} / {tps[0]:,.0f}; "
+            best[kind] = (tps[-1], cpu[-1])
+            print(f"checksums {kind:10}: tokens/s {tps[-1]:,.0f} / {tps[len(tps) // 2]:,.0f} / {tps[0]:,.0f}; "
                   f"tokens per CPU s {cpu[-1]:,.0f} / {cpu[len(cpu) // 2]:,.0f} / {cpu[0]:,.0f}")
-        print(f"cost of checksums (best on vs best off): tokens/s {100 * (1 - best['on'][0] / best['off'][0]):+.1f} %, "
-              f"tokens per CPU s {100 * (1 - best['on'][1] / best['off'][1]):+.1f} %")
+        for kind in ["crc32", "zstd_xxh64"]:
+            print(f"cost of {kind} (best vs best off): tokens/s {100 * (1 - best[kind][0] / best['off'][0]):+.1f} %, "
+                  f"tokens per CPU s {100 * (1 - best[kind][1] / best['off'][1]):+.1f} %")
     failures = []
     for name, r in results.items():
         if r["samples"] == 0 or r["missing"] or r["duplicates"] or r["foreign"]:

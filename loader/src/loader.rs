@@ -477,7 +477,14 @@ impl Inner {
                 }
             }
             let row = pick.row as usize;
-            if let Some(g) = loaded.get(&pick.unit) {
+            let usable = loaded.get(&pick.unit).filter(|g| match g.refusal(row) {
+                Some(e) => {
+                    tracing::warn!("loader: skipping 1 sample: {e}");
+                    false
+                }
+                None => true,
+            });
+            if let Some(g) = usable {
                 let len = spec
                     .truncate
                     .map_or(g.seq_len(row), |t| g.seq_len(row).min(t));
@@ -558,6 +565,7 @@ impl Inner {
             schema.hidden_size,
             &self.aux,
             self.target,
+            self.config.on_corrupt == CorruptPolicy::Skip,
         )?;
         if data.rows() as u64 != unit.rows {
             return Err(LoaderError::Shard {
@@ -1155,7 +1163,8 @@ mod tests {
         );
         assert!(err.contains(&site), "{site} not in: {err}");
 
-        // Skipped: its row group is left out and counted, every other sample is as before.
+        // Skipped: that sample alone is left out and counted, every other sample (also those of
+        // its row group) is as before.
         let l = Loader::open(
             &url,
             LoaderConfig {
@@ -1166,17 +1175,12 @@ mod tests {
         .await
         .unwrap();
         let (b, _) = collect(&l, &l.initial_state(), None).await;
-        let rows = l.manifest().shards[0].row_groups[flip.row_group];
-        assert_eq!(l.stats().samples_skipped.load(Ordering::Relaxed), rows);
-        assert_eq!(l.stats().row_groups_skipped.load(Ordering::Relaxed), 1);
+        assert!(l.manifest().shards[0].row_groups[flip.row_group] > 1);
+        assert_eq!(l.stats().samples_skipped.load(Ordering::Relaxed), 1);
+        assert_eq!(l.stats().row_groups_skipped.load(Ordering::Relaxed), 0);
         let kept = ids(&b);
-        assert!(!kept.contains(&victim));
-        let clean_ids: Vec<u64> = ids(&clean)
-            .into_iter()
-            .filter(|i| kept.contains(i))
-            .collect();
+        let clean_ids: Vec<u64> = ids(&clean).into_iter().filter(|&i| i != victim).collect();
         assert_eq!(kept, clean_ids, "the other samples come in the same order");
-        assert_eq!(kept.len() as u64 + rows, 30);
         // Each sample's own tokens of the padded [B, T, H] target, by sample id.
         let tensors = |bs: &[Batch]| -> HashMap<u64, Vec<u8>> {
             let mut out = HashMap::new();
@@ -1195,5 +1199,59 @@ mod tests {
         for id in &kept {
             assert_eq!(before[id], after[id], "sample {id}");
         }
+    }
+
+    #[tokio::test]
+    async fn a_flipped_byte_in_input_ids_fails_naming_file_row_group_and_sample_or_is_skipped() {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("file://{}", dir.path().display());
+        make(&url, 30).await;
+        let c = LoaderConfig {
+            shuffle: false,
+            shuffle_window: 1,
+            ..cfg(4)
+        };
+        let l = Loader::open(&url, c.clone()).await.unwrap();
+        let (clean, _) = collect(&l, &l.initial_state(), None).await;
+        let rel = l.manifest().shards[0].path.clone();
+        // A bit in the zstd-compressed input_ids pages that still decompresses, to other ids.
+        let flip = hslake_store::tools::corrupt::flip_token_byte(&dir.path().join(&rel)).unwrap();
+
+        let mut s = l.stream(&l.initial_state()).unwrap();
+        let mut err = None;
+        while let Some(b) = s.next().await {
+            if let Err(e) = b {
+                err = Some(e.to_string());
+                break;
+            }
+        }
+        let err = err.expect("a flipped token is an error by default");
+        let site = format!(
+            "{rel}: row group {}: row {} (sample {}) input_ids/loss_mask: corrupt tokens: ",
+            flip.row_group, flip.row, flip.sample_id
+        );
+        assert!(err.contains(&site), "{site} not in: {err}");
+
+        // Skipped by policy: the row group is left out and counted, the rest is as before.
+        let l = Loader::open(
+            &url,
+            LoaderConfig {
+                on_corrupt: CorruptPolicy::Skip,
+                ..c
+            },
+        )
+        .await
+        .unwrap();
+        let (b, _) = collect(&l, &l.initial_state(), None).await;
+        let rows = l.manifest().shards[0].row_groups[flip.row_group];
+        assert_eq!(l.stats().samples_skipped.load(Ordering::Relaxed), rows);
+        let kept = ids(&b);
+        assert!(!kept.contains(&flip.sample_id));
+        let clean_ids: Vec<u64> = ids(&clean)
+            .into_iter()
+            .filter(|i| kept.contains(i))
+            .collect();
+        assert_eq!(kept, clean_ids);
+        assert_eq!(kept.len() as u64 + rows, 30);
     }
 }

@@ -6,6 +6,7 @@ use arrow_array::{Int32Array, RecordBatch, UInt64Array, UInt8Array};
 use hslake_schemas::{CapturePoint, DType};
 use hslake_store::format::decode::{DecodedColumn, TensorColumn};
 use hslake_store::StoreError;
+use std::collections::BTreeMap;
 
 use crate::LoaderError;
 
@@ -20,6 +21,9 @@ pub(crate) struct RowGroupData {
     /// Auxiliary tensors, in the configured order.
     pub aux: Vec<DecodedColumn>,
     pub target: DecodedColumn,
+    /// Rows whose values did not decode (read with `skip_corrupt`), with the error naming each:
+    /// their samples are left out, the rest of the row group is used.
+    pub bad_rows: BTreeMap<usize, StoreError>,
 }
 
 impl RowGroupData {
@@ -31,6 +35,11 @@ impl RowGroupData {
     /// Rows in the row group.
     pub(crate) fn rows(&self) -> usize {
         self.sample_ids.len()
+    }
+
+    /// Why row `r` cannot be used, if it cannot (its values did not decode).
+    pub(crate) fn refusal(&self, r: usize) -> Option<&StoreError> {
+        self.bad_rows.get(&r)
     }
 }
 
@@ -57,7 +66,10 @@ pub(crate) fn needed_columns(
     cols
 }
 
-/// Pick and check the columns of a freshly read row group.
+/// Pick and check the columns of a freshly read row group. With `skip_corrupt`, a row whose
+/// tensor values do not decode is recorded in [`RowGroupData::bad_rows`] instead of failing the
+/// row group.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn from_batch(
     batch: &RecordBatch,
     path: &str,
@@ -66,6 +78,7 @@ pub(crate) fn from_batch(
     hidden: usize,
     aux: &[CapturePoint],
     target: CapturePoint,
+    skip_corrupt: bool,
 ) -> Result<RowGroupData, LoaderError> {
     let bad = |message: String| LoaderError::Shard {
         path: path.to_string(),
@@ -121,13 +134,17 @@ pub(crate) fn from_batch(
     }
     // Decoding checks every value against its row's token count, and errors name the shard,
     // row group, sample and column.
-    let tensor = |p: CapturePoint| -> Result<DecodedColumn, LoaderError> {
+    let mut bad_rows = BTreeMap::new();
+    let mut tensor = |p: CapturePoint| -> Result<DecodedColumn, LoaderError> {
         let col = TensorColumn::from_batch(batch, dtype, hidden, p, path, Some(row_group))
             .map_err(|e| match e {
                 StoreError::Corrupt { reason, .. } => bad(reason),
                 e => e.into(),
             })?;
-        Ok(col.decode_chunk(&offsets)?)
+        Ok(match skip_corrupt {
+            true => col.decode_chunk_skipping(&offsets, &mut bad_rows)?,
+            false => col.decode_chunk(&offsets)?,
+        })
     };
     let aux = aux
         .iter()
@@ -141,5 +158,6 @@ pub(crate) fn from_batch(
         loss_mask,
         aux,
         target,
+        bad_rows,
     })
 }

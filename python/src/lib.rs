@@ -321,12 +321,13 @@ impl NativeStream {
 
 /// Write a synthetic dataset (values shaped like real activations, from the store's
 /// generator; the same as `hslake synth`) and return its committed version: for tests and
-/// benchmarks without the CLI. `value_checksums=False` writes values without zstd frame
-/// checksums, as writers before them did (the checksum cost benchmark reads both).
+/// benchmarks without the CLI. `value_checksum` names the checksum every value carries
+/// (`"crc32"`, the default; `"zstd_xxh64"` as format 2 wrote; `None` for none, as writers
+/// before checksums did): the checksum cost benchmark reads them side by side.
 #[pyfunction]
 #[pyo3(signature = (url, samples, seq_len, hidden, layers, final_norm=false, seed=0, first_id=0,
                     row_group_bytes=32 << 20, shard_bytes=256 << 20, dtype="bf16",
-                    value_checksums=true))]
+                    value_checksum=Some("crc32")))]
 #[allow(clippy::too_many_arguments)]
 fn write_synthetic(
     py: Python<'_>,
@@ -341,13 +342,23 @@ fn write_synthetic(
     row_group_bytes: u64,
     shard_bytes: u64,
     dtype: &str,
-    value_checksums: bool,
+    value_checksum: Option<&str>,
 ) -> PyResult<Option<u64>> {
+    use hslake_store::format::planes::ValueChecksum;
     use hslake_store::tools::synth::{write_dataset, SynthSpec};
     use hslake_store::WriterOptions;
     let dtype = dtype
         .parse()
         .map_err(|e: hslake_schemas::SchemaError| ConfigError::new_err(e.to_string()))?;
+    let value_checksum = value_checksum
+        .map(|name| {
+            ValueChecksum::from_name(name).ok_or_else(|| {
+                ConfigError::new_err(format!(
+                    "value_checksum {name:?}: expected \"crc32\", \"zstd_xxh64\" or None"
+                ))
+            })
+        })
+        .transpose()?;
     let spec = SynthSpec {
         samples,
         seq_len,
@@ -362,7 +373,7 @@ fn write_synthetic(
         writer: WriterOptions {
             shard_target_bytes: shard_bytes,
             row_group_target_bytes: row_group_bytes,
-            value_checksums,
+            value_checksum,
             ..Default::default()
         },
         commit_every: 0,

@@ -4,10 +4,12 @@
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use datafusion::arrow::datatypes::SchemaRef;
+use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use datafusion::catalog::Session;
+use datafusion::common::config::ConfigOptions;
 use datafusion::common::stats::Precision;
-use datafusion::common::{ColumnStatistics, Result, ScalarValue, Statistics};
+use datafusion::common::tree_node::TreeNodeRecursion;
+use datafusion::common::{ColumnStatistics, DataFusionError, Result, ScalarValue, Statistics};
 use datafusion::datasource::file_format::parquet::ParquetFormat;
 use datafusion::datasource::file_format::FileFormat;
 use datafusion::datasource::listing::PartitionedFile;
@@ -15,11 +17,23 @@ use datafusion::datasource::object_store::ObjectStoreUrl;
 use datafusion::datasource::physical_plan::{FileGroup, FileScanConfigBuilder};
 use datafusion::datasource::table_schema::TableSchema;
 use datafusion::datasource::{TableProvider, TableType};
+use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::logical_expr::{Expr, TableProviderFilterPushDown};
+use datafusion::physical_expr::expressions::Column;
+use datafusion::physical_expr::PhysicalExpr;
 use datafusion::physical_plan::empty::EmptyExec;
-use datafusion::physical_plan::ExecutionPlan;
+use datafusion::physical_plan::filter_pushdown::{
+    ChildPushdownResult, FilterDescription, FilterPushdownPhase, FilterPushdownPropagation,
+};
+use datafusion::physical_plan::projection::ProjectionExec;
+use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
+use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties};
+use futures::StreamExt;
+use hslake_store::format::decode::{TokenRows, TOKEN_CHECKSUM_COLUMN};
 pub use hslake_store::io::{CountingStore, ReadLog};
 use object_store::path::Path;
+
+use crate::error::{BadTensorValue, QueryError};
 
 /// One shard file as the manifest describes it.
 #[derive(Debug, Clone)]
@@ -151,14 +165,181 @@ impl TableProvider for ShardTable {
         // exact footer costs one more small request and keeps metadata queries tiny.
         options.global.metadata_size_hint = None;
         let format = ParquetFormat::default().with_options(options);
-        let source = format.file_source(TableSchema::from(self.schema.clone()));
+        let n = self.schema.fields().len();
+        let wanted: Vec<usize> = projection.cloned().unwrap_or_else(|| (0..n).collect());
+        let reads_tokens = wanted.iter().any(|&i| {
+            matches!(
+                self.schema.field(i).name().as_str(),
+                "input_ids" | "loss_mask"
+            )
+        });
+        if !reads_tokens {
+            let source = format.file_source(TableSchema::from(self.schema.clone()));
+            let config = FileScanConfigBuilder::new(self.store_url.clone(), source)
+                .with_file_groups(groups)
+                .with_statistics(self.table_statistics())
+                .with_projection_indices(projection.cloned())?
+                .with_limit(limit)
+                .build();
+            return format.create_physical_plan(state, config).await;
+        }
+        // Tokens are checked against their row's checksum: the scan also reads both token
+        // columns, the sample id (for the error) and the checksum, which the table does not
+        // show (a file that predates it yields nulls), and drops them again after the check.
+        let mut fields: Vec<Field> = self
+            .schema
+            .fields()
+            .iter()
+            .map(|f| f.as_ref().clone())
+            .collect();
+        fields.push(Field::new(TOKEN_CHECKSUM_COLUMN, DataType::UInt32, true));
+        let scan_schema =
+            Arc::new(Schema::new(fields).with_metadata(self.schema.metadata().clone()));
+        let mut cols = wanted.clone();
+        for name in ["sample_id", "input_ids", "loss_mask"] {
+            let i = self.schema.index_of(name)?;
+            if !cols.contains(&i) {
+                cols.push(i);
+            }
+        }
+        cols.push(n);
+        let with_checksum = |mut st: Statistics| {
+            st.column_statistics.push(ColumnStatistics::new_unknown());
+            st
+        };
+        let files: Vec<PartitionedFile> = self
+            .files
+            .iter()
+            .map(|f| {
+                PartitionedFile::new(f.path.to_string(), f.bytes)
+                    .with_statistics(Arc::new(with_checksum(self.file_statistics(f))))
+            })
+            .collect();
+        let groups = FileGroup::new(files).split_files(partitions);
+        let source = format.file_source(TableSchema::from(scan_schema));
         let config = FileScanConfigBuilder::new(self.store_url.clone(), source)
             .with_file_groups(groups)
-            .with_statistics(self.table_statistics())
-            .with_projection_indices(projection.cloned())?
+            .with_statistics(with_checksum(self.table_statistics()))
+            .with_projection_indices(Some(cols))?
             .with_limit(limit)
             .build();
-        format.create_physical_plan(state, config).await
+        let checked: Arc<dyn ExecutionPlan> = Arc::new(TokenCheckExec {
+            input: format.create_physical_plan(state, config).await?,
+        });
+        let shown = checked.schema();
+        let exprs = (0..wanted.len()).map(|i| {
+            let name = shown.field(i).name().clone();
+            (
+                Arc::new(Column::new(&name, i)) as Arc<dyn PhysicalExpr>,
+                name,
+            )
+        });
+        Ok(Arc::new(ProjectionExec::try_new(exprs, checked)?))
+    }
+}
+
+/// Checks each row's `input_ids` and `loss_mask` against its token checksum as batches leave
+/// the Parquet scan (rows of files that predate token checksums carry a null and pass). Its
+/// error names the sample; the session adds the file and row group.
+#[derive(Debug)]
+struct TokenCheckExec {
+    input: Arc<dyn ExecutionPlan>,
+}
+
+impl DisplayAs for TokenCheckExec {
+    fn fmt_as(&self, _t: DisplayFormatType, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        write!(f, "TokenCheckExec")
+    }
+}
+
+impl ExecutionPlan for TokenCheckExec {
+    fn name(&self) -> &str {
+        "TokenCheckExec"
+    }
+
+    fn properties(&self) -> &Arc<PlanProperties> {
+        self.input.properties()
+    }
+
+    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
+        vec![&self.input]
+    }
+
+    fn apply_expressions(
+        &self,
+        _f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
+    ) -> Result<TreeNodeRecursion> {
+        Ok(TreeNodeRecursion::Continue)
+    }
+
+    fn maintains_input_order(&self) -> Vec<bool> {
+        vec![true]
+    }
+
+    // Rows pass through unchanged, so filters on them may go on to the Parquet scan, which
+    // prunes row groups by them.
+    fn gather_filters_for_pushdown(
+        &self,
+        _phase: FilterPushdownPhase,
+        parent_filters: Vec<Arc<dyn PhysicalExpr>>,
+        _config: &ConfigOptions,
+    ) -> Result<FilterDescription> {
+        FilterDescription::from_children(parent_filters, &self.children())
+    }
+
+    fn handle_child_pushdown_result(
+        &self,
+        _phase: FilterPushdownPhase,
+        child_pushdown_result: ChildPushdownResult,
+        _config: &ConfigOptions,
+    ) -> Result<FilterPushdownPropagation<Arc<dyn ExecutionPlan>>> {
+        Ok(FilterPushdownPropagation::if_all(child_pushdown_result))
+    }
+
+    fn with_new_children(
+        self: Arc<Self>,
+        mut children: Vec<Arc<dyn ExecutionPlan>>,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        Ok(Arc::new(TokenCheckExec {
+            input: children.swap_remove(0),
+        }))
+    }
+
+    fn execute(
+        &self,
+        partition: usize,
+        context: Arc<TaskContext>,
+    ) -> Result<SendableRecordBatchStream> {
+        let stream = self.input.execute(partition, context)?;
+        let schema = stream.schema();
+        let checked = stream.map(|batch| {
+            let batch = batch?;
+            let corrupt = |e: hslake_store::StoreError| match e {
+                hslake_store::StoreError::BadValue {
+                    row,
+                    sample_id,
+                    column,
+                    reason,
+                    ..
+                } => DataFusionError::External(Box::new(QueryError::BadValue(Box::new(
+                    BadTensorValue {
+                        function: "reading samples".into(),
+                        file: None,
+                        row_group: None,
+                        row,
+                        sample_id,
+                        column,
+                        reason,
+                    },
+                )))),
+                e => DataFusionError::External(Box::new(e)),
+            };
+            if let Some(rows) = TokenRows::from_batch(&batch, "", None).map_err(corrupt)? {
+                rows.passing_unsummed_rows().check().map_err(corrupt)?;
+            }
+            Ok(batch)
+        });
+        Ok(Box::pin(RecordBatchStreamAdapter::new(schema, checked)))
     }
 }
 

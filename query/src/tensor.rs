@@ -10,8 +10,9 @@ use hslake_store::format::decode::{self, ValueKind};
 use hslake_store::format::planes::{self, Checksums};
 
 /// A value in SQL is seen apart from its file, so whether the file declares checksummed values
-/// is not known: a frame's checksum is checked where present. A cleared checksum flag alone
-/// still fails, since the frame then ends four bytes before the length its value records.
+/// is not known: the checksum a value carries is checked (a CRC-32 trailer, or zstd's frame
+/// checksums). Dropping either still fails: a value whose trailer is taken for frame bytes, or
+/// whose frame lost its checksum flag, no longer ends where its header of frame lengths says.
 const CHECKS: Checksums = Checksums::IfPresent;
 
 /// What a tensor column holds, taken from its field's `hslake.tensor` metadata.
@@ -125,7 +126,7 @@ impl TensorKind {
 /// f32). zstd's fastest level: these are intermediate results, not stored data.
 pub fn encode_f32(values: &[f32]) -> Result<Vec<u8>, String> {
     let raw: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
-    planes::encode(&raw, 4, -5, false).map_err(|e| e.to_string())
+    planes::encode(&raw, 4, -5, None).map_err(|e| e.to_string())
 }
 
 /// L2 norm of one token row over its finite elements.
@@ -200,7 +201,7 @@ mod tests {
     use super::*;
 
     fn encoded(size: usize, le: &[Vec<u8>]) -> Vec<u8> {
-        planes::encode(&le.concat(), size, 1, true).unwrap()
+        planes::encode(&le.concat(), size, 1, Some(planes::ValueChecksum::DEFAULT)).unwrap()
     }
 
     #[test]
@@ -264,9 +265,10 @@ mod tests {
             dtype: DType::Bf16,
             hidden: 4,
         };
-        let twelve = planes::encode(&[0u8; 24], 2, 1, true).unwrap();
+        let twelve =
+            planes::encode(&[0u8; 24], 2, 1, Some(planes::ValueChecksum::DEFAULT)).unwrap();
         assert_eq!(k.tokens(&twelve).unwrap(), 3);
-        let five = planes::encode(&[0u8; 10], 2, 1, true).unwrap();
+        let five = planes::encode(&[0u8; 10], 2, 1, Some(planes::ValueChecksum::DEFAULT)).unwrap();
         let err = k.tokens(&five).unwrap_err();
         assert!(
             err.contains("5 bf16 elements") && err.contains("rows of 4"),

@@ -720,7 +720,13 @@ mod tests {
             let mut enc = encode_sample(&schema, &opts, &s).unwrap().unwrap();
             if id == 1 {
                 let claim = vec![0u8; 1000 * 64 * 2];
-                enc.tensors[0] = hslake_store::format::planes::encode(&claim, 2, 1, true).unwrap();
+                enc.tensors[0] = hslake_store::format::planes::encode(
+                    &claim,
+                    2,
+                    1,
+                    Some(hslake_store::format::planes::ValueChecksum::DEFAULT),
+                )
+                .unwrap();
             }
             w.append_encoded(Some(enc)).await.unwrap();
         }

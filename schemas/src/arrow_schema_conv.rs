@@ -10,7 +10,9 @@ use std::sync::Arc;
 use arrow_schema::{DataType, Field, Schema};
 use serde::{Deserialize, Serialize};
 
-use crate::{CapturePoint, DType, DatasetSchema, SchemaError, FORMAT_VERSION};
+use crate::{
+    CapturePoint, DType, DatasetSchema, SchemaError, FORMAT_VERSION, OLDEST_FORMAT_VERSION,
+};
 
 /// Field-metadata key holding a tensor column's [`TensorFieldMeta`] as JSON.
 pub const TENSOR_META_KEY: &str = "hslake.tensor";
@@ -171,9 +173,9 @@ impl DatasetSchema {
                     "written in format version {v}; this build reads up to {FORMAT_VERSION}: upgrade hslake"
                 )));
             }
-            if v < FORMAT_VERSION {
+            if v < OLDEST_FORMAT_VERSION {
                 return Err(err(format!(
-                    "written in format version {v}, whose tensor encoding this build no longer reads (it reads {FORMAT_VERSION})"
+                    "written in format version {v}, whose tensor encoding this build no longer reads (it reads {OLDEST_FORMAT_VERSION} to {FORMAT_VERSION})"
                 )));
             }
         }
@@ -266,6 +268,18 @@ mod tests {
         let names = column_names(&schema(DType::Fp8E4m3));
         assert!(names.contains(&"layer_30_scale".to_string()));
         assert!(!column_names(&schema(DType::Bf16)).contains(&"layer_30_scale".to_string()));
+    }
+
+    #[test]
+    fn reads_format_versions_2_and_3_and_refuses_1() {
+        let a = schema(DType::Bf16).to_arrow();
+        assert_eq!(a.metadata()[FORMAT_META_KEY], "3");
+        for (v, ok) in [("1", false), ("2", true), ("3", true)] {
+            let mut md = a.metadata().clone();
+            md.insert(FORMAT_META_KEY.into(), v.into());
+            let got = DatasetSchema::from_arrow(&a.clone().with_metadata(md));
+            assert_eq!(got.is_ok(), ok, "version {v}: {got:?}");
+        }
     }
 
     #[test]

@@ -2,8 +2,14 @@ use serde::{Deserialize, Serialize};
 
 use crate::{CapturePoint, DType, FinitePolicy, Sample, SchemaError, LAYER_CONVENTION};
 
-/// Version of the on-disk format this build writes and the newest it reads.
-pub const FORMAT_VERSION: u32 = 2;
+/// Version of the on-disk format this build writes and the newest it reads (docs/FORMAT.md,
+/// "Format version rules"). Version 3 stores each value's checksum as a CRC-32 after its last
+/// frame, where version 2 had zstd's checksum in every frame.
+pub const FORMAT_VERSION: u32 = 3;
+
+/// The oldest format version this build reads: version 2 (`plane_zstd` with zstd frame
+/// checksums or none) reads as before. Version 1 was never released.
+pub const OLDEST_FORMAT_VERSION: u32 = 2;
 
 /// What a dataset holds: the model it came from and which hidden states, of which dtype.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -30,7 +30,7 @@ mod stats;
 pub use arrow_schema_conv::{
     column_names, stat_column, StatKind, TensorFieldMeta, TENSOR_ENCODING, TENSOR_META_KEY,
 };
-pub use dataset::{DatasetSchema, FORMAT_VERSION};
+pub use dataset::{DatasetSchema, FORMAT_VERSION, OLDEST_FORMAT_VERSION};
 pub use dtype::{bf16_bits_to_f32, f32_to_bf16_bits, f32_to_fp8_e4m3, fp8_e4m3_to_f32, DType};
 pub use error::SchemaError;
 pub use point::{CapturePoint, LAYER_CONVENTION};

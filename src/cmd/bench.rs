@@ -2,7 +2,8 @@
 use anyhow::{Context, Result};
 use hslake_schemas::{CapturePoint, DType, DatasetSchema, Sample};
 use hslake_store::build_info;
-use hslake_store::tools::bench::{bench_layouts, bench_store};
+use hslake_store::format::planes::ValueChecksum;
+use hslake_store::tools::bench::{bench_layouts, bench_store, bench_value_decode, read_all};
 use hslake_store::tools::synth::SynthModel;
 use hslake_store::{Dataset, DatasetReader};
 
@@ -47,8 +48,8 @@ pub struct StoreArgs {
     /// Print JSON.
     #[arg(long)]
     pub json: bool,
-    /// Also write and read the samples this many times with value checksums and as many
-    /// without, alternating, and print best, median and worst of each (0: skip).
+    /// Also write the samples once with each kind of value checksum and once without, read
+    /// each this many times, alternating, and print best, median and worst of each (0: skip).
     #[arg(long, default_value_t = 0)]
     pub checksum_rounds: usize,
 }
@@ -56,16 +57,23 @@ pub struct StoreArgs {
 /// Figures of one variant over the rounds of `--checksum-rounds`: MB/s per CPU second.
 #[derive(Debug)]
 struct Rounds {
-    checksums: bool,
+    checksum: Option<ValueChecksum>,
     file_bytes: u64,
     read_mb_s: Vec<f64>,
     write_mb_s: Vec<f64>,
+    /// The decoder alone (`bench_value_decode`).
+    decode_mb_s: Vec<f64>,
 }
 
 impl Rounds {
     fn to_json(&self) -> serde_json::Value {
-        serde_json::json!({"checksums": self.checksums, "file_bytes": self.file_bytes,
-                           "read_mb_s": self.read_mb_s, "write_mb_s": self.write_mb_s})
+        serde_json::json!({"checksum": self.label(), "file_bytes": self.file_bytes,
+                           "read_mb_s": self.read_mb_s, "write_mb_s": self.write_mb_s,
+                           "decode_mb_s": self.decode_mb_s})
+    }
+
+    fn label(&self) -> &'static str {
+        self.checksum.map_or("off", ValueChecksum::name)
     }
 
     /// (best, median, worst) of `v`.
@@ -76,36 +84,64 @@ impl Rounds {
     }
 }
 
-/// Write and read `samples` `rounds` times with checksums and as many without, alternating so
-/// that a noisy machine slows both alike.
+/// Write `samples` once without value checksums and once with each kind, then read each
+/// `rounds` times, alternating so that a noisy machine slows all alike. (Writing costs several
+/// times what reading does and is not what the checksum's cost target is about.)
 async fn checksum_rounds(
     dir: &std::path::Path,
     schema: &DatasetSchema,
     samples: &[Sample],
     zstd_level: i32,
     rounds: usize,
-) -> Result<[Rounds; 2]> {
-    let mut out = [true, false].map(|checksums| Rounds {
-        checksums,
-        file_bytes: 0,
-        read_mb_s: vec![],
-        write_mb_s: vec![],
-    });
-    for round in 0..rounds {
-        for r in out.iter_mut() {
-            let d = dir.join(format!("round-{round}-{}", r.checksums));
-            let opts = hslake_store::WriterOptions {
-                zstd_level,
-                value_checksums: r.checksums,
-                ..Default::default()
-            };
-            let url = format!("file://{}", d.display());
-            let st = bench_store(&url, schema.clone(), samples, opts).await?;
-            let _ = std::fs::remove_dir_all(&d);
-            r.file_bytes = st.file_bytes;
-            r.read_mb_s.push(st.read_mb_s);
-            r.write_mb_s.push(st.write_mb_s);
+) -> Result<Vec<Rounds>> {
+    let kinds = std::iter::once(None).chain(ValueChecksum::ALL.map(Some));
+    let mut out: Vec<Rounds> = kinds
+        .map(|checksum| Rounds {
+            checksum,
+            file_bytes: 0,
+            read_mb_s: vec![],
+            write_mb_s: vec![],
+            decode_mb_s: vec![],
+        })
+        .collect();
+    let mut datasets = vec![];
+    for r in out.iter_mut() {
+        let url = format!(
+            "file://{}",
+            dir.join(format!("sums-{}", r.label())).display()
+        );
+        let opts = hslake_store::WriterOptions {
+            zstd_level,
+            value_checksum: r.checksum,
+            ..Default::default()
+        };
+        let st = bench_store(&url, schema.clone(), samples, opts).await?;
+        r.file_bytes = st.file_bytes;
+        r.write_mb_s.push(st.write_mb_s);
+        r.read_mb_s.push(st.read_mb_s);
+        datasets.push((Dataset::open(&url).await?, st.raw_bytes as f64));
+    }
+    for _ in 1..rounds {
+        for (r, (ds, raw)) in out.iter_mut().zip(&datasets) {
+            let (_, cpu) = read_all(ds).await?;
+            r.read_mb_s.push(raw / cpu / 1e6);
         }
+    }
+    // The decoder alone, on the first samples (up to 256 MB raw) held in memory.
+    let mut raw = 0usize;
+    let few: Vec<Sample> = samples
+        .iter()
+        .take_while(|s| {
+            raw += s.tensors.iter().map(|t| t.data.len()).sum::<usize>();
+            raw <= 256 << 20
+        })
+        .cloned()
+        .collect();
+    let kinds: Vec<Option<ValueChecksum>> = out.iter().map(|r| r.checksum).collect();
+    let decode =
+        tokio::task::block_in_place(|| bench_value_decode(&few, zstd_level, &kinds, 5 * rounds))?;
+    for (r, d) in out.iter_mut().zip(decode) {
+        r.decode_mb_s = d;
     }
     Ok(out)
 }
@@ -227,29 +263,37 @@ pub async fn run(b: Bench) -> Result<std::process::ExitCode> {
         }
         if let Some(rounds) = &rounds {
             println!(
-                "value checksums, {} alternating rounds each: MB/s raw per CPU s, best / median / worst",
+                "value checksums, {} alternating reads each (one write): MB/s raw per CPU s, best / median / worst",
                 a.checksum_rounds
             );
             for r in rounds {
                 let (rb, rm, rw) = Rounds::spread(&r.read_mb_s);
                 let (wb, wm, ww) = Rounds::spread(&r.write_mb_s);
+                let (db, dm, dw) = Rounds::spread(&r.decode_mb_s);
                 println!(
-                    "checksums {:<3}  file {}  read {rb:.0} / {rm:.0} / {rw:.0}  write {wb:.0} / {wm:.0} / {ww:.0}",
-                    if r.checksums { "on" } else { "off" },
+                    "checksum {:<10}  file {}  read {rb:.0} / {rm:.0} / {rw:.0}  write {wb:.0} / {wm:.0} / {ww:.0}  \
+                     decoder alone ({} rounds) {db:.0} / {dm:.0} / {dw:.0}",
+                    r.label(),
                     super::human_bytes(r.file_bytes),
+                    r.decode_mb_s.len(),
                 );
             }
-            let best = |r: &Rounds, f: fn(&Rounds) -> &Vec<f64>| Rounds::spread(f(r)).0;
-            println!(
-                "cost of checksums (best on vs best off): read {:+.1} %, write {:+.1} %",
-                100.0
-                    * (1.0
-                        - best(&rounds[0], |r| &r.read_mb_s) / best(&rounds[1], |r| &r.read_mb_s)),
-                100.0
-                    * (1.0
-                        - best(&rounds[0], |r| &r.write_mb_s)
-                            / best(&rounds[1], |r| &r.write_mb_s)),
-            );
+            let cost = |on: &[f64], off: &[f64]| {
+                let (b_on, m_on, _) = Rounds::spread(on);
+                let (b_off, m_off, _) = Rounds::spread(off);
+                (100.0 * (1.0 - b_on / b_off), 100.0 * (1.0 - m_on / m_off))
+            };
+            let off = &rounds[0];
+            for r in &rounds[1..] {
+                let (rb, rm) = cost(&r.read_mb_s, &off.read_mb_s);
+                let (wb, wm) = cost(&r.write_mb_s, &off.write_mb_s);
+                let (db, dm) = cost(&r.decode_mb_s, &off.decode_mb_s);
+                println!(
+                    "cost of {} (vs off, best / median): read {rb:+.1} % / {rm:+.1} %, write {wb:+.1} % / {wm:+.1} %, \
+                     decoder alone {db:+.1} % / {dm:+.1} %",
+                    r.label()
+                );
+            }
         }
     }
     Ok(std::process::ExitCode::SUCCESS)

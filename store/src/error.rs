@@ -48,13 +48,13 @@ pub enum StoreError {
         supported: u32,
     },
     /// A manifest of a format this build no longer reads (before the `plane_zstd` encoding).
-    #[error("{path}: manifest format version {found} predates this build's tensor encoding (it reads version {supported}); rewrite the dataset with the hslake that wrote it")]
+    #[error("{path}: manifest format version {found} predates this build's tensor encoding (it reads version {supported} and later); rewrite the dataset with the hslake that wrote it")]
     OlderFormat {
         /// The manifest file.
         path: String,
         /// Its format version.
         found: u32,
-        /// The only version this build reads.
+        /// The oldest version this build reads.
         supported: u32,
     },
     /// An existing dataset whose schema differs from the one expected.

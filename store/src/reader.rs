@@ -14,7 +14,7 @@ use parquet::file::metadata::{PageIndexPolicy, ParquetMetaData};
 use parquet::file::statistics::Statistics;
 
 use crate::format::codec::decode_samples_from;
-use crate::format::decode::with_file_metadata;
+use crate::format::decode::{with_file_metadata, TokenRows, TOKEN_CHECKSUM_COLUMN};
 use crate::io::counting::CountingStore;
 use crate::io::ranged::ShardFile;
 use crate::table::manifest::Manifest;
@@ -142,6 +142,21 @@ impl DatasetReader {
             match columns {
                 None => ProjectionMask::all(),
                 Some(cols) => {
+                    let mut cols: Vec<&str> = cols.iter().map(String::as_str).collect();
+                    // A row's tokens are checked against their checksum wherever either token
+                    // column is read, which takes both, the checksum and the sample id (named
+                    // in the error).
+                    if cols.iter().any(|c| *c == "input_ids" || *c == "loss_mask") {
+                        let present = arrow.index_of(TOKEN_CHECKSUM_COLUMN).is_ok();
+                        let extra = ["sample_id", "input_ids", "loss_mask"]
+                            .into_iter()
+                            .chain(present.then_some(TOKEN_CHECKSUM_COLUMN));
+                        for c in extra {
+                            if !cols.contains(&c) {
+                                cols.push(c);
+                            }
+                        }
+                    }
                     let mut idx = Vec::with_capacity(cols.len());
                     for c in cols {
                         idx.push(arrow.index_of(c).map_err(|_| {
@@ -173,7 +188,11 @@ impl DatasetReader {
                 arrow_select_concat(&schema, &batches, &shown)
             }
         }?;
-        Ok(with_file_metadata(batch, &file_meta))
+        let batch = with_file_metadata(batch, &file_meta);
+        if let Some(tokens) = TokenRows::from_batch(&batch, &shown, Some(row_group))? {
+            tokens.check()?;
+        }
+        Ok(batch)
     }
 
     /// (shard, row group) pairs that may hold `sample_id`, by the manifest's id ranges and the

@@ -12,7 +12,7 @@ use hslake_schemas::DatasetSchema;
 use object_store::ObjectStoreExt;
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 
-use crate::format::decode::{with_file_metadata, TensorColumn};
+use crate::format::decode::{with_file_metadata, TensorColumn, TokenRows};
 use crate::table::manifest::{manifest_path, ShardEntry};
 use crate::table::sample_ids::SHOWN_DUPLICATES;
 use crate::{Dataset, Result, StoreError};
@@ -313,6 +313,17 @@ fn check_batch(
             return;
         }
     };
+    let tokens = match TokenRows::from_batch(b, "", None) {
+        Ok(t) => t,
+        Err(StoreError::Corrupt { reason, .. }) => {
+            problem(None, reason);
+            return;
+        }
+        Err(e) => {
+            problem(None, e.to_string());
+            return;
+        }
+    };
     let (mut values, mut scales) = (Vec::new(), Vec::new());
     for r in 0..b.num_rows() {
         let row = Some(row0 + r as u64);
@@ -339,6 +350,11 @@ fn check_batch(
                 row,
                 format!("sample {id}: seq_len {n}, input_ids {nt}, loss_mask {nm} tokens"),
             );
+        }
+        if let Some(Err(StoreError::BadValue { column, reason, .. })) =
+            tokens.as_ref().map(|t| t.check_row(r))
+        {
+            problem(row, format!("sample {id} {column}: {reason}"));
         }
         for col in &cols {
             if col.is_null(r) {

@@ -13,7 +13,8 @@ use parquet::arrow::AsyncArrowWriter;
 use parquet::file::properties::WriterProperties;
 
 use crate::format::codec::{build_batch, EncodedSample};
-use crate::format::shard::writer_properties;
+use crate::format::planes::ValueChecksum;
+use crate::format::shard::{shard_schema, writer_properties};
 use crate::io::whole::{check, read_whole};
 use crate::table::manifest::{ShardEntry, DATA_DIR};
 use crate::table::sample_ids;
@@ -30,10 +31,10 @@ pub struct WriterOptions {
     pub zstd_level: i32,
     /// What to do with NaN/Inf.
     pub finite_policy: FinitePolicy,
-    /// Whether every zstd frame of every tensor and scale value carries zstd's content
-    /// checksum (and the shard declares it, docs/FORMAT.md). On by default; off only to write
-    /// files as writers before checksums did (benchmarks, compatibility tests).
-    pub value_checksums: bool,
+    /// The checksum every tensor and scale value carries (and the shard declares,
+    /// docs/FORMAT.md): [`ValueChecksum::DEFAULT`] unless told otherwise; another kind or
+    /// `None` only to write files as earlier writers did (benchmarks, compatibility tests).
+    pub value_checksum: Option<ValueChecksum>,
 }
 
 impl Default for WriterOptions {
@@ -43,7 +44,7 @@ impl Default for WriterOptions {
             row_group_target_bytes: 8 << 20,
             zstd_level: 1,
             finite_policy: FinitePolicy::Error,
-            value_checksums: true,
+            value_checksum: Some(ValueChecksum::DEFAULT),
         }
     }
 }
@@ -138,7 +139,7 @@ pub fn encode_sample(
     if !keep {
         return Ok(None);
     }
-    EncodedSample::new(sample, stats, opts.zstd_level, opts.value_checksums).map(Some)
+    EncodedSample::new(sample, stats, opts.zstd_level, opts.value_checksum).map(Some)
 }
 
 /// Appends samples to a dataset; `commit` makes them visible atomically as a new version.
@@ -159,8 +160,8 @@ impl DatasetWriter {
     /// A writer for the dataset's current schema.
     pub async fn new(ds: &Dataset, opts: WriterOptions) -> Result<Self> {
         let schema = ds.manifest(None).await?.schema;
-        let arrow = Arc::new(schema.to_arrow());
-        let props = writer_properties(&schema, opts.zstd_level, opts.value_checksums)?;
+        let arrow = Arc::new(shard_schema(&schema, opts.value_checksum));
+        let props = writer_properties(&schema, opts.zstd_level, opts.value_checksum)?;
         Ok(DatasetWriter {
             ds: ds.clone(),
             schema,
@@ -204,12 +205,12 @@ impl DatasetWriter {
         };
         // The shard declares checksummed values, or none: a reader holds every frame of a
         // declaring file to it, so one sample encoded otherwise would read as corrupt.
-        if enc.checksums() != self.opts.value_checksums {
+        if enc.checksum() != self.opts.value_checksum {
             return Err(StoreError::Usage(format!(
-                "sample {} was encoded with value_checksums = {}, but this writer writes {}",
+                "sample {} was encoded with value_checksum = {:?}, but this writer writes {:?}",
                 enc.sample_id,
-                enc.checksums(),
-                self.opts.value_checksums
+                enc.checksum(),
+                self.opts.value_checksum
             )));
         }
         self.stats.samples += 1;
@@ -467,34 +468,41 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn shards_declare_value_checksums_only_when_written_with_them() {
+    async fn shards_declare_the_value_checksum_they_are_written_with() {
         let (schema, s) = nan_sample();
-        for on in [true, false] {
-            let url = format!("memory://writer-checksums-{on}");
+        for on in [
+            Some(ValueChecksum::Crc32),
+            Some(ValueChecksum::ZstdXxh64),
+            None,
+        ] {
+            let url = format!("memory://writer-checksums-{on:?}");
             let ds = Dataset::create(&url, schema.clone(), crate::Provenance::default())
                 .await
                 .unwrap();
             let opts = WriterOptions {
                 finite_policy: FinitePolicy::Record,
-                value_checksums: on,
+                value_checksum: on,
                 ..WriterOptions::default()
             };
             let mut w = DatasetWriter::new(&ds, opts).await.unwrap();
             // A sample encoded the other way would make the file's declaration false.
             let other = WriterOptions {
-                value_checksums: !on,
+                value_checksum: match on {
+                    Some(_) => None,
+                    None => Some(ValueChecksum::DEFAULT),
+                },
                 ..opts
             };
             let wrong = encode_sample(&schema, &other, &s).unwrap();
             let err = w.append_encoded(wrong).await.unwrap_err().to_string();
-            assert!(err.contains("value_checksums"), "{err}");
+            assert!(err.contains("value_checksum"), "{err}");
             w.append(&s).await.unwrap();
             w.commit().await.unwrap();
             let metas = file_metadata(&ds).await;
             assert_eq!(metas.len(), 1);
             assert_eq!(
-                metas[0].contains_key(crate::format::planes::CHECKSUM_META_KEY),
-                on,
+                metas[0].get(crate::format::planes::CHECKSUM_META_KEY),
+                on.map(|k| k.name().to_string()).as_ref(),
                 "{metas:?}"
             );
             let back = crate::DatasetReader::open(&ds, None)

@@ -820,6 +820,86 @@ async fn a_row_claiming_u32_max_tokens_is_reported_by_verify(b: Backend) {
     );
 }
 
+/// Datasets written by the format-2 writer (kept as fixture bytes: `hslake synth --samples 6
+/// --seq-len 3:9 --hidden 8 --layers 1,3 --num-layers 4 --seed 3 --row-group-mb 0`, one with
+/// zstd frame checksums, one written with `value_checksums=False`) read bit-exactly, verify
+/// clean and take format-3 commits on top.
+async fn format_2_datasets_read_verify_and_take_format_3_commits(b: Backend) {
+    let fixtures =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/format2");
+    for (name, declared) in [("zstd_xxh64", Some("zstd_xxh64")), ("no_checksums", None)] {
+        let Some(url) = fresh_url(b) else { return };
+        let src = Dataset::open(&format!("file://{}", fixtures.join(name).display()))
+            .await
+            .unwrap();
+        copy_dataset(&src, &url, |_| {}).await.unwrap();
+        let ds = Dataset::open(&url).await.unwrap();
+        assert_eq!(ds.manifest(None).await.unwrap().format_version, 2);
+        let spec = SynthSpec {
+            samples: 6,
+            seq_len: (3, 9),
+            hidden: 8,
+            layers: vec![1, 3],
+            final_norm: false,
+            num_layers: Some(4),
+            vocab_size: 32000,
+            dtype: DType::Bf16,
+            seed: 3,
+            first_id: 0,
+            writer: WriterOptions::default(),
+            commit_every: 0,
+        };
+        let gen = SynthModel::new(spec.schema().unwrap(), spec.seq_len, spec.seed);
+        let r = DatasetReader::open(&ds, None).await.unwrap();
+        let meta = r.read_row_group(0, 0, None).await.unwrap();
+        assert_eq!(
+            meta.schema()
+                .metadata()
+                .get("hslake.value_checksum")
+                .map(String::as_str),
+            declared,
+            "{name}"
+        );
+        for id in 0..6 {
+            assert_eq!(
+                r.get_sample(id).await.unwrap(),
+                gen.sample(id),
+                "{name} {id}"
+            );
+        }
+        assert!(
+            verify(&ds, None, |_| {}).await.unwrap().is_clean(),
+            "{name}"
+        );
+
+        // New shards are format 3 (CRC-32 value and token checksums) next to the old ones.
+        let mut w = DatasetWriter::new(&ds, WriterOptions::default())
+            .await
+            .unwrap();
+        for id in 6..9 {
+            w.append(&gen.sample(id)).await.unwrap();
+        }
+        w.commit().await.unwrap();
+        let m = ds.manifest(None).await.unwrap();
+        assert_eq!(
+            (m.format_version, m.shards.len()),
+            (hslake_schemas::FORMAT_VERSION, 2)
+        );
+        let r = DatasetReader::open(&ds, None).await.unwrap();
+        for id in 0..9 {
+            assert_eq!(
+                r.get_sample(id).await.unwrap(),
+                gen.sample(id),
+                "{name} {id}"
+            );
+        }
+        assert!(
+            verify(&ds, None, |_| {}).await.unwrap().is_clean(),
+            "{name}"
+        );
+    }
+}
+
 macro_rules! suite {
     ($($name:ident),* $(,)?) => {
         mod memory { $( #[tokio::test] async fn $name() { super::$name(super::Backend::Memory).await } )* }
@@ -850,4 +930,5 @@ suite!(
     vacuum_never_follows_symbolic_links,
     untrusted_sizes_get_named_errors_not_aborts,
     a_row_claiming_u32_max_tokens_is_reported_by_verify,
+    format_2_datasets_read_verify_and_take_format_3_commits,
 );

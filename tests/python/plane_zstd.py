@@ -1,5 +1,7 @@
 """A reader of hslake's `plane_zstd` tensor encoding with pyarrow and numpy alone, written from
 docs/FORMAT.md: the tests use it to show the format can be read without hslake."""
+import zlib
+
 import numpy as np
 import pyarrow as pa
 
@@ -11,6 +13,11 @@ def decode_bytes(value: bytes, size: int, n: int) -> np.ndarray:
     """The little-endian bytes of `n` elements of `size` bytes stored as one plane_zstd value."""
     count = 1 if size == 1 else 1 + 2 * (size - 1)
     frame_lens = np.frombuffer(value[: 4 * count], "<u4")
+    end = 4 * count + int(frame_lens.sum())
+    if end + 4 == len(value):
+        # Format 3: the CRC-32 (zlib's) of every byte before it, little-endian.
+        assert zlib.crc32(value[:end]) == int.from_bytes(value[end:], "little"), "value checksum"
+        value = value[:end]
     half = (n + 1) // 2
     plane_lens = [n] + [half] * (count - 1)
     planes, pos = [], 4 * count

@@ -2,6 +2,7 @@
 docs/FORMAT.md): every [seq_len, H] tensor is rebuilt from the schema metadata and equals what hslake's own reader returns, for every dtype."""
 import json
 import os
+import zlib
 import subprocess
 from pathlib import Path
 
@@ -34,6 +35,10 @@ def test_pyarrow_and_numpy_rebuild_every_tensor(tmp_path, dtype):
         for row in table.to_pylist():
             seq_len = row["seq_len"]
             assert len(row["input_ids"]) == seq_len == len(row["loss_mask"])
+            # Format 3: each row's tokens carry the CRC-32 of their ids and mask bytes.
+            assert pq.read_metadata(shard).metadata[b"hslake.value_checksum"] == b"crc32"
+            tokens = np.array(row["input_ids"], "<i4").tobytes() + np.array(row["loss_mask"], np.uint8).tobytes()
+            assert row["token_checksum"] == zlib.crc32(tokens)
             out = tmp_path / f"export-{row['sample_id']}"
             hslake("export", url, "--sample", row["sample_id"], "--dir", out)
             assert np.array_equal(np.load(out / "input_ids.npy"), np.array(row["input_ids"], np.int32))

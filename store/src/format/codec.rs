@@ -9,26 +9,31 @@ use arrow_array::{ArrayRef, Float32Array, RecordBatch, UInt32Array, UInt64Array}
 use arrow_schema::{DataType, Field, Schema};
 use hslake_schemas::{DatasetSchema, Sample, StatKind, TensorData, TensorStats};
 
-use crate::format::decode::TensorColumn;
+use crate::format::decode::{token_checksum, TensorColumn, TOKEN_CHECKSUM_COLUMN};
+use crate::format::planes::ValueChecksum;
 use crate::{Result, StoreError};
 
-/// Little-endian values of `size` bytes in the `plane_zstd` encoding at zstd `level`, with
-/// frame checksums when `checksum` is set (see [`crate::format::planes`]); `what` names them
-/// in the error.
+/// Little-endian values of `size` bytes in the `plane_zstd` encoding at zstd `level`, with a
+/// checksum of `checksum`'s kind (see [`crate::format::planes`]); `what` names them in the
+/// error.
 fn encode_values(
     raw: &[u8],
     size: usize,
     level: i32,
-    checksum: bool,
+    checksum: Option<ValueChecksum>,
     what: &str,
 ) -> Result<Vec<u8>> {
     crate::format::planes::encode(raw, size, level, checksum)
         .map_err(|e| StoreError::Usage(format!("encoding {what}: {e}")))
 }
 
-/// A tensor's values in the `plane_zstd` encoding at zstd `level`, with frame checksums when
-/// `checksum` is set.
-pub fn encode_tensor(t: &TensorData, level: i32, checksum: bool) -> Result<Vec<u8>> {
+/// A tensor's values in the `plane_zstd` encoding at zstd `level`, with a checksum of
+/// `checksum`'s kind.
+pub fn encode_tensor(
+    t: &TensorData,
+    level: i32,
+    checksum: Option<ValueChecksum>,
+) -> Result<Vec<u8>> {
     encode_values(&t.data, t.dtype.size(), level, checksum, "a tensor")
 }
 
@@ -49,16 +54,21 @@ pub struct EncodedSample {
     pub stats: Vec<TensorStats>,
     /// Raw (decoded) tensor bytes.
     raw_bytes: u64,
-    /// Whether every frame of its values carries a checksum.
-    checksums: bool,
+    /// The checksum each of its values carries.
+    checksum: Option<ValueChecksum>,
 }
 
 impl EncodedSample {
-    /// Encode a sample (already validated against the schema) at zstd `level`, with frame
-    /// checksums when `checksums` is set; `stats` are its tensors' [`tensor_stats`], in order.
-    pub fn new(s: &Sample, stats: Vec<TensorStats>, level: i32, checksums: bool) -> Result<Self> {
+    /// Encode a sample (already validated against the schema) at zstd `level`, each value with
+    /// a checksum of `checksum`'s kind; `stats` are its tensors' [`tensor_stats`], in order.
+    pub fn new(
+        s: &Sample,
+        stats: Vec<TensorStats>,
+        level: i32,
+        checksum: Option<ValueChecksum>,
+    ) -> Result<Self> {
         Ok(EncodedSample {
-            checksums,
+            checksum,
             sample_id: s.sample_id,
             input_ids: s.input_ids.clone(),
             loss_mask: s.loss_mask.clone(),
@@ -66,7 +76,7 @@ impl EncodedSample {
             tensors: s
                 .tensors
                 .iter()
-                .map(|t| encode_tensor(t, level, checksums))
+                .map(|t| encode_tensor(t, level, checksum))
                 .collect::<Result<_>>()?,
             scales: s
                 .tensors
@@ -76,7 +86,7 @@ impl EncodedSample {
                         .as_ref()
                         .map(|sc| {
                             let raw: Vec<u8> = sc.iter().flat_map(|v| v.to_le_bytes()).collect();
-                            encode_values(&raw, 4, level, checksums, "fp8 scales")
+                            encode_values(&raw, 4, level, checksum, "fp8 scales")
                         })
                         .transpose()
                 })
@@ -90,13 +100,14 @@ impl EncodedSample {
         self.raw_bytes
     }
 
-    /// Whether every frame of its values carries zstd's content checksum.
-    pub fn checksums(&self) -> bool {
-        self.checksums
+    /// The checksum each of its values carries.
+    pub fn checksum(&self) -> Option<ValueChecksum> {
+        self.checksum
     }
 }
 
-/// Build one record batch of the dataset's Arrow schema from encoded samples.
+/// Build one record batch of a shard's Arrow schema (`shard::shard_schema`) from encoded
+/// samples; where the schema has a token checksum column, each row's is computed here.
 pub fn build_batch(
     schema: &DatasetSchema,
     arrow: &Arc<Schema>,
@@ -158,6 +169,12 @@ pub fn build_batch(
             };
             cols.push(col);
         }
+    }
+    if arrow.column_with_name(TOKEN_CHECKSUM_COLUMN).is_some() {
+        cols.push(Arc::new(UInt32Array::from_iter_values(
+            rows.iter()
+                .map(|r| token_checksum(&r.input_ids, &r.loss_mask)),
+        )));
     }
     RecordBatch::try_new(arrow.clone(), cols).map_err(|source| StoreError::Arrow {
         context: "building a shard batch".into(),

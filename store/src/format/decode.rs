@@ -2,18 +2,18 @@
 //! SQL tensor functions all decode through here, so every value is checked against what its
 //! row and the schema say it holds (`seq_len × hidden` elements, or `seq_len` scales) before
 //! anything is sized from it: a corrupt value whose frames claim another length is refused,
-//! never allocated for. Every frame's zstd content checksum, where present, is checked on the
-//! way; a file that declares checksummed values ([`planes::CHECKSUM_META_KEY`] in its schema
-//! metadata) has every frame without one refused.
+//! never allocated for. Every value's checksum, where present, is checked on the way (its
+//! CRC-32 trailer, computed frame by frame as zstd reads them, or zstd's frame checksums); a file that declares checksummed values ([`planes::CHECKSUM_META_KEY`] in its
+//! schema metadata) has every value without one of the declared kind refused.
 use std::fmt::Write;
 
 use arrow_array::cast::AsArray;
-use arrow_array::types::UInt64Type;
-use arrow_array::{Array, LargeBinaryArray, RecordBatch, UInt64Array};
+use arrow_array::types::{Int32Type, UInt32Type, UInt64Type, UInt8Type};
+use arrow_array::{Array, LargeBinaryArray, ListArray, RecordBatch, UInt32Array, UInt64Array};
 use arrow_buffer::{Buffer, OffsetBuffer, ScalarBuffer};
 use hslake_schemas::{CapturePoint, DType};
 
-use crate::format::planes::{self, Checksums, PlaneError};
+use crate::format::planes::{self, Checksums, PlaneError, ValueChecksum};
 use crate::{Result, StoreError};
 
 /// What each token of a stored value holds.
@@ -84,7 +84,9 @@ impl ValueKind {
                     self.found(found)
                 )
             }
-            e @ PlaneError::Checksum { .. } => format!("corrupt value: {e}"),
+            e @ (PlaneError::Checksum { .. } | PlaneError::Trailer { .. }) => {
+                format!("corrupt value: {e}")
+            }
             e => format!("cannot be decoded as {}: {e}", self.expected(tokens)),
         };
         ValueError { reason }
@@ -194,7 +196,9 @@ pub fn decode_value(
         .map_err(|e| kind.refuse(tokens, e))
 }
 
-/// Check, without decoding, that a value's header claims `tokens` tokens of `kind`.
+/// Check, without decoding, that a value's header claims `tokens` tokens of `kind`. The value's
+/// checksum is computed only where the header disagrees, so that a corrupt header is reported
+/// as corrupt; decoding checks it in any case.
 pub fn check_tokens(
     value: &[u8],
     kind: ValueKind,
@@ -202,10 +206,14 @@ pub fn check_tokens(
     checks: Checksums,
 ) -> Result<(), ValueError> {
     let expected = kind.elements(tokens);
-    match planes::element_count(value, kind.elem_size(), checks) {
-        Ok(found) if found == expected => Ok(()),
-        Ok(found) => Err(kind.refuse(tokens, PlaneError::WrongLength { found, expected })),
-        Err(e) => Err(kind.refuse(tokens, e)),
+    let err = match planes::element_count(value, kind.elem_size(), checks) {
+        Ok(found) if found == expected => return Ok(()),
+        Ok(found) => PlaneError::WrongLength { found, expected },
+        Err(e) => e,
+    };
+    match planes::check_trailer(value, kind.elem_size(), checks) {
+        Err(corrupt @ PlaneError::Trailer { .. }) => Err(kind.refuse(tokens, corrupt)),
+        _ => Err(kind.refuse(tokens, err)),
     }
 }
 
@@ -285,7 +293,8 @@ impl TensorColumn {
     /// group `row_group` where known); a missing or mistyped column is
     /// [`StoreError::Corrupt`]. The batch's `sample_id` column, if read, names samples in errors.
     /// The batch's schema metadata is its file's: where it declares
-    /// [`planes::CHECKSUM_META_KEY`], every frame must carry a checksum.
+    /// [`planes::CHECKSUM_META_KEY`], every value must carry a checksum of the declared kind (a
+    /// kind this build does not know is [`StoreError::Corrupt`]).
     pub fn from_batch(
         batch: &RecordBatch,
         dtype: DType,
@@ -305,6 +314,8 @@ impl TensorColumn {
                 )
             })
         };
+        let checks = Checksums::declared_by(batch.schema_ref().metadata())
+            .map_err(|why| StoreError::corrupt(file, why))?;
         let name = point.column();
         let values = binary(&name)?;
         let scales = if dtype.has_scales() {
@@ -326,11 +337,11 @@ impl TensorColumn {
             sample_ids,
             file: file.to_string(),
             row_group,
-            checks: Checksums::declared_by(batch.schema_ref().metadata()),
+            checks,
         })
     }
 
-    /// Whether this column's frames must carry checksums (its file declares them).
+    /// What this column's values are held to: the checksum its file declares, if any.
     pub fn checksums(&self) -> Checksums {
         self.checks
     }
@@ -386,6 +397,26 @@ impl TensorColumn {
     /// Decode every row into one contiguous buffer per column (the loader's column chunk);
     /// row `r` holds the tokens `offsets[r]..offsets[r + 1]`.
     pub fn decode_chunk(&self, offsets: &[usize]) -> Result<DecodedColumn> {
+        self.decode_chunk_rows(offsets, None)
+    }
+
+    /// As [`TensorColumn::decode_chunk`], but a row whose value (or scales) does not decode is
+    /// recorded in `bad` (row → the error naming it) and left zeroed instead of failing the
+    /// chunk, so that a reader can drop that sample alone; rows already in `bad` (refused by
+    /// another column) are not decoded.
+    pub fn decode_chunk_skipping(
+        &self,
+        offsets: &[usize],
+        bad: &mut std::collections::BTreeMap<usize, StoreError>,
+    ) -> Result<DecodedColumn> {
+        self.decode_chunk_rows(offsets, Some(bad))
+    }
+
+    fn decode_chunk_rows(
+        &self,
+        offsets: &[usize],
+        mut bad: Option<&mut std::collections::BTreeMap<usize, StoreError>>,
+    ) -> Result<DecodedColumn> {
         if offsets.len() != self.values.len() + 1 {
             return Err(StoreError::Usage(format!(
                 "{}: {} token offsets for {} rows of {}",
@@ -395,27 +426,57 @@ impl TensorColumn {
                 self.name
             )));
         }
-        let values = self.decode_rows(&self.values, self.kind, offsets, &self.name)?;
+        let values = self.decode_rows(
+            &self.values,
+            self.kind,
+            offsets,
+            &self.name,
+            bad.as_deref_mut(),
+        )?;
         let scales = match &self.scales {
-            Some((sname, col)) => Some(self.decode_rows(col, ValueKind::Scales, offsets, sname)?),
+            Some((sname, col)) => {
+                Some(self.decode_rows(col, ValueKind::Scales, offsets, sname, bad)?)
+            }
             None => None,
         };
         Ok(DecodedColumn { values, scales })
     }
 
+    /// Decode every row of `col`; a row that fails is an error, or where `bad` is given, recorded
+    /// there and left zeroed.
     fn decode_rows(
         &self,
         col: &LargeBinaryArray,
         kind: ValueKind,
         offsets: &[usize],
         column: &str,
+        mut bad: Option<&mut std::collections::BTreeMap<usize, StoreError>>,
     ) -> Result<LargeBinaryArray> {
         let row_bytes = kind.bytes(1);
+        let mut refused: Vec<bool> = (0..offsets.len().saturating_sub(1))
+            .map(|r| bad.as_ref().is_some_and(|b| b.contains_key(&r)))
+            .collect();
+        let mut refuse = |r: usize, e: ValueError| -> Result<()> {
+            let e = e.at(&self.at(r, column));
+            match bad.as_deref_mut() {
+                Some(b) => {
+                    b.entry(r).or_insert(e);
+                    Ok(())
+                }
+                None => Err(e),
+            }
+        };
         // Row lengths come from the untrusted seq_len column: each value's own header must agree
         // (and is bounded by what its frames can hold) before the chunk is sized from them.
         for (r, w) in offsets.windows(2).enumerate() {
-            check_tokens(col.value(r), kind, w[1].saturating_sub(w[0]), self.checks)
-                .map_err(|e| e.at(&self.at(r, column)))?;
+            if refused[r] {
+                continue;
+            }
+            if let Err(e) = check_tokens(col.value(r), kind, w[1].saturating_sub(w[0]), self.checks)
+            {
+                refuse(r, e)?;
+                refused[r] = true;
+            }
         }
         let mut decoded = vec![
             0u8;
@@ -426,9 +487,14 @@ impl TensorColumn {
                 .saturating_mul(row_bytes)
         ];
         for (r, w) in offsets.windows(2).enumerate() {
+            if refused[r] {
+                continue;
+            }
             let dst = &mut decoded[w[0] * row_bytes..w[1] * row_bytes];
-            decode_value_into(col.value(r), kind, w[1] - w[0], self.checks, dst)
-                .map_err(|e| e.at(&self.at(r, column)))?;
+            if let Err(e) = decode_value_into(col.value(r), kind, w[1] - w[0], self.checks, dst) {
+                dst.fill(0);
+                refuse(r, e)?;
+            }
         }
         let ends = offsets.iter().map(|&o| (o * row_bytes) as i64);
         Ok(LargeBinaryArray::new(
@@ -436,6 +502,164 @@ impl TensorColumn {
             Buffer::from_vec(decoded),
             None,
         ))
+    }
+}
+
+/// The column of a format-3 shard holding each row's checksum of its `input_ids` and
+/// `loss_mask` (docs/FORMAT.md): Parquet writes no page checksums, so without it a flip in
+/// those pages that still decompresses would change a token unseen.
+pub const TOKEN_CHECKSUM_COLUMN: &str = "token_checksum";
+
+/// The checksum of one row's tokens: [`ValueChecksum::DEFAULT`] over its token ids as
+/// little-endian i32, then its loss-mask bytes.
+pub fn token_checksum(input_ids: &[i32], loss_mask: &[u8]) -> u32 {
+    let mut bytes = Vec::with_capacity(4 * input_ids.len() + loss_mask.len());
+    bytes.extend(input_ids.iter().flat_map(|t| t.to_le_bytes()));
+    bytes.extend_from_slice(loss_mask);
+    ValueChecksum::DEFAULT
+        .checksum(&bytes)
+        .expect("the default kind is a trailer checksum")
+}
+
+/// A batch's `input_ids` and `loss_mask` with the checksum each row carries, to check row by
+/// row; errors name the file, row group, row, sample and the two columns.
+#[derive(Debug)]
+pub struct TokenRows {
+    ids: ListArray,
+    mask: ListArray,
+    sums: UInt32Array,
+    sample_ids: Option<UInt64Array>,
+    file: String,
+    row_group: Option<usize>,
+    unsummed_pass: bool,
+}
+
+impl TokenRows {
+    /// The token columns of `batch` (read from `file`, row group `row_group` where known) and
+    /// their checksums; `None` where the batch has no checksums to check them by (a file that
+    /// predates them) or lacks a token column (a projection without it). A file that declares
+    /// [`ValueChecksum::DEFAULT`] value checksums must have the checksum column.
+    pub fn from_batch(
+        batch: &RecordBatch,
+        file: &str,
+        row_group: Option<usize>,
+    ) -> Result<Option<Self>> {
+        let list = |name: &str| -> Result<Option<ListArray>> {
+            match batch.column_by_name(name) {
+                None => Ok(None),
+                Some(c) => c.as_list_opt::<i32>().cloned().map(Some).ok_or_else(|| {
+                    StoreError::corrupt(file, format!("column {name:?} is {}", c.data_type()))
+                }),
+            }
+        };
+        let (Some(ids), Some(mask)) = (list("input_ids")?, list("loss_mask")?) else {
+            return Ok(None);
+        };
+        let sums = match batch.column_by_name(TOKEN_CHECKSUM_COLUMN) {
+            Some(c) => c.as_primitive_opt::<UInt32Type>().cloned().ok_or_else(|| {
+                StoreError::corrupt(
+                    file,
+                    format!(
+                        "column {TOKEN_CHECKSUM_COLUMN:?} is {}, not UInt32",
+                        c.data_type()
+                    ),
+                )
+            })?,
+            None => {
+                let declared = Checksums::declared_by(batch.schema_ref().metadata())
+                    .map_err(|why| StoreError::corrupt(file, why))?;
+                if declared == Checksums::Declared(ValueChecksum::DEFAULT) {
+                    return Err(StoreError::corrupt(
+                        file,
+                        format!(
+                            "the file declares {} = {} but has no {TOKEN_CHECKSUM_COLUMN:?} column",
+                            planes::CHECKSUM_META_KEY,
+                            ValueChecksum::DEFAULT
+                        ),
+                    ));
+                }
+                return Ok(None);
+            }
+        };
+        if sums.len() != ids.len() || mask.len() != ids.len() {
+            return Err(StoreError::corrupt(
+                file,
+                format!(
+                    "{} token checksums for {} rows of input_ids and {} of loss_mask",
+                    sums.len(),
+                    ids.len(),
+                    mask.len()
+                ),
+            ));
+        }
+        Ok(Some(TokenRows {
+            ids,
+            mask,
+            sums,
+            sample_ids: batch
+                .column_by_name("sample_id")
+                .and_then(|c| c.as_primitive_opt::<UInt64Type>())
+                .cloned(),
+            file: file.to_string(),
+            row_group,
+            unsummed_pass: false,
+        }))
+    }
+
+    /// Let rows with a null checksum pass unchecked: for batches that mix files, where a file
+    /// that predates token checksums has its column filled with nulls (SQL).
+    pub fn passing_unsummed_rows(mut self) -> Self {
+        self.unsummed_pass = true;
+        self
+    }
+
+    /// Check row `row`'s tokens against its checksum.
+    pub fn check_row(&self, row: usize) -> Result<()> {
+        let at = ValueAt {
+            file: Some(&self.file),
+            row_group: self.row_group,
+            row: Some(row),
+            sample_id: self
+                .sample_ids
+                .as_ref()
+                .filter(|s| row < s.len())
+                .map(|s| s.value(row)),
+            column: "input_ids/loss_mask",
+        };
+        let bad = |reason: String| ValueError { reason }.at(&at);
+        if self.unsummed_pass && self.sums.is_null(row) {
+            return Ok(());
+        }
+        if self.sums.is_null(row) || self.ids.is_null(row) || self.mask.is_null(row) {
+            return Err(bad(
+                "corrupt tokens: a null where every row has a value".into()
+            ));
+        }
+        let ids = self.ids.value(row);
+        let mask = self.mask.value(row);
+        let (Some(ids), Some(mask)) = (
+            ids.as_primitive_opt::<Int32Type>(),
+            mask.as_primitive_opt::<UInt8Type>(),
+        ) else {
+            return Err(bad(
+                "input_ids is not List<Int32> or loss_mask not List<UInt8>".into(),
+            ));
+        };
+        let found = token_checksum(ids.values(), mask.values());
+        let stored = self.sums.value(row);
+        if found != stored {
+            return Err(bad(format!(
+                "corrupt tokens: {} of input_ids and loss_mask is {found:08x}, \
+                 {TOKEN_CHECKSUM_COLUMN} records {stored:08x}",
+                ValueChecksum::DEFAULT
+            )));
+        }
+        Ok(())
+    }
+
+    /// Check every row, stopping at the first that fails.
+    pub fn check(&self) -> Result<()> {
+        (0..self.ids.len()).try_for_each(|r| self.check_row(r))
     }
 }
 
@@ -447,6 +671,10 @@ mod tests {
     use arrow_schema::{Field, Schema};
 
     use super::*;
+    use crate::format::planes::ValueChecksum;
+
+    const CRC: Checksums = Checksums::Declared(ValueChecksum::Crc32);
+    const SUMMED: Option<ValueChecksum> = Some(ValueChecksum::DEFAULT);
 
     const BF16: ValueKind = ValueKind::Tensor {
         dtype: DType::Bf16,
@@ -455,22 +683,22 @@ mod tests {
 
     fn bf16_value(tokens: usize) -> Vec<u8> {
         let raw: Vec<u8> = (0..tokens * 4 * 2).map(|i| (i * 37 % 251) as u8).collect();
-        planes::encode(&raw, 2, 1, true).unwrap()
+        planes::encode(&raw, 2, 1, SUMMED).unwrap()
     }
 
     /// A value that is valid zstd and claims `claimed` elements: the planes of `claimed` zero
     /// bytes compress to a few bytes (RLE blocks), as in a poisoned shard.
     fn poisoned(claimed: usize) -> Vec<u8> {
-        planes::encode(&vec![0u8; claimed * 2], 2, 1, true).unwrap()
+        planes::encode(&vec![0u8; claimed * 2], 2, 1, SUMMED).unwrap()
     }
 
     #[test]
     fn decodes_a_value_of_the_expected_tokens() {
         let mut out = Vec::new();
-        decode_value(&bf16_value(3), BF16, 3, Checksums::Required, &mut out).unwrap();
+        decode_value(&bf16_value(3), BF16, 3, CRC, &mut out).unwrap();
         assert_eq!(out.len(), 3 * 4 * 2);
         let mut slice = vec![0u8; 24];
-        decode_value_into(&bf16_value(3), BF16, 3, Checksums::Required, &mut slice).unwrap();
+        decode_value_into(&bf16_value(3), BF16, 3, CRC, &mut slice).unwrap();
         assert_eq!(slice, out);
     }
 
@@ -480,7 +708,7 @@ mod tests {
         let value = poisoned(2_500_000);
         assert!(value.len() < 64 << 10, "{} bytes", value.len());
         let mut out = Vec::new();
-        let err = decode_value(&value, BF16, 8, Checksums::Required, &mut out).unwrap_err();
+        let err = decode_value(&value, BF16, 8, CRC, &mut out).unwrap_err();
         assert_eq!(err.reason, "expected shape [8, 4] of bf16, got [625000, 4]");
         assert_eq!(out.capacity(), 0);
     }
@@ -541,12 +769,9 @@ mod tests {
 
     #[test]
     fn check_tokens_reads_only_the_header() {
+        assert_eq!(check_tokens(&bf16_value(3), BF16, 3, CRC), Ok(()));
         assert_eq!(
-            check_tokens(&bf16_value(3), BF16, 3, Checksums::Required),
-            Ok(())
-        );
-        assert_eq!(
-            check_tokens(&poisoned(400), BF16, 8, Checksums::Required)
+            check_tokens(&poisoned(400), BF16, 8, CRC)
                 .unwrap_err()
                 .reason,
             "expected shape [8, 4] of bf16, got [100, 4]"
@@ -555,36 +780,26 @@ mod tests {
 
     #[test]
     fn header_tokens_refuses_partial_rows() {
+        assert_eq!(header_tokens(&bf16_value(3), BF16, CRC), Ok(3));
+        let five = planes::encode(&[0u8; 10], 2, 1, SUMMED).unwrap();
         assert_eq!(
-            header_tokens(&bf16_value(3), BF16, Checksums::Required),
-            Ok(3)
-        );
-        let five = planes::encode(&[0u8; 10], 2, 1, true).unwrap();
-        assert_eq!(
-            header_tokens(&five, BF16, Checksums::Required)
-                .unwrap_err()
-                .reason,
+            header_tokens(&five, BF16, CRC).unwrap_err().reason,
             "a value of 5 bf16 elements is not a whole number of rows of 4"
         );
     }
 
     /// A batch of samples 41 and 42 (2 tokens each) of `layer_3`, its schema declaring
-    /// checksummed values or not.
-    fn batch_of(values: [Vec<u8>; 2], declared: bool) -> TensorColumn {
+    /// checksummed values of the kind named `declared`, or not.
+    fn batch_of(values: [Vec<u8>; 2], declared: Option<&str>) -> Result<TensorColumn> {
         let ids: ArrayRef = Arc::new(UInt64Array::from(vec![41u64, 42]));
         let vals: ArrayRef = Arc::new(LargeBinaryArray::from_iter_values(values));
         let mut schema = Schema::new(vec![
             Field::new("sample_id", arrow_schema::DataType::UInt64, false),
             Field::new("layer_3", arrow_schema::DataType::LargeBinary, false),
         ]);
-        if declared {
-            schema = schema.with_metadata(
-                [(
-                    planes::CHECKSUM_META_KEY.to_string(),
-                    planes::CHECKSUM_KIND.to_string(),
-                )]
-                .into(),
-            );
+        if let Some(kind) = declared {
+            schema = schema
+                .with_metadata([(planes::CHECKSUM_META_KEY.to_string(), kind.to_string())].into());
         }
         let batch = RecordBatch::try_new(Arc::new(schema), vec![ids, vals]).unwrap();
         TensorColumn::from_batch(
@@ -595,47 +810,195 @@ mod tests {
             "data/a.parquet",
             Some(0),
         )
-        .unwrap()
     }
+
+    const RAW: [u8; 16] = [
+        0, 37, 74, 111, 148, 185, 222, 8, 45, 82, 119, 156, 193, 230, 16, 53,
+    ];
 
     #[test]
     fn a_value_whose_content_fails_its_checksum_is_named() {
-        let raw: Vec<u8> = (0..2 * 4 * 2).map(|i| (i * 37 % 251) as u8).collect();
-        let mut bad = planes::encode(&raw, 2, 1, true).unwrap();
-        // The last byte of the last frame is the top byte of its checksum.
-        *bad.last_mut().unwrap() ^= 0x01;
-        let col = batch_of([bf16_value(2), bad], true);
-        assert_eq!(col.checksums(), Checksums::Required);
+        let site = "data/a.parquet: row group 0: row 1 (sample 42) layer_3: corrupt value: ";
+        // Format 3: a flip in the header of frame lengths, reported as what it is: the first
+        // pass reads only headers, and a header that disagrees has its value's CRC-32 checked.
+        let mut bad = planes::encode(&RAW, 2, 1, SUMMED).unwrap();
+        bad[0] ^= 0x01;
+        let col = batch_of([bf16_value(2), bad], Some("crc32")).unwrap();
+        assert_eq!(col.checksums(), CRC);
         let err = col.decode_chunk(&[0, 2, 4]).unwrap_err().to_string();
         assert!(
-            err.starts_with(
-                "data/a.parquet: row group 0: row 1 (sample 42) layer_3: corrupt value: plane 2: "
-            ) && err.contains("checksum"),
+            err.starts_with(&format!("{site}crc32 of the value is ")),
             "{err}"
         );
         let (mut out, mut sc) = (Vec::new(), Vec::new());
         col.decode_row(0, 2, &mut out, &mut sc).unwrap();
         assert!(col.decode_row(1, 2, &mut out, &mut sc).is_err());
+
+        // Format 2: the last byte of the last frame is the top byte of its zstd checksum.
+        let mut bad = planes::encode(&RAW, 2, 1, Some(ValueChecksum::ZstdXxh64)).unwrap();
+        *bad.last_mut().unwrap() ^= 0x01;
+        let good = planes::encode(&RAW, 2, 1, Some(ValueChecksum::ZstdXxh64)).unwrap();
+        let col = batch_of([good, bad], Some("zstd_xxh64")).unwrap();
+        let err = col.decode_chunk(&[0, 2, 4]).unwrap_err().to_string();
+        assert!(
+            err.starts_with(&format!("{site}plane 2: ")) && err.contains("checksum"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn decode_chunk_skipping_records_the_corrupt_row_and_decodes_the_rest() {
+        let mut bad_value = planes::encode(&RAW, 2, 1, SUMMED).unwrap();
+        bad_value[14] ^= 0x10;
+        let col = batch_of([bf16_value(2), bad_value], Some("crc32")).unwrap();
+        assert!(col.decode_chunk(&[0, 2, 4]).is_err());
+        let mut bad = std::collections::BTreeMap::new();
+        let out = col.decode_chunk_skipping(&[0, 2, 4], &mut bad).unwrap();
+        assert_eq!(bad.keys().copied().collect::<Vec<_>>(), [1]);
+        assert!(bad[&1]
+            .to_string()
+            .contains("(sample 42) layer_3: corrupt value"));
+        let (mut row0, mut sc) = (Vec::new(), Vec::new());
+        col.decode_row(0, 2, &mut row0, &mut sc).unwrap();
+        assert_eq!(out.values.value(0), &row0[..]);
+        assert_eq!(
+            out.values.value(1),
+            &[0u8; 16][..],
+            "a refused row is left zeroed"
+        );
     }
 
     #[test]
     fn a_file_declaring_checksums_refuses_a_value_without_them() {
-        let raw: Vec<u8> = (0..2 * 4 * 2).map(|i| (i * 37 % 251) as u8).collect();
-        let unsummed = planes::encode(&raw, 2, 1, false).unwrap();
-        let old_file = batch_of([bf16_value(2), unsummed.clone()], false);
+        let unsummed = planes::encode(&RAW, 2, 1, None).unwrap();
+        let old_file = batch_of([bf16_value(2), unsummed.clone()], None).unwrap();
         assert_eq!(old_file.checksums(), Checksums::IfPresent);
         assert!(
             old_file.decode_chunk(&[0, 2, 4]).is_ok(),
             "old files still read"
         );
-        let err = batch_of([bf16_value(2), unsummed], true)
-            .decode_chunk(&[0, 2, 4])
+        for (kind, why) in [
+            ("zstd_xxh64", "plane 0: frame has no content checksum"),
+            ("crc32", "crc32 of the value is"),
+        ] {
+            let good = planes::encode(&RAW, 2, 1, ValueChecksum::from_name(kind)).unwrap();
+            let err = batch_of([good, unsummed.clone()], Some(kind))
+                .unwrap()
+                .decode_chunk(&[0, 2, 4])
+                .unwrap_err()
+                .to_string();
+            assert!(
+                err.contains(&format!("(sample 42) layer_3: corrupt value: {why}")),
+                "{kind}: {err}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_file_declaring_an_unknown_checksum_kind_is_refused_by_name() {
+        let err = batch_of([bf16_value(2), bf16_value(2)], Some("crc32d"))
             .unwrap_err()
             .to_string();
         assert!(
-            err.contains(
-                "(sample 42) layer_3: corrupt value: plane 0: frame has no content checksum"
-            ),
+            err.starts_with("data/a.parquet: ") && err.contains("\"crc32d\""),
+            "{err}"
+        );
+    }
+
+    /// A batch of samples 41 and 42 with their tokens and, where `sums` is given, token
+    /// checksums; its schema metadata declares `declared`, if given.
+    fn token_batch(
+        ids: [Vec<i32>; 2],
+        mask: [Vec<u8>; 2],
+        sums: Option<[u32; 2]>,
+        declared: Option<&str>,
+    ) -> RecordBatch {
+        use arrow_array::builder::{ListBuilder, PrimitiveBuilder};
+        let mut id_list = ListBuilder::new(PrimitiveBuilder::<Int32Type>::new());
+        let mut mask_list = ListBuilder::new(PrimitiveBuilder::<UInt8Type>::new());
+        for (i, m) in ids.iter().zip(&mask) {
+            id_list.values().append_slice(i);
+            id_list.append(true);
+            mask_list.values().append_slice(m);
+            mask_list.append(true);
+        }
+        let mut cols: Vec<ArrayRef> = vec![
+            Arc::new(UInt64Array::from(vec![41u64, 42])),
+            Arc::new(id_list.finish()),
+            Arc::new(mask_list.finish()),
+        ];
+        if let Some(s) = sums {
+            cols.push(Arc::new(UInt32Array::from(s.to_vec())));
+        }
+        let names = ["sample_id", "input_ids", "loss_mask", TOKEN_CHECKSUM_COLUMN];
+        let fields: Vec<Field> = cols
+            .iter()
+            .zip(names)
+            .map(|(c, n)| Field::new(n, c.data_type().clone(), true))
+            .collect();
+        let mut schema = Schema::new(fields);
+        if let Some(kind) = declared {
+            schema = schema
+                .with_metadata([(planes::CHECKSUM_META_KEY.to_string(), kind.to_string())].into());
+        }
+        RecordBatch::try_new(Arc::new(schema), cols).unwrap()
+    }
+
+    #[test]
+    fn a_changed_token_id_or_mask_bit_is_named_by_its_row_checksum() {
+        let ids = [vec![1, 2, 3], vec![7, 8]];
+        let mask = [vec![0, 1, 1], vec![1, 1]];
+        let sums = [
+            token_checksum(&ids[0], &mask[0]),
+            token_checksum(&ids[1], &mask[1]),
+        ];
+        let ok = token_batch(
+            ids.clone(),
+            mask.clone(),
+            Some(sums),
+            Some(ValueChecksum::DEFAULT.name()),
+        );
+        let rows = TokenRows::from_batch(&ok, "data/a.parquet", Some(3))
+            .unwrap()
+            .unwrap();
+        rows.check().unwrap();
+
+        let site = "data/a.parquet: row group 3: row 1 (sample 42) input_ids/loss_mask: \
+                    corrupt tokens: ";
+        let changed_id = [ids[0].clone(), vec![7, 8 ^ 0x10]];
+        let changed_mask = [mask[0].clone(), vec![1, 0]];
+        for (i, m) in [(changed_id, mask.clone()), (ids.clone(), changed_mask)] {
+            let bad = token_batch(i, m, Some(sums), None);
+            let err = TokenRows::from_batch(&bad, "data/a.parquet", Some(3))
+                .unwrap()
+                .unwrap()
+                .check()
+                .unwrap_err()
+                .to_string();
+            assert!(err.starts_with(site), "{err}");
+        }
+    }
+
+    #[test]
+    fn tokens_without_checksums_are_unchecked_unless_their_file_declares_them() {
+        let ids = [vec![1, 2, 3], vec![7, 8]];
+        let mask = [vec![0, 1, 1], vec![1, 1]];
+        // Format 2 files (no declaration, or format 2's zstd_xxh64) have no token checksums.
+        for declared in [None, Some("zstd_xxh64")] {
+            let old = token_batch(ids.clone(), mask.clone(), None, declared);
+            assert!(TokenRows::from_batch(&old, "f", None).unwrap().is_none());
+        }
+        // A file declaring format 3's value checksums must have them: a flip in the column's
+        // name does not turn the check off.
+        let err = TokenRows::from_batch(
+            &token_batch(ids, mask, None, Some(ValueChecksum::DEFAULT.name())),
+            "f",
+            None,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.starts_with("f: ") && err.contains(TOKEN_CHECKSUM_COLUMN),
             "{err}"
         );
     }

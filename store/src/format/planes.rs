@@ -10,12 +10,17 @@
 //! match: on byte planes of activations short LZ matches cost more than the Huffman-coded
 //! literals they replace.
 //!
-//! Every frame written carries zstd's content checksum (the low 32 bits of XXH64 of the plane),
-//! which zstd checks on every decompression, so a flipped bit that still decodes is caught by
-//! every reader, not only by `verify`. A file whose values all carry it says so
-//! ([`CHECKSUM_META_KEY`]); its readers then refuse a frame without one
-//! ([`Checksums::Required`]), so a flip that clears a frame's checksum flag cannot turn the
-//! check off.
+//! Every value written carries a checksum that every read checks, so a flipped bit that still
+//! decodes is caught by every reader, not only by `verify`. Since format version 3 it is the
+//! CRC-32 (zlib's) of the value's compressed bytes, stored after its last frame
+//! ([`ValueChecksum::Crc32`]): the compressed bytes are 70 % of the plane bytes, and CRC-32 with
+//! carry-less multiplication runs at two to four times the speed of zstd's own content checksum
+//! (XXH64 over the decompressed planes, format 2's [`ValueChecksum::ZstdXxh64`], still read) and
+//! about twice that of CRC-32C with the SSE4.2 instruction (measured side by side:
+//! docs/PERFORMANCE.md). A file whose values all carry a checksum
+//! says which ([`CHECKSUM_META_KEY`]); its readers then refuse a value without one
+//! ([`Checksums::Declared`]), so a flip that clears a frame's checksum flag or drops the
+//! trailer cannot turn the check off.
 use std::cell::RefCell;
 
 use thiserror::Error;
@@ -28,33 +33,104 @@ pub const ENCODING: &str = hslake_schemas::TENSOR_ENCODING;
 const MIN_MATCH: u32 = 7;
 
 /// Parquet key-value (and so Arrow schema) metadata key by which a shard declares that every
-/// frame of every tensor and scale value in it carries zstd's content checksum.
+/// tensor and scale value in it carries a checksum, and which ([`ValueChecksum::name`]).
 pub const CHECKSUM_META_KEY: &str = "hslake.value_checksum";
-
-/// The value of [`CHECKSUM_META_KEY`]: zstd's frame content checksum (XXH64, low 32 bits).
-pub const CHECKSUM_KIND: &str = "zstd_xxh64";
 
 /// The Content_Checksum_flag of a zstd frame header descriptor (RFC 8878, 3.1.1.1.1).
 const CHECKSUM_FLAG: u8 = 1 << 2;
 
-/// Whether the frames of a value must carry zstd's content checksum. A checksum present is
-/// checked either way.
+/// Bytes of a trailing value checksum.
+const TRAILER: usize = 4;
+
+/// A kind of value checksum, as a shard declares it under [`CHECKSUM_META_KEY`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ValueChecksum {
+    /// Format 2: every zstd frame carries zstd's content checksum (the low 32 bits of XXH64 of
+    /// the decompressed plane), which zstd checks while decompressing.
+    ZstdXxh64,
+    /// Format 3: the value ends with the CRC-32 (ISO-HDLC, as zlib, gzip and PNG compute it) of
+    /// all its bytes before it (the header of frame lengths and the frames), a little-endian u32.
+    Crc32,
+}
+
+impl ValueChecksum {
+    /// What hslake writes unless told otherwise.
+    pub const DEFAULT: ValueChecksum = ValueChecksum::Crc32;
+
+    /// Every kind, in the order benchmarks report them.
+    pub const ALL: [ValueChecksum; 2] = [ValueChecksum::ZstdXxh64, ValueChecksum::Crc32];
+
+    /// The name a shard declares it by.
+    pub const fn name(self) -> &'static str {
+        match self {
+            ValueChecksum::ZstdXxh64 => "zstd_xxh64",
+            ValueChecksum::Crc32 => "crc32",
+        }
+    }
+
+    /// The kind declared as `name`, if this build reads it.
+    pub fn from_name(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|k| k.name() == name)
+    }
+
+    /// This kind's checksum of `bytes` (what a value's trailer holds over the bytes before
+    /// it), or `None` for the kind that lives inside zstd frames.
+    pub fn checksum(self, bytes: &[u8]) -> Option<u32> {
+        let mut sum = self.running()?;
+        sum.update(bytes);
+        Some(sum.finalize())
+    }
+
+    /// A trailing checksum to compute piece by piece, or `None` (zstd checksums).
+    fn running(self) -> Option<crc32fast::Hasher> {
+        match self {
+            ValueChecksum::ZstdXxh64 => None,
+            ValueChecksum::Crc32 => Some(crc32fast::Hasher::new()),
+        }
+    }
+
+    fn has_trailer(self) -> bool {
+        self != ValueChecksum::ZstdXxh64
+    }
+}
+
+impl std::fmt::Display for ValueChecksum {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// What a reader holds a value's checksum to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Checksums {
-    /// Frames may lack one: values of files that do not declare [`CHECKSUM_META_KEY`] (written
-    /// before checksums, or without them), or values seen apart from their file (SQL).
+    /// Whatever the value carries is checked, and it may carry nothing: values of files that do
+    /// not declare [`CHECKSUM_META_KEY`] (written without checksums), or values seen apart from
+    /// their file (SQL). A value whose frames end exactly [`TRAILER`] bytes before its end has a
+    /// [`ValueChecksum::DEFAULT`] trailer; frames with zstd's checksum flag are checked by zstd.
     #[default]
     IfPresent,
-    /// Every frame must carry one: its file declares [`CHECKSUM_META_KEY`].
-    Required,
+    /// Every value must carry this kind of checksum: its file declares it.
+    Declared(ValueChecksum),
 }
 
 impl Checksums {
-    /// The requirement a file's (Arrow schema or Parquet key-value) metadata declares.
-    pub fn declared_by(metadata: &std::collections::HashMap<String, String>) -> Self {
+    /// The requirement a file's (Arrow schema or Parquet key-value) metadata declares; a
+    /// declared kind this build does not know is refused, never read as no checksum.
+    pub fn declared_by(
+        metadata: &std::collections::HashMap<String, String>,
+    ) -> Result<Self, String> {
         match metadata.get(CHECKSUM_META_KEY) {
-            Some(_) => Checksums::Required,
-            None => Checksums::IfPresent,
+            None => Ok(Checksums::IfPresent),
+            Some(v) => ValueChecksum::from_name(v)
+                .map(Checksums::Declared)
+                .ok_or_else(|| {
+                    let known: Vec<&str> = ValueChecksum::ALL.iter().map(|k| k.name()).collect();
+                    format!(
+                        "{CHECKSUM_META_KEY} = {v:?} is not a value checksum this build reads \
+                         (expected one of {})",
+                        known.join(", ")
+                    )
+                }),
         }
     }
 }
@@ -94,6 +170,16 @@ pub enum PlaneError {
         plane: usize,
         /// What is wrong.
         detail: String,
+    },
+    /// The value's trailing checksum differs from the one computed over its bytes.
+    #[error("{kind} of the value is {found:08x}, its trailer records {stored:08x}")]
+    Trailer {
+        /// The kind of checksum.
+        kind: ValueChecksum,
+        /// Computed over the value's bytes.
+        found: u32,
+        /// Stored after its last frame.
+        stored: u32,
     },
     /// zstd failed to compress (only on allocation failure in practice).
     #[error("zstd: {0}")]
@@ -271,24 +357,31 @@ thread_local! {
 }
 
 /// Encode `data` (little-endian elements of `size` bytes) at zstd `level`: a little-endian u32
-/// compressed length per plane, then the planes' zstd frames in order, each with zstd's
-/// content checksum when `checksum` is set.
-pub fn encode(data: &[u8], size: usize, level: i32, checksum: bool) -> Result<Vec<u8>, PlaneError> {
+/// compressed length per plane, then the planes' zstd frames in order, then the checksum of
+/// `checksum`'s kind where it is a trailer (with [`ValueChecksum::ZstdXxh64`] each frame carries
+/// zstd's content checksum instead; with `None`, nothing).
+pub fn encode(
+    data: &[u8],
+    size: usize,
+    level: i32,
+    checksum: Option<ValueChecksum>,
+) -> Result<Vec<u8>, PlaneError> {
     let zerr = |e: std::io::Error| PlaneError::Zstd(e.to_string());
+    let zstd_sums = checksum == Some(ValueChecksum::ZstdXxh64);
     SCRATCH.with_borrow_mut(|planes| {
         to_planes(data, size, planes);
         let n = data.len() / size;
         let lens: Vec<usize> = plane_lens(size, n).collect();
         let header = 4 * lens.len();
         let bound: usize = lens.iter().map(|&l| zstd_safe::compress_bound(l)).sum();
-        let mut out = vec![0u8; header + bound];
+        let mut out = vec![0u8; header + bound + TRAILER];
         CCTX.with_borrow_mut(|slot| {
-            if slot.as_ref().is_none_or(|(k, _)| *k != (level, checksum)) {
+            if slot.as_ref().is_none_or(|(k, _)| *k != (level, zstd_sums)) {
                 let mut c = zstd::bulk::Compressor::new(level).map_err(zerr)?;
                 c.set_parameter(zstd::zstd_safe::CParameter::MinMatch(MIN_MATCH))
                     .map_err(zerr)?;
-                c.include_checksum(checksum).map_err(zerr)?;
-                *slot = Some(((level, checksum), c));
+                c.include_checksum(zstd_sums).map_err(zerr)?;
+                *slot = Some(((level, zstd_sums), c));
             }
             let (_, c) = slot.as_mut().expect("compressor just set");
             let (mut pos, mut start) = (header, 0);
@@ -300,15 +393,27 @@ pub fn encode(data: &[u8], size: usize, level: i32, checksum: bool) -> Result<Ve
                 pos += written;
                 start += len;
             }
+            if let Some(sum) = checksum.and_then(|k| k.checksum(&out[..pos])) {
+                out[pos..pos + TRAILER].copy_from_slice(&sum.to_le_bytes());
+                pos += TRAILER;
+            }
             out.truncate(pos);
             Ok(out)
         })
     })
 }
 
-/// Number of elements in an encoded value (from the first frame's content size).
+/// Number of elements in an encoded value (from the first frame's content size). Its trailing
+/// checksum is not computed (the header alone is read): [`check_trailer`] does that.
 pub fn element_count(value: &[u8], size: usize, checks: Checksums) -> Result<usize, PlaneError> {
-    content_size(frames(value, size, checks)?[0])
+    content_size(frames(value, size, checks)?.0[0])
+}
+
+/// Check a value's trailing checksum, where `checks` requires one or the value has one,
+/// without decoding anything.
+pub fn check_trailer(value: &[u8], size: usize, checks: Checksums) -> Result<(), PlaneError> {
+    let (body, kind) = split_trailer(value, size, checks)?;
+    check_sum(value, body, kind)
 }
 
 /// The content size a frame records. A zstd block holds at most 128 KiB and takes at least
@@ -327,16 +432,101 @@ fn content_size(frame: &[u8]) -> Result<usize, PlaneError> {
     }
 }
 
+/// Where the frames of a value end, by its header of frame lengths (`None`: the header does
+/// not fit, or its lengths overflow).
+fn frames_end(value: &[u8], count: usize) -> Option<usize> {
+    let header = value.get(..4 * count)?;
+    header.chunks_exact(4).try_fold(4 * count, |end, l| {
+        end.checked_add(u32::from_le_bytes(l.try_into().expect("4 bytes")) as usize)
+    })
+}
+
+/// A value's header and frames, and the kind of checksum stored after them, if any. A value of
+/// a declaring file must have room for its trailer; elsewhere a value has one when its frames
+/// end exactly [`TRAILER`] bytes before it does (a corrupt header that lands there is caught by
+/// the checksum itself).
+fn split_trailer(
+    value: &[u8],
+    size: usize,
+    checks: Checksums,
+) -> Result<(&[u8], Option<ValueChecksum>), PlaneError> {
+    match checks {
+        Checksums::Declared(kind) if kind.has_trailer() => match value.len().checked_sub(TRAILER) {
+            Some(end) => Ok((&value[..end], Some(kind))),
+            None => Err(PlaneError::Truncated {
+                len: value.len(),
+                detail: format!("no room for its {TRAILER}-byte {kind} checksum"),
+            }),
+        },
+        Checksums::Declared(_) => Ok((value, None)),
+        Checksums::IfPresent => match frames_end(value, plane_count(size)) {
+            Some(end) if end.checked_add(TRAILER) == Some(value.len()) => {
+                Ok((&value[..end], Some(ValueChecksum::DEFAULT)))
+            }
+            _ => Ok((value, None)),
+        },
+    }
+}
+
+/// Compare the checksum stored after `body` in `value` with the one computed over `body`.
+fn check_sum(value: &[u8], body: &[u8], kind: Option<ValueChecksum>) -> Result<(), PlaneError> {
+    match (kind, kind.and_then(|k| k.running())) {
+        (Some(kind), Some(mut sum)) => {
+            sum.update(body);
+            compare(value, kind, sum.finalize())
+        }
+        _ => Ok(()),
+    }
+}
+
+/// Compare a value's trailing checksum of `kind` with `found`, computed over the bytes before it.
+fn compare(value: &[u8], kind: ValueChecksum, found: u32) -> Result<(), PlaneError> {
+    let tail = &value[value.len() - TRAILER..];
+    let stored = u32::from_le_bytes(tail.try_into().expect("4-byte trailer"));
+    if found != stored {
+        return Err(PlaneError::Trailer {
+            kind,
+            found,
+            stored,
+        });
+    }
+    Ok(())
+}
+
+/// `decode` run on `value`, with any error it fails with replaced by the value's trailing
+/// checksum error where that fails too: a corrupt value is reported as corrupt, whichever check
+/// met the corruption first. The checksum is computed again only on failure.
+fn checked<T>(
+    value: &[u8],
+    size: usize,
+    checks: Checksums,
+    decode: impl FnOnce() -> Result<T, PlaneError>,
+) -> Result<T, PlaneError> {
+    decode().map_err(|e| match e {
+        e @ PlaneError::Trailer { .. } => e,
+        e => match check_trailer(value, size, checks) {
+            Err(corrupt @ PlaneError::Trailer { .. }) => corrupt,
+            _ => e,
+        },
+    })
+}
+
 /// The frames of a value, checked against its header and, where `checks` requires it, each
-/// carrying a content checksum.
-fn frames(value: &[u8], size: usize, checks: Checksums) -> Result<Vec<&[u8]>, PlaneError> {
+/// carrying a content checksum, and the kind of its trailing checksum, if it has one (not yet
+/// computed: [`decode_frames`] does that while it decompresses).
+fn frames(
+    value: &[u8],
+    size: usize,
+    checks: Checksums,
+) -> Result<(Vec<&[u8]>, Option<ValueChecksum>), PlaneError> {
+    let (body, trailer) = split_trailer(value, size, checks)?;
     let count = plane_count(size);
     let header = 4 * count;
     let short = |detail: String| PlaneError::Truncated {
         len: value.len(),
         detail,
     };
-    if value.len() < header {
+    if body.len() < header {
         return Err(short(format!(
             "a header of {count} frame lengths needs {header} bytes"
         )));
@@ -344,33 +534,36 @@ fn frames(value: &[u8], size: usize, checks: Checksums) -> Result<Vec<&[u8]>, Pl
     let mut out = Vec::with_capacity(count);
     let mut pos = header;
     for i in 0..count {
-        let len = u32::from_le_bytes(value[4 * i..4 * i + 4].try_into().expect("4 bytes")) as usize;
+        let len = u32::from_le_bytes(body[4 * i..4 * i + 4].try_into().expect("4 bytes")) as usize;
         let end = pos
             .checked_add(len)
-            .filter(|&e| e <= value.len())
+            .filter(|&e| e <= body.len())
             .ok_or_else(|| short(format!("frame {i} of {len} bytes at offset {pos}")))?;
-        let frame = &value[pos..end];
+        let frame = &body[pos..end];
         // Byte 4 is the frame header descriptor, after the 4-byte magic number (a frame too
         // short to have one is refused by `content_size` or zstd).
-        if checks == Checksums::Required && frame.get(4).is_some_and(|d| d & CHECKSUM_FLAG == 0) {
+        if checks == Checksums::Declared(ValueChecksum::ZstdXxh64)
+            && frame.get(4).is_some_and(|d| d & CHECKSUM_FLAG == 0)
+        {
             return Err(PlaneError::Checksum {
                 plane: i,
                 detail: format!(
-                    "frame has no content checksum, but its file declares {CHECKSUM_META_KEY} \
-                     (a cleared checksum flag is corruption)"
+                    "frame has no content checksum, but its file declares {CHECKSUM_META_KEY} = \
+                     {} (a cleared checksum flag is corruption)",
+                    ValueChecksum::ZstdXxh64
                 ),
             });
         }
         out.push(frame);
         pos = end;
     }
-    if pos != value.len() {
+    if pos != body.len() {
         return Err(PlaneError::BadPlane {
             plane: count - 1,
-            detail: format!("{} bytes after the last frame", value.len() - pos),
+            detail: format!("{} bytes after the last frame", body.len() - pos),
         });
     }
-    Ok(out)
+    Ok((out, trailer))
 }
 
 /// Decode a value into `out`, which must hold exactly the expected elements of `size` bytes.
@@ -380,13 +573,15 @@ pub fn decode_into(
     checks: Checksums,
     out: &mut [u8],
 ) -> Result<(), PlaneError> {
-    let frames = frames(value, size, checks)?;
-    let n = out.len() / size;
-    let found = content_size(frames[0])?;
-    if found != n {
-        return Err(PlaneError::WrongLength { found, expected: n });
-    }
-    decode_frames(&frames, size, out)
+    checked(value, size, checks, || {
+        let (frames, trailer) = frames(value, size, checks)?;
+        let n = out.len() / size;
+        let found = content_size(frames[0])?;
+        if found != n {
+            return Err(PlaneError::WrongLength { found, expected: n });
+        }
+        decode_frames(value, &frames, trailer, size, out)
+    })
 }
 
 /// Decode a value that must hold `n` elements into `out`, resized to fit only once the
@@ -398,29 +593,46 @@ pub fn decode_to_vec(
     checks: Checksums,
     out: &mut Vec<u8>,
 ) -> Result<(), PlaneError> {
-    let frames = frames(value, size, checks)?;
-    let found = content_size(frames[0])?;
-    if found != n {
-        return Err(PlaneError::WrongLength { found, expected: n });
-    }
-    out.clear();
-    out.resize(n * size, 0);
-    decode_frames(&frames, size, out)
+    checked(value, size, checks, || {
+        let (frames, trailer) = frames(value, size, checks)?;
+        let found = content_size(frames[0])?;
+        if found != n {
+            return Err(PlaneError::WrongLength { found, expected: n });
+        }
+        out.clear();
+        out.resize(n * size, 0);
+        decode_frames(value, &frames, trailer, size, out)
+    })
 }
 
 /// Decode a value whose element count is not known beforehand: its header is trusted as far
 /// as a frame of its length can hold it. Readers that know the row's length use
 /// [`decode_to_vec`].
 pub fn decode(value: &[u8], size: usize, checks: Checksums) -> Result<Vec<u8>, PlaneError> {
-    let frames = frames(value, size, checks)?;
-    let mut out = vec![0u8; content_size(frames[0])? * size];
-    decode_frames(&frames, size, &mut out)?;
-    Ok(out)
+    checked(value, size, checks, || {
+        let (frames, trailer) = frames(value, size, checks)?;
+        let mut out = vec![0u8; content_size(frames[0])? * size];
+        decode_frames(value, &frames, trailer, size, &mut out)?;
+        Ok(out)
+    })
 }
 
-/// Decompress checked frames into the planes and rebuild `out.len() / size` elements.
-fn decode_frames(frames: &[&[u8]], size: usize, out: &mut [u8]) -> Result<(), PlaneError> {
+/// Decompress checked frames of `value` into the planes and rebuild `out.len() / size`
+/// elements. A `trailer` checksum is computed over the header and then each frame just before
+/// zstd reads it, so that zstd finds the frame in cache (one pass over the value first and
+/// another to decompress it cost more); it is compared before anything is rebuilt.
+fn decode_frames(
+    value: &[u8],
+    frames: &[&[u8]],
+    trailer: Option<ValueChecksum>,
+    size: usize,
+    out: &mut [u8],
+) -> Result<(), PlaneError> {
     let n = out.len() / size;
+    let mut sum = trailer.and_then(|k| Some((k, k.running()?)));
+    if let Some((_, s)) = &mut sum {
+        s.update(&value[..4 * frames.len()]);
+    }
     SCRATCH.with_borrow_mut(|planes| {
         let lens: Vec<usize> = plane_lens(size, n).collect();
         planes.clear();
@@ -434,6 +646,9 @@ fn decode_frames(frames: &[&[u8]], size: usize, out: &mut [u8]) -> Result<(), Pl
             let d = slot.as_mut().expect("decompressor just set");
             let mut start = 0;
             for (i, (frame, &len)) in frames.iter().zip(&lens).enumerate() {
+                if let Some((_, s)) = &mut sum {
+                    s.update(frame);
+                }
                 let bad = |detail: String| PlaneError::BadPlane { plane: i, detail };
                 let got = d
                     .decompress_to_buffer(frame, &mut planes[start..start + len])
@@ -456,6 +671,9 @@ fn decode_frames(frames: &[&[u8]], size: usize, out: &mut [u8]) -> Result<(), Pl
             }
             Ok(())
         })?;
+        if let Some((kind, s)) = sum {
+            compare(value, kind, s.finalize())?;
+        }
         from_planes(planes, size, out);
         Ok(())
     })
@@ -464,6 +682,10 @@ fn decode_frames(frames: &[&[u8]], size: usize, out: &mut [u8]) -> Result<(), Pl
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    const XXH: Checksums = Checksums::Declared(ValueChecksum::ZstdXxh64);
+    const CRC: Checksums = Checksums::Declared(ValueChecksum::Crc32);
+    const SUMMED: Option<ValueChecksum> = Some(ValueChecksum::DEFAULT);
 
     fn sample_bytes(n: usize, size: usize) -> Vec<u8> {
         (0..n * size)
@@ -490,12 +712,12 @@ mod tests {
         for size in [1usize, 2, 4] {
             for n in [0usize, 1, 2, 3, 7, 1000, 1001] {
                 let data = sample_bytes(n, size);
-                let enc = encode(&data, size, 1, true).unwrap();
-                assert_eq!(element_count(&enc, size, Checksums::Required).unwrap(), n);
+                let enc = encode(&data, size, 1, SUMMED).unwrap();
+                assert_eq!(element_count(&enc, size, CRC).unwrap(), n);
                 let mut back = vec![0u8; data.len()];
-                decode_into(&enc, size, Checksums::Required, &mut back).unwrap();
+                decode_into(&enc, size, CRC, &mut back).unwrap();
                 assert_eq!(back, data, "size {size}, n {n}");
-                assert_eq!(decode(&enc, size, Checksums::Required).unwrap(), data);
+                assert_eq!(decode(&enc, size, CRC).unwrap(), data);
             }
         }
     }
@@ -524,10 +746,10 @@ mod tests {
 
     #[test]
     fn rejects_a_value_of_the_wrong_element_count() {
-        let enc = encode(&sample_bytes(10, 2), 2, 1, true).unwrap();
+        let enc = encode(&sample_bytes(10, 2), 2, 1, SUMMED).unwrap();
         let mut out = vec![0u8; 22];
         assert_eq!(
-            decode_into(&enc, 2, Checksums::Required, &mut out),
+            decode_into(&enc, 2, CRC, &mut out),
             Err(PlaneError::WrongLength {
                 found: 10,
                 expected: 11
@@ -537,37 +759,53 @@ mod tests {
 
     #[test]
     fn rejects_truncated_and_garbled_values() {
-        let enc = encode(&sample_bytes(100, 2), 2, 1, true).unwrap();
+        // Without a checksum the frames themselves give it away.
+        let enc = encode(&sample_bytes(100, 2), 2, 1, None).unwrap();
         let mut out = vec![0u8; 200];
+        let none = Checksums::IfPresent;
         assert!(matches!(
-            decode_into(&enc[..enc.len() - 1], 2, Checksums::Required, &mut out),
+            decode_into(&enc[..enc.len() - 1], 2, none, &mut out),
             Err(PlaneError::Truncated { .. })
         ));
         assert!(matches!(
-            decode_into(&enc[..5], 2, Checksums::Required, &mut out),
+            decode_into(&enc[..5], 2, none, &mut out),
             Err(PlaneError::Truncated { .. })
         ));
         let mut garbled = enc.clone();
         garbled[12] ^= 0xff; // first byte of the first frame: the zstd magic number
         assert!(matches!(
-            decode_into(&garbled, 2, Checksums::Required, &mut out),
+            decode_into(&garbled, 2, none, &mut out),
             Err(PlaneError::BadPlane { plane: 0, .. })
+        ));
+        // With one, the checksum does, before any frame is parsed.
+        let enc = encode(&sample_bytes(100, 2), 2, 1, SUMMED).unwrap();
+        let mut garbled = enc.clone();
+        garbled[12] ^= 0xff;
+        for bad in [&enc[..enc.len() - 1], &enc[..5], &garbled] {
+            assert!(matches!(
+                decode_into(bad, 2, CRC, &mut out),
+                Err(PlaneError::Trailer { .. })
+            ));
+        }
+        assert!(matches!(
+            decode_into(&enc[..3], 2, CRC, &mut out),
+            Err(PlaneError::Truncated { .. })
         ));
     }
 
     #[test]
     fn decode_to_vec_refuses_a_claim_other_than_the_expected_count_before_allocating() {
-        let enc = encode(&sample_bytes(10, 2), 2, 1, true).unwrap();
+        let enc = encode(&sample_bytes(10, 2), 2, 1, SUMMED).unwrap();
         let mut out = Vec::new();
         assert_eq!(
-            decode_to_vec(&enc, 2, 11, Checksums::Required, &mut out),
+            decode_to_vec(&enc, 2, 11, CRC, &mut out),
             Err(PlaneError::WrongLength {
                 found: 10,
                 expected: 11
             })
         );
         assert_eq!(out.capacity(), 0, "nothing allocated for a refused value");
-        decode_to_vec(&enc, 2, 10, Checksums::Required, &mut out).unwrap();
+        decode_to_vec(&enc, 2, 10, CRC, &mut out).unwrap();
         assert_eq!(out, sample_bytes(10, 2));
     }
 
@@ -581,7 +819,7 @@ mod tests {
                 bits.to_le_bytes()
             })
             .collect();
-        let enc = encode(&vals, 2, 1, true).unwrap();
+        let enc = encode(&vals, 2, 1, SUMMED).unwrap();
         assert!(
             enc.len() < vals.len() * 9 / 10,
             "{} of {}",
@@ -619,12 +857,12 @@ mod tests {
     }
 
     #[test]
-    fn a_flip_that_still_decodes_is_caught_by_the_checksum() {
+    fn a_flip_that_still_decodes_is_caught_by_either_checksum() {
         // Random bytes: zstd stores the low nibble plane as a raw block, so a flipped byte in
         // it decompresses without complaint; only the checksum tells.
         let data = random_bytes(8192);
-        let (start, len) = frame_starts(&encode(&data, 2, 1, false).unwrap(), 2)[2];
-        let mut plain = encode(&data, 2, 1, false).unwrap();
+        let mut plain = encode(&data, 2, 1, None).unwrap();
+        let (start, len) = frame_starts(&plain, 2)[2];
         plain[start + len / 2] ^= 0x10;
         let silently_wrong = decode(&plain, 2, Checksums::IfPresent).unwrap();
         assert_ne!(
@@ -632,27 +870,66 @@ mod tests {
             "without a checksum the flip goes unnoticed"
         );
 
-        let mut summed = encode(&data, 2, 1, true).unwrap();
+        // Format 2: zstd's frame checksum, checked while decompressing.
+        let mut summed = encode(&data, 2, 1, Some(ValueChecksum::ZstdXxh64)).unwrap();
         let (start, len) = frame_starts(&summed, 2)[2];
         summed[start + len / 2] ^= 0x10;
-        for checks in [Checksums::IfPresent, Checksums::Required] {
+        for checks in [Checksums::IfPresent, XXH] {
             let err = decode(&summed, 2, checks).unwrap_err();
             assert!(
                 matches!(&err, PlaneError::Checksum { plane: 2, detail } if detail.contains("checksum")),
                 "{err}"
             );
         }
+
+        // Format 3: the CRC-32 after the last frame, also where the value is seen apart from
+        // its file.
+        let mut summed = encode(&data, 2, 1, SUMMED).unwrap();
+        let (start, len) = frame_starts(&summed, 2)[2];
+        summed[start + len / 2] ^= 0x10;
+        for checks in [Checksums::IfPresent, CRC] {
+            let err = decode(&summed, 2, checks).unwrap_err();
+            assert!(
+                matches!(
+                    err,
+                    PlaneError::Trailer {
+                        kind: ValueChecksum::Crc32,
+                        ..
+                    }
+                ),
+                "{err}"
+            );
+            assert!(check_trailer(&summed, 2, checks).is_err());
+            // The header alone still reads: the element count does not compute the checksum.
+            assert_eq!(element_count(&summed, 2, checks).unwrap(), 4096);
+        }
+    }
+
+    #[test]
+    fn every_flipped_bit_of_a_crc32_value_is_caught() {
+        let data = sample_bytes(300, 2);
+        let value = encode(&data, 2, 1, SUMMED).unwrap();
+        assert_eq!(decode(&value, 2, CRC).unwrap(), data);
+        for i in 0..value.len() {
+            for bit in 0..8 {
+                let mut bad = value.clone();
+                bad[i] ^= 1 << bit;
+                // In the header, the frames, or the trailer itself.
+                assert!(decode(&bad, 2, CRC).is_err(), "byte {i} bit {bit}");
+                assert!(check_trailer(&bad, 2, CRC).is_err(), "byte {i} bit {bit}");
+            }
+        }
     }
 
     #[test]
     fn a_cleared_checksum_flag_is_refused() {
         let data = sample_bytes(1000, 2);
-        let mut value = encode(&data, 2, 1, true).unwrap();
+        let mut value = encode(&data, 2, 1, Some(ValueChecksum::ZstdXxh64)).unwrap();
         let (start, _) = frame_starts(&value, 2)[1];
         assert_ne!(value[start + 4] & CHECKSUM_FLAG, 0);
         value[start + 4] &= !CHECKSUM_FLAG;
         // Where the file declares checksums, the missing flag itself is corruption.
-        let err = decode(&value, 2, Checksums::Required).unwrap_err();
+        let err = decode(&value, 2, XXH).unwrap_err();
         assert!(
             matches!(&err, PlaneError::Checksum { plane: 1, detail } if detail.contains(CHECKSUM_META_KEY)),
             "{err}"
@@ -665,22 +942,61 @@ mod tests {
     #[test]
     fn values_without_checksums_still_read_unless_their_file_requires_them() {
         let data = sample_bytes(100, 4);
-        let old = encode(&data, 4, 1, false).unwrap();
+        let old = encode(&data, 4, 1, None).unwrap();
         assert_eq!(decode(&old, 4, Checksums::IfPresent).unwrap(), data);
         assert!(matches!(
-            decode(&old, 4, Checksums::Required),
+            decode(&old, 4, XXH),
             Err(PlaneError::Checksum { plane: 0, .. })
         ));
-        // The checksum costs four bytes per frame.
-        let new = encode(&data, 4, 1, true).unwrap();
-        assert_eq!(new.len(), old.len() + 4 * plane_count(4));
+        // A file declaring CRC-32 takes the last four bytes of the last frame for the
+        // checksum, which they are not.
+        assert!(matches!(
+            decode(&old, 4, CRC),
+            Err(PlaneError::Trailer { .. })
+        ));
+        // Format 2's values (zstd checksums) still read, in their files and in SQL.
+        let xxh = encode(&data, 4, 1, Some(ValueChecksum::ZstdXxh64)).unwrap();
+        assert_eq!(decode(&xxh, 4, XXH).unwrap(), data);
+        assert_eq!(decode(&xxh, 4, Checksums::IfPresent).unwrap(), data);
+        assert!(decode(&xxh, 4, CRC).is_err());
+        // zstd's checksum costs four bytes per frame, the CRC four per value.
+        assert_eq!(xxh.len(), old.len() + 4 * plane_count(4));
+        let crc = encode(&data, 4, 1, SUMMED).unwrap();
+        assert_eq!(crc.len(), old.len() + 4);
+        assert_eq!(&crc[..old.len()], &old[..], "the same frames, then the CRC");
+        assert_eq!(decode(&crc, 4, Checksums::IfPresent).unwrap(), data);
+        assert!(matches!(
+            decode(&crc, 4, XXH),
+            Err(PlaneError::Checksum { plane: 0, .. })
+        ));
     }
 
     #[test]
-    fn declared_by_reads_the_metadata_key() {
+    fn the_trailer_is_the_crc32_of_the_bytes_before_it() {
+        let value = encode(&sample_bytes(50, 2), 2, 1, SUMMED).unwrap();
+        let (body, sum) = value.split_at(value.len() - 4);
+        assert_eq!(
+            u32::from_le_bytes(sum.try_into().unwrap()),
+            crc32fast::hash(body)
+        );
+        // The standard check value of CRC-32/ISO-HDLC (zlib's `crc32(b"123456789")`).
+        assert_eq!(
+            ValueChecksum::Crc32.checksum(b"123456789"),
+            Some(0xcbf4_3926)
+        );
+    }
+
+    #[test]
+    fn declared_by_reads_the_metadata_key_and_refuses_unknown_kinds() {
         let mut meta = std::collections::HashMap::new();
-        assert_eq!(Checksums::declared_by(&meta), Checksums::IfPresent);
-        meta.insert(CHECKSUM_META_KEY.to_string(), CHECKSUM_KIND.to_string());
-        assert_eq!(Checksums::declared_by(&meta), Checksums::Required);
+        assert_eq!(Checksums::declared_by(&meta), Ok(Checksums::IfPresent));
+        for kind in ValueChecksum::ALL {
+            meta.insert(CHECKSUM_META_KEY.to_string(), kind.name().to_string());
+            assert_eq!(Checksums::declared_by(&meta), Ok(Checksums::Declared(kind)));
+        }
+        // A flipped byte in the declared kind is not read as "no checksums".
+        meta.insert(CHECKSUM_META_KEY.to_string(), "crc33".to_string());
+        let err = Checksums::declared_by(&meta).unwrap_err();
+        assert!(err.contains("\"crc33\"") && err.contains("crc32"), "{err}");
     }
 }

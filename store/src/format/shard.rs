@@ -1,21 +1,36 @@
 //! How a shard's columns are written to Parquet. The columns themselves are the dataset
 //! schema's Arrow form (`DatasetSchema::to_arrow`, docs/FORMAT.md); this sets, per column, the
 //! compression and statistics the format specifies.
+use arrow_schema::{DataType, Field, Schema};
 use hslake_schemas::DatasetSchema;
 use parquet::basic::{Compression, ZstdLevel};
 use parquet::file::metadata::KeyValue;
 use parquet::file::properties::{EnabledStatistics, WriterProperties};
 use parquet::schema::types::ColumnPath;
 
-use crate::format::planes::{CHECKSUM_KIND, CHECKSUM_META_KEY};
+use crate::format::decode::TOKEN_CHECKSUM_COLUMN;
+use crate::format::planes::{ValueChecksum, CHECKSUM_META_KEY};
 use crate::{Result, StoreError};
 
-/// Parquet writer properties of a shard of `schema` at zstd `level`; with `value_checksums`
-/// the file declares that every frame of its tensor and scale values carries a checksum.
+/// The Arrow schema of a shard of `schema`: the dataset schema's columns
+/// (`DatasetSchema::to_arrow`) and, where values carry [`ValueChecksum::DEFAULT`] checksums,
+/// last, each row's checksum of its tokens ([`TOKEN_CHECKSUM_COLUMN`]).
+pub fn shard_schema(schema: &DatasetSchema, value_checksum: Option<ValueChecksum>) -> Schema {
+    let arrow = schema.to_arrow();
+    if value_checksum != Some(ValueChecksum::DEFAULT) {
+        return arrow;
+    }
+    let mut fields: Vec<Field> = arrow.fields().iter().map(|f| f.as_ref().clone()).collect();
+    fields.push(Field::new(TOKEN_CHECKSUM_COLUMN, DataType::UInt32, false));
+    Schema::new(fields).with_metadata(arrow.metadata().clone())
+}
+
+/// Parquet writer properties of a shard of `schema` at zstd `level`; with a `value_checksum`
+/// the file declares that every tensor and scale value in it carries one of that kind.
 pub fn writer_properties(
     schema: &DatasetSchema,
     level: i32,
-    value_checksums: bool,
+    value_checksum: Option<ValueChecksum>,
 ) -> Result<WriterProperties> {
     let zstd = ZstdLevel::try_new(level)
         .map_err(|e| StoreError::Usage(format!("zstd level {level}: {e}")))?;
@@ -25,14 +40,19 @@ pub fn writer_properties(
         .set_statistics_enabled(EnabledStatistics::Chunk)
         .set_max_row_group_row_count(None)
         .set_created_by(format!("hslake {}", env!("CARGO_PKG_VERSION")));
-    if value_checksums {
+    if let Some(kind) = value_checksum {
         // A plain key-value entry, so that any Parquet reader sees it; Arrow readers find it
         // in the schema metadata too.
         b = b.set_key_value_metadata(Some(vec![KeyValue::new(
             CHECKSUM_META_KEY.to_string(),
-            CHECKSUM_KIND.to_string(),
+            kind.name().to_string(),
         )]));
     }
+    // Checksums look random: min/max statistics of them are useless.
+    b = b.set_column_statistics_enabled(
+        ColumnPath::from(TOKEN_CHECKSUM_COLUMN),
+        EnabledStatistics::None,
+    );
     // Tensor and scale values are opaque byte strings: min/max statistics of them are useless
     // bytes. They arrive compressed (plane_zstd), so Parquet must not compress them again.
     for p in &schema.points {
@@ -67,7 +87,7 @@ mod tests {
             vec![CapturePoint::LayerOutput(2)],
         )
         .unwrap();
-        let props = writer_properties(&schema, 3, true).unwrap();
+        let props = writer_properties(&schema, 3, Some(ValueChecksum::Crc32)).unwrap();
         for col in ["layer_2", "layer_2_scale"] {
             let path = ColumnPath::from(col);
             assert_eq!(props.compression(&path), Compression::UNCOMPRESSED, "{col}");
@@ -76,10 +96,11 @@ mod tests {
         let ids = ColumnPath::from("sample_id");
         assert!(matches!(props.compression(&ids), Compression::ZSTD(_)));
         assert_eq!(props.statistics_enabled(&ids), EnabledStatistics::Chunk);
-        assert!(writer_properties(&schema, 99, true).is_err());
+        assert!(writer_properties(&schema, 99, None).is_err());
         let kv = props.key_value_metadata().unwrap();
         assert_eq!(kv[0].key, CHECKSUM_META_KEY);
-        let off = writer_properties(&schema, 3, false).unwrap();
+        assert_eq!(kv[0].value.as_deref(), Some("crc32"));
+        let off = writer_properties(&schema, 3, None).unwrap();
         assert!(off.key_value_metadata().is_none());
     }
 }

@@ -352,6 +352,8 @@ fn next_manifest(
         )
     })?;
     let mut next = head.clone();
+    // Written by this build, so in its format, whatever the head's (an older one it reads).
+    next.format_version = FORMAT_VERSION;
     next.version = version;
     next.parent = Some(head.version);
     next.committed_at = committed_at;
@@ -439,6 +441,7 @@ mod tests {
         let s = schema(DType::Bf16);
         let mut head = initial_manifest(s.clone(), Provenance::default());
         head.version = 4;
+        head.format_version = 2;
         head.shards = vec![shard("data/a.parquet")];
         head.properties = [("kept".to_string(), "1".to_string())].into();
         let props = [("step".to_string(), "9".to_string())].into();
@@ -449,6 +452,7 @@ mod tests {
         };
         let next = next_manifest("memory://x", &head, &change, "t".into(), "c1").unwrap();
         assert_eq!((next.version, next.parent), (5, Some(4)));
+        assert_eq!(next.format_version, FORMAT_VERSION);
         assert_eq!(next.committed_at, "t");
         assert_eq!(next.commit_id.as_deref(), Some("c1"));
         let paths: Vec<&str> = next.shards.iter().map(|s| s.path.as_str()).collect();

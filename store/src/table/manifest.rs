@@ -1,7 +1,7 @@
 //! The versioned manifest: which shards make up a dataset version, and where they came from.
 use std::collections::BTreeMap;
 
-use hslake_schemas::{CapturePoint, DatasetSchema, FORMAT_VERSION};
+use hslake_schemas::{CapturePoint, DatasetSchema, FORMAT_VERSION, OLDEST_FORMAT_VERSION};
 use serde::{Deserialize, Serialize};
 
 use crate::{Result, StoreError};
@@ -189,11 +189,11 @@ impl Manifest {
                 supported: FORMAT_VERSION,
             });
         }
-        if head.format_version < FORMAT_VERSION {
+        if head.format_version < OLDEST_FORMAT_VERSION {
             return Err(StoreError::OlderFormat {
                 path: path.to_string(),
                 found: head.format_version,
-                supported: FORMAT_VERSION,
+                supported: OLDEST_FORMAT_VERSION,
             });
         }
         let mut m: Manifest = serde_json::from_slice(bytes)

@@ -1,10 +1,12 @@
-//! Test tool: flip one byte inside a stored tensor value of a shard on local disk, leaving the
-//! Parquet file readable (tensor values sit in uncompressed pages, and Parquet pages carry no
-//! checksum), so that tests can check that every reader catches the flip and names the value.
+//! Test tools: flip one byte inside a stored tensor value, or inside the `input_ids` pages, of a
+//! shard on local disk, leaving the Parquet file readable (tensor values sit in uncompressed
+//! pages, and Parquet pages carry no checksum), so that tests can check that every reader
+//! catches the flip and names the sample.
 use std::path::{Path, PathBuf};
 
 use arrow_array::cast::AsArray;
-use arrow_array::types::UInt64Type;
+use arrow_array::types::{Int32Type, UInt64Type};
+use arrow_array::Array;
 use bytes::Bytes;
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use parquet::arrow::ProjectionMask;
@@ -21,6 +23,8 @@ pub struct Flip {
     pub row_group: usize,
     /// The row in that row group.
     pub row: usize,
+    /// The sample in that row.
+    pub sample_id: u64,
     /// Byte offset of the flipped byte in the file.
     pub offset: u64,
 }
@@ -79,11 +83,93 @@ pub fn flip_value_byte(file: &Path, column: &str, size: usize, sample_id: u64) -
                 file: file.to_path_buf(),
                 row_group: rg,
                 row: row0 + r,
+                sample_id,
                 offset: offset as u64,
             });
         }
     }
     Err(StoreError::Usage(format!(
         "{shown}: no sample {sample_id} in {groups} row groups"
+    )))
+}
+
+/// The `input_ids` of every row of row group `rg` in a shard held in memory, or `None` where the
+/// file no longer reads (or the reader panics on it, which counts as not reading).
+fn token_rows(bytes: &Bytes, rg: usize) -> Option<(Vec<u64>, Vec<Vec<i32>>)> {
+    let read = || -> Option<(Vec<u64>, Vec<Vec<i32>>)> {
+        let builder = ParquetRecordBatchReaderBuilder::try_new(bytes.clone()).ok()?;
+        let arrow = builder.schema().clone();
+        let cols = [
+            arrow.index_of("sample_id").ok()?,
+            arrow.index_of("input_ids").ok()?,
+        ];
+        let mask = ProjectionMask::roots(builder.parquet_schema(), cols);
+        let reader = builder
+            .with_projection(mask)
+            .with_row_groups(vec![rg])
+            .build()
+            .ok()?;
+        let (mut ids, mut rows) = (vec![], vec![]);
+        for batch in reader {
+            let batch = batch.ok()?;
+            ids.extend_from_slice(batch.column(0).as_primitive::<UInt64Type>().values());
+            let list = batch.column(1).as_list_opt::<i32>()?;
+            for r in 0..list.len() {
+                let v = list.value(r);
+                rows.push(v.as_primitive_opt::<Int32Type>()?.values().to_vec());
+            }
+        }
+        Some((ids, rows))
+    };
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(read))
+        .ok()
+        .flatten()
+}
+
+/// Flip one bit inside the `input_ids` column chunk of the shard at `file` such that the file
+/// still reads but some row's token ids come out changed: the flip that a Parquet reader cannot
+/// see (its pages carry no checksum). Bits are tried in file order from the middle of each
+/// chunk; the first row whose tokens changed is returned.
+pub fn flip_token_byte(file: &Path) -> Result<Flip> {
+    let shown = file.display().to_string();
+    let io = |e: std::io::Error| StoreError::Usage(format!("{shown}: {e}"));
+    let original = Bytes::from(std::fs::read(file).map_err(io)?);
+    let builder = ParquetRecordBatchReaderBuilder::try_new(original.clone())
+        .map_err(|e| StoreError::pq(&shown, e))?;
+    let meta = builder.metadata().clone();
+    let leaf = (0..meta.file_metadata().schema_descr().num_columns())
+        .find(|&i| meta.file_metadata().schema_descr().column(i).path().parts()[0] == "input_ids")
+        .ok_or_else(|| StoreError::corrupt(&shown, "no input_ids column"))?;
+    for rg in 0..meta.num_row_groups() {
+        let (ids, clean) = token_rows(&original, rg)
+            .ok_or_else(|| StoreError::corrupt(&shown, "does not read before the flip"))?;
+        let (start, len) = meta.row_group(rg).column(leaf).byte_range();
+        let (start, len) = (start as usize, len as usize);
+        let mut bytes = original.to_vec();
+        for k in 0..len {
+            let offset = start + (len / 2 + k) % len;
+            for bit in [0x10u8, 0x01, 0x80] {
+                bytes[offset] ^= bit;
+                let changed = token_rows(&Bytes::from(bytes.clone()), rg).and_then(|(_, rows)| {
+                    (rows.len() == clean.len())
+                        .then(|| rows.iter().zip(&clean).position(|(a, b)| a != b))
+                        .flatten()
+                });
+                if let Some(row) = changed {
+                    std::fs::write(file, &bytes).map_err(io)?;
+                    return Ok(Flip {
+                        file: file.to_path_buf(),
+                        row_group: rg,
+                        row,
+                        sample_id: ids[row],
+                        offset: offset as u64,
+                    });
+                }
+                bytes[offset] ^= bit;
+            }
+        }
+    }
+    Err(StoreError::Usage(format!(
+        "{shown}: no single flipped bit in input_ids leaves the file readable with other tokens"
     )))
 }
