@@ -297,6 +297,11 @@ fn check_batch(
         );
         return;
     };
+    // A batch whose columns cannot be read is one problem, reported by its reason.
+    let unreadable = |e: StoreError| match e {
+        StoreError::Corrupt { reason, .. } => reason,
+        e => e.to_string(),
+    };
     let cols = match schema
         .points
         .iter()
@@ -304,23 +309,15 @@ fn check_batch(
         .collect::<Result<Vec<_>>>()
     {
         Ok(c) => c,
-        Err(StoreError::Corrupt { reason, .. }) => {
-            problem(None, reason);
-            return;
-        }
         Err(e) => {
-            problem(None, e.to_string());
+            problem(None, unreadable(e));
             return;
         }
     };
     let tokens = match TokenRows::from_batch(b, "", None) {
         Ok(t) => t,
-        Err(StoreError::Corrupt { reason, .. }) => {
-            problem(None, reason);
-            return;
-        }
         Err(e) => {
-            problem(None, e.to_string());
+            problem(None, unreadable(e));
             return;
         }
     };

@@ -135,6 +135,28 @@ pub struct ValueAt<'a> {
     pub column: &'a str,
 }
 
+impl<'a> ValueAt<'a> {
+    /// Row `row` of a batch read from `file`'s `row_group`, with its sample id where the batch
+    /// has that column.
+    fn row_of(
+        file: &'a str,
+        row_group: Option<usize>,
+        sample_ids: Option<&UInt64Array>,
+        row: usize,
+        column: &'a str,
+    ) -> Self {
+        ValueAt {
+            file: Some(file),
+            row_group,
+            row: Some(row),
+            sample_id: sample_ids
+                .filter(|ids| row < ids.len())
+                .map(|ids| ids.value(row)),
+            column,
+        }
+    }
+}
+
 /// Where a value sits, as errors print it: `file: row group 2: row 3 (sample 17) layer_30`,
 /// leaving out what is not known.
 pub fn describe_site(
@@ -357,17 +379,13 @@ impl TensorColumn {
     }
 
     fn at<'a>(&'a self, row: usize, column: &'a str) -> ValueAt<'a> {
-        ValueAt {
-            file: Some(&self.file),
-            row_group: self.row_group,
-            row: Some(row),
-            sample_id: self
-                .sample_ids
-                .as_ref()
-                .filter(|ids| row < ids.len())
-                .map(|ids| ids.value(row)),
+        ValueAt::row_of(
+            &self.file,
+            self.row_group,
+            self.sample_ids.as_ref(),
+            row,
             column,
-        }
+        )
     }
 
     /// Decode row `row`, which holds `tokens` tokens, into `out` and, for fp8, its scales into
@@ -615,17 +633,13 @@ impl TokenRows {
 
     /// Check row `row`'s tokens against its checksum.
     pub fn check_row(&self, row: usize) -> Result<()> {
-        let at = ValueAt {
-            file: Some(&self.file),
-            row_group: self.row_group,
-            row: Some(row),
-            sample_id: self
-                .sample_ids
-                .as_ref()
-                .filter(|s| row < s.len())
-                .map(|s| s.value(row)),
-            column: "input_ids/loss_mask",
-        };
+        let at = ValueAt::row_of(
+            &self.file,
+            self.row_group,
+            self.sample_ids.as_ref(),
+            row,
+            "input_ids/loss_mask",
+        );
         let bad = |reason: String| ValueError { reason }.at(&at);
         if self.unsummed_pass && self.sums.is_null(row) {
             return Ok(());
