@@ -1,7 +1,7 @@
 //! A model's chat template rendered the way transformers renders it: Jinja with `trim_blocks` and
 //! `lstrip_blocks`, loop controls, Python string methods, transformers' `tojson`,
 //! `raise_exception` and `strftime_now`, and the special tokens as variables. `{% generation %}`
-//! blocks come back as character spans of the rendered text.
+//! blocks come back as byte spans of the rendered text.
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
@@ -26,12 +26,12 @@ pub struct ChatTemplate {
     globals: Vec<(String, Value)>,
 }
 
-/// Text rendered from a conversation, with the `{% generation %}` spans in characters.
+/// Text rendered from a conversation, with the `{% generation %}` spans in bytes.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Rendered {
     /// The rendered text, markers removed.
     pub text: String,
-    /// `[start, end)` character ranges that `{% generation %}` blocks produced.
+    /// `[start, end)` byte ranges that `{% generation %}` blocks produced.
     pub generation_spans: Vec<(usize, usize)>,
 }
 
@@ -391,12 +391,11 @@ fn split_markers(raw: &str) -> Result<Rendered, RecordError> {
     let mut text = String::with_capacity(raw.len());
     let mut spans = vec![];
     let mut open: Option<usize> = None;
-    let mut chars = 0usize;
     for c in raw.chars() {
         match c {
-            GEN_START if open.is_none() => open = Some(chars),
+            GEN_START if open.is_none() => open = Some(text.len()),
             GEN_END => match open.take() {
-                Some(s) => spans.push((s, chars)),
+                Some(s) => spans.push((s, text.len())),
                 None => {
                     return Err(RecordError::Template(
                         "{% endgeneration %} without {% generation %}".into(),
@@ -408,10 +407,7 @@ fn split_markers(raw: &str) -> Result<Rendered, RecordError> {
                     "nested {% generation %} blocks".into(),
                 ))
             }
-            _ => {
-                text.push(c);
-                chars += 1;
-            }
+            _ => text.push(c),
         }
     }
     if open.is_some() {
@@ -467,7 +463,7 @@ mod tests {
     }
 
     #[test]
-    fn returns_generation_spans_in_characters() {
+    fn returns_generation_spans_in_bytes() {
         let t = template("{% for m in messages %}{% if m.role == 'assistant' %}A:\n{% generation %}\n{{ m.content }}!{% endgeneration %}\n\n{% else %}U:{{ m.content }}\n{% endif %}{% endfor %}");
         let r = render(
             &t,
@@ -480,7 +476,7 @@ mod tests {
         .unwrap();
         // trim_blocks drops the newline after each block tag, as around the original tags.
         assert_eq!(r.text, "U:é\nA:\nü!\n");
-        assert_eq!(r.generation_spans, vec![(7, 9)]);
+        assert_eq!(r.generation_spans, vec![(8, 11)]);
     }
 
     #[test]

@@ -1,0 +1,552 @@
+//! Rendered text to token ids with each token's byte range, exactly as `tokenizers` encodes it
+//! with `add_special_tokens=false`.
+//!
+//! Two paths, chosen once per tokenizer ([`EncodePath`]):
+//! - **byte-level BPE** (GPT-2, Llama 3, Qwen, DeepSeek-V3, SmolLM2 …): the same steps as
+//!   `tokenizers` — split off added tokens (two leftmost-longest passes, tokens matched on the raw
+//!   text first, then those marked `normalized`), split each remaining segment with the
+//!   pre-tokenizer's regex, map each piece to byte-level characters and hand it to the
+//!   tokenizer's own BPE model — but without `tokenizers`' per-character alignment bookkeeping,
+//!   which cost most of an encode. A token's byte range follows from the bytes it stands for
+//!   (byte-level BPE tokens cover their piece's bytes in order, one byte per character), widened
+//!   to character boundaries as `tokenizers`' offsets are. Pieces are cached per thread, so a
+//!   word or a template's recurring text is split into tokens once.
+//! - **full**: `Tokenizer::encode`, for every other tokenizer (a normalizer, a prefix space,
+//!   offsets trimmed by the post-processor, added tokens that strip spaces or match whole words,
+//!   a model other than BPE, BPE dropout), each a named reason. A byte-level encode whose tokens
+//!   do not cover their piece exactly also falls back to it, for that text.
+use std::cell::RefCell;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use daachorse::{DoubleArrayAhoCorasick, DoubleArrayAhoCorasickBuilder, MatchKind};
+use rustc_hash::FxHashMap;
+use tokenizers::models::ModelWrapper;
+use tokenizers::pre_tokenizers::PreTokenizerWrapper;
+use tokenizers::processors::PostProcessorWrapper;
+use tokenizers::utils::SysRegex;
+use tokenizers::{Model, SplitDelimiterBehavior, Tokenizer};
+
+use crate::error::RecordError;
+
+/// The regex `tokenizers`' `ByteLevel` pre-tokenizer splits with when `use_regex` is set (GPT-2's).
+const GPT2_SPLIT: &str =
+    r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+";
+
+/// Pieces longer than this are tokenized without the cache (long runs of one character, code).
+const CACHED_PIECE_BYTES: usize = 256;
+/// Cache entries per thread before it starts over.
+const CACHE_ENTRIES: usize = 1 << 18;
+
+/// Which way text is encoded.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EncodePath {
+    /// The direct byte-level BPE path.
+    ByteLevelBpe,
+    /// `Tokenizer::encode`, and why the direct path does not apply.
+    Full {
+        /// What in the tokenizer rules the direct path out.
+        reason: String,
+    },
+}
+
+impl std::fmt::Display for EncodePath {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            EncodePath::ByteLevelBpe => f.write_str("byte-level BPE, direct"),
+            EncodePath::Full { reason } => write!(f, "tokenizers' full encode ({reason})"),
+        }
+    }
+}
+
+/// Token ids and each token's `[start, end)` byte range in the text, on character boundaries.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Encoded {
+    /// Token ids.
+    pub ids: Vec<u32>,
+    /// Byte ranges, one per token.
+    pub offsets: Vec<(usize, usize)>,
+}
+
+/// Encodes text the way a loaded `tokenizer.json` does.
+pub struct Encoder {
+    direct: Result<ByteLevelBpe, String>,
+}
+
+struct ByteLevelBpe {
+    // Added tokens matched on the raw text, then those matched on normalized text (identical
+    // here: the direct path has no normalizer).
+    raw_added: Option<DoubleArrayAhoCorasick<u32>>,
+    normalized_added: Option<DoubleArrayAhoCorasick<u32>>,
+    split: SysRegex,
+    byte_char: [char; 256],
+    // Tells this encoder's entries in a thread's cache from another encoder's.
+    cache_owner: u64,
+}
+
+// GPT-2's byte-to-character table, as `tokenizers`' ByteLevel builds it: printable Latin-1
+// bytes stand for themselves, the others for U+0100 onwards in byte order.
+fn byte_chars() -> [char; 256] {
+    let printable = |b: u8| (b'!'..=b'~').contains(&b) || (0xA1..=0xAC).contains(&b) || b >= 0xAE;
+    let mut table = ['\0'; 256];
+    let mut next = 256u32;
+    for b in 0..=255u8 {
+        table[b as usize] = if printable(b) {
+            char::from(b)
+        } else {
+            next += 1;
+            char::from_u32(next - 1).expect("U+0100..U+0143 are characters")
+        };
+    }
+    table
+}
+
+// The regex of a pre-tokenizer the direct path reproduces: ByteLevel with its own regex, or a
+// Split (isolated matches) followed by a ByteLevel without one. Both without a prefix space.
+fn split_regex(pre: Option<&PreTokenizerWrapper>) -> Result<String, String> {
+    let byte_level_ok = |add_prefix_space: bool| {
+        if add_prefix_space {
+            Err("the ByteLevel pre-tokenizer adds a prefix space".to_string())
+        } else {
+            Ok(())
+        }
+    };
+    match pre {
+        Some(PreTokenizerWrapper::ByteLevel(bl)) if bl.use_regex => {
+            byte_level_ok(bl.add_prefix_space)?;
+            Ok(GPT2_SPLIT.to_string())
+        }
+        Some(PreTokenizerWrapper::Sequence(seq)) => match seq.as_ref() {
+            [PreTokenizerWrapper::Split(split), PreTokenizerWrapper::ByteLevel(bl)]
+                if !bl.use_regex =>
+            {
+                byte_level_ok(bl.add_prefix_space)?;
+                if split.invert || split.behavior != SplitDelimiterBehavior::Isolated {
+                    return Err("the Split pre-tokenizer does not isolate its matches".into());
+                }
+                // The pattern as tokenizers compiles it: a string matches literally.
+                let json = serde_json::to_value(&split.pattern).map_err(|e| e.to_string())?;
+                match (json.get("Regex"), json.get("String")) {
+                    (Some(serde_json::Value::String(re)), _) => Ok(re.clone()),
+                    (_, Some(serde_json::Value::String(s))) => Ok(regex::escape(s)),
+                    _ => Err(format!("unknown Split pattern {json}")),
+                }
+            }
+            _ => Err("the pre-tokenizer sequence is not Split then ByteLevel".into()),
+        },
+        _ => Err("the pre-tokenizer is not byte-level".into()),
+    }
+}
+
+// Whether the post-processor leaves ids and offsets alone without special tokens added.
+fn post_processor_ok(pp: &PostProcessorWrapper) -> Result<(), String> {
+    match pp {
+        PostProcessorWrapper::ByteLevel(bl) if bl.trim_offsets => {
+            Err("the ByteLevel post-processor trims offsets".into())
+        }
+        PostProcessorWrapper::Roberta(r) if r.trim_offsets => {
+            Err("the Roberta post-processor trims offsets".into())
+        }
+        PostProcessorWrapper::Sequence(seq) => (0..)
+            .map_while(|i| seq.get(i))
+            .try_for_each(post_processor_ok),
+        _ => Ok(()),
+    }
+}
+
+fn added_matcher(pairs: Vec<(&str, u32)>) -> Result<Option<DoubleArrayAhoCorasick<u32>>, String> {
+    if pairs.is_empty() {
+        return Ok(None);
+    }
+    DoubleArrayAhoCorasickBuilder::new()
+        .match_kind(MatchKind::LeftmostLongest)
+        .build_with_values(pairs)
+        .map(Some)
+        .map_err(|e| format!("cannot build the added-token matcher: {e}"))
+}
+
+impl ByteLevelBpe {
+    fn new(tokenizer: &Tokenizer) -> Result<Self, String> {
+        if tokenizer.get_normalizer().is_some() {
+            return Err("the tokenizer has a normalizer".into());
+        }
+        let pattern = split_regex(tokenizer.get_pre_tokenizer())?;
+        if let Some(pp) = tokenizer.get_post_processor() {
+            post_processor_ok(pp)?;
+        }
+        match tokenizer.get_model() {
+            ModelWrapper::BPE(bpe) if bpe.dropout.is_none_or(|p| p == 0.0) => {}
+            ModelWrapper::BPE(_) => return Err("the BPE model uses dropout".into()),
+            _ => return Err("the model is not BPE".into()),
+        }
+        if tokenizer.get_encode_special_tokens() {
+            return Err("special tokens are encoded as text".into());
+        }
+        let decoder = tokenizer.get_added_tokens_decoder();
+        let (mut raw, mut normalized) = (vec![], vec![]);
+        for (id, t) in &decoder {
+            if t.lstrip || t.rstrip || t.single_word {
+                return Err(format!(
+                    "added token {:?} strips spaces or matches whole words only",
+                    t.content
+                ));
+            }
+            if !t.content.is_empty() {
+                if t.normalized {
+                    normalized.push((t.content.as_str(), *id));
+                } else {
+                    raw.push((t.content.as_str(), *id));
+                }
+            }
+        }
+        static OWNERS: AtomicU64 = AtomicU64::new(0);
+        Ok(ByteLevelBpe {
+            raw_added: added_matcher(raw)?,
+            normalized_added: added_matcher(normalized)?,
+            split: SysRegex::new(&pattern)
+                .map_err(|e| format!("cannot compile the split regex {pattern:?}: {e}"))?,
+            byte_char: byte_chars(),
+            cache_owner: OWNERS.fetch_add(1, Ordering::Relaxed),
+        })
+    }
+
+    // Appends the added-token and text segments of `text[range]` to `out`, as tokenizers'
+    // `find_matches` splits them.
+    fn split_added(
+        matcher: Option<&DoubleArrayAhoCorasick<u32>>,
+        text: &str,
+        base: usize,
+        out: &mut Vec<(usize, usize, Option<u32>)>,
+    ) {
+        let Some(m) = matcher else {
+            out.push((base, base + text.len(), None));
+            return;
+        };
+        let mut at = 0;
+        for hit in m.leftmost_find_iter(text) {
+            if at < hit.start() {
+                out.push((base + at, base + hit.start(), None));
+            }
+            out.push((base + hit.start(), base + hit.end(), Some(hit.value())));
+            at = hit.end();
+        }
+        if at < text.len() {
+            out.push((base + at, base + text.len(), None));
+        }
+    }
+
+    // Ids and byte lengths of one piece, as the BPE model splits it; None when the model's
+    // tokens do not cover the piece's bytes in order.
+    fn encode_piece(
+        &self,
+        tokenizer: &Tokenizer,
+        piece: &str,
+    ) -> Result<Option<Vec<(u32, u32)>>, RecordError> {
+        let mut mapped = String::with_capacity(piece.len() * 2);
+        // Byte k of the piece is the character starting at mapped byte `starts[k]`.
+        let mut starts = Vec::with_capacity(piece.len() + 1);
+        for &b in piece.as_bytes() {
+            starts.push(mapped.len());
+            mapped.push(self.byte_char[b as usize]);
+        }
+        starts.push(mapped.len());
+        let tokens = tokenizer
+            .get_model()
+            .tokenize(&mapped)
+            .map_err(|e| RecordError::Tokenize(e.to_string()))?;
+        let mut out = Vec::with_capacity(tokens.len());
+        let mut at = 0usize;
+        for t in tokens {
+            let (s, e) = t.offsets;
+            let (Ok(start), Ok(end)) = (starts.binary_search(&s), starts.binary_search(&e)) else {
+                return Ok(None);
+            };
+            if start != at || end <= start {
+                return Ok(None);
+            }
+            out.push((t.id, (end - start) as u32));
+            at = end;
+        }
+        Ok((at == piece.len()).then_some(out))
+    }
+
+    fn encode(&self, tokenizer: &Tokenizer, text: &str) -> Result<Option<Encoded>, RecordError> {
+        let mut segments = Vec::new();
+        let mut raw = Vec::new();
+        Self::split_added(self.raw_added.as_ref(), text, 0, &mut raw);
+        for (s, e, id) in raw {
+            match id {
+                Some(_) => segments.push((s, e, id)),
+                None => Self::split_added(
+                    self.normalized_added.as_ref(),
+                    &text[s..e],
+                    s,
+                    &mut segments,
+                ),
+            }
+        }
+        let mut enc = Encoded {
+            ids: Vec::with_capacity(text.len() / 3),
+            offsets: Vec::with_capacity(text.len() / 3),
+        };
+        CACHE
+            .with(|cache| -> Result<Option<()>, RecordError> {
+                let mut cache = cache.borrow_mut();
+                if cache.owner != Some(self.cache_owner) || cache.pieces.len() >= CACHE_ENTRIES {
+                    cache.owner = Some(self.cache_owner);
+                    cache.pieces.clear();
+                }
+                for (s, e, id) in segments {
+                    if let Some(id) = id {
+                        enc.ids.push(id);
+                        enc.offsets.push((s, e));
+                        continue;
+                    }
+                    let segment = &text[s..e];
+                    let mut at = 0;
+                    let mut matches = self.split.find_iter(segment).peekable();
+                    // Isolated: every match is a piece, and so is the text between matches.
+                    while at < segment.len() {
+                        let (ps, pe) = match matches.peek() {
+                            Some(&(ms, me)) if ms == at => {
+                                matches.next();
+                                (ms, me)
+                            }
+                            Some(&(ms, _)) => (at, ms),
+                            None => (at, segment.len()),
+                        };
+                        if pe == ps {
+                            continue;
+                        }
+                        let piece = &segment[ps..pe];
+                        at = pe;
+                        let start = s + ps;
+                        if let Some(tokens) = cache.pieces.get(piece) {
+                            push_tokens(&mut enc, start, tokens);
+                            continue;
+                        }
+                        let Some(tokens) = self.encode_piece(tokenizer, piece)? else {
+                            return Ok(None);
+                        };
+                        push_tokens(&mut enc, start, &tokens);
+                        if piece.len() <= CACHED_PIECE_BYTES {
+                            cache.pieces.insert(piece.into(), tokens.into_boxed_slice());
+                        }
+                    }
+                }
+                Ok(Some(()))
+            })
+            .map(|done| {
+                done.map(|()| {
+                    widen_to_chars(text, &mut enc.offsets);
+                    enc
+                })
+            })
+    }
+}
+
+fn push_tokens(enc: &mut Encoded, mut pos: usize, tokens: &[(u32, u32)]) {
+    for &(id, len) in tokens {
+        enc.ids.push(id);
+        enc.offsets.push((pos, pos + len as usize));
+        pos += len as usize;
+    }
+}
+
+// A token inside a multi-byte character covers the whole character in tokenizers' offsets.
+fn widen_to_chars(text: &str, offsets: &mut [(usize, usize)]) {
+    if text.is_ascii() {
+        return;
+    }
+    for (s, e) in offsets.iter_mut() {
+        while !text.is_char_boundary(*s) {
+            *s -= 1;
+        }
+        while !text.is_char_boundary(*e) {
+            *e += 1;
+        }
+    }
+}
+
+#[derive(Default)]
+struct PieceCache {
+    owner: Option<u64>,
+    pieces: FxHashMap<Box<str>, Box<[(u32, u32)]>>,
+}
+
+thread_local! {
+    static CACHE: RefCell<PieceCache> = RefCell::default();
+}
+
+impl Encoder {
+    /// Chooses the path for `tokenizer`.
+    pub fn new(tokenizer: &Tokenizer) -> Self {
+        Encoder {
+            direct: ByteLevelBpe::new(tokenizer),
+        }
+    }
+
+    /// The path this encoder takes.
+    pub fn path(&self) -> EncodePath {
+        match &self.direct {
+            Ok(_) => EncodePath::ByteLevelBpe,
+            Err(reason) => EncodePath::Full {
+                reason: reason.clone(),
+            },
+        }
+    }
+
+    /// Encodes `text` as `tokenizer.encode(text, false)` does, byte offsets included.
+    pub fn encode(&self, tokenizer: &Tokenizer, text: &str) -> Result<Encoded, RecordError> {
+        if let Ok(direct) = &self.direct {
+            if let Some(enc) = direct.encode(tokenizer, text)? {
+                return Ok(enc);
+            }
+            tracing::debug!("byte-level tokens do not cover their text; full encode instead");
+        }
+        let enc = tokenizer
+            .encode(text, false)
+            .map_err(|e| RecordError::Tokenize(e.to_string()))?;
+        Ok(Encoded {
+            ids: enc.get_ids().to_vec(),
+            offsets: enc.get_offsets().to_vec(),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::str::FromStr;
+
+    // Text as byte-level characters (what the BPE vocabulary is written in).
+    fn bl(s: &str) -> String {
+        let table = byte_chars();
+        s.bytes().map(|b| table[b as usize]).collect()
+    }
+
+    // A small byte-level BPE tokenizer.json: every byte, a few merges (one inside "é", one
+    // inside an emoji, so tokens end mid-character), ChatML specials and a `normalized` added
+    // token; `edit` changes the JSON before it is loaded.
+    fn tokenizer(edit: impl FnOnce(&mut serde_json::Value)) -> Tokenizer {
+        let mut vocab: Vec<String> = byte_chars().iter().map(|c| c.to_string()).collect();
+        let emoji = bl("🙂");
+        let emoji: Vec<String> = emoji.chars().map(String::from).collect();
+        let merges: Vec<(String, String)> = vec![
+            ("h".into(), "e".into()),
+            ("l".into(), "l".into()),
+            ("he".into(), "ll".into()),
+            ("hell".into(), "o".into()),
+            (bl(" "), "w".into()),
+            (bl(" w"), "o".into()),
+            (bl("é")[..2].into(), bl("é")[2..].into()),
+            (emoji[0].clone(), emoji[1].clone()),
+        ];
+        for (a, b) in &merges {
+            vocab.push(format!("{a}{b}"));
+        }
+        let added = |id: usize, content: &str, normalized: bool| {
+            serde_json::json!({"id": id, "content": content, "single_word": false, "lstrip": false,
+                "rstrip": false, "normalized": normalized, "special": !normalized})
+        };
+        let n = vocab.len();
+        let vocab: serde_json::Map<String, serde_json::Value> = vocab
+            .into_iter()
+            .enumerate()
+            .map(|(i, t)| (t, i.into()))
+            .collect();
+        let mut json = serde_json::json!({
+            "version": "1.0", "truncation": null, "padding": null,
+            "added_tokens": [added(n, "<|im_start|>", false), added(n + 1, "<|im_end|>", false), added(n + 2, "<x>", true)],
+            "normalizer": null,
+            "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true},
+            "post_processor": {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": false, "use_regex": true},
+            "decoder": {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true},
+            "model": {"type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": null,
+                "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false, "ignore_merges": false,
+                "vocab": vocab, "merges": merges}
+        });
+        edit(&mut json);
+        Tokenizer::from_str(&json.to_string()).unwrap()
+    }
+
+    const TEXTS: &[&str] = &[
+        "",
+        "hello world",
+        "<|im_start|>user\nhéllo 🙂🙂 wo<|im_end|>\n<|im_start|>assistant\n",
+        "<|im_end|><|im_end|>x<|im_end|",
+        "a<x>b <x><|im_start|><x>",
+        "  lots   of\n\n spaces \t\r\n ",
+        "it's they'll 42 3.14 -- !!",
+        "e\u{301} 日本語 👩‍👩‍👧‍👦 🇫🇷 héhé",
+        "\u{200b}zero\u{200d}width",
+    ];
+
+    fn assert_same_as_tokenizers(tok: &Tokenizer, enc: &Encoder) {
+        for text in TEXTS {
+            let want = tok.encode(*text, false).unwrap();
+            let got = enc.encode(tok, text).unwrap();
+            assert_eq!(got.ids, want.get_ids(), "ids of {text:?}");
+            assert_eq!(got.offsets, want.get_offsets(), "offsets of {text:?}");
+        }
+    }
+
+    #[test]
+    fn byte_level_bpe_encodes_as_tokenizers_does() {
+        let tok = tokenizer(|_| {});
+        let enc = Encoder::new(&tok);
+        assert_eq!(enc.path(), EncodePath::ByteLevelBpe);
+        // Twice: the second time every piece comes from the cache.
+        assert_same_as_tokenizers(&tok, &enc);
+        assert_same_as_tokenizers(&tok, &enc);
+        // A token inside "é" covers the whole character, as tokenizers' offsets do.
+        let e = enc.encode(&tok, "é🙂").unwrap();
+        assert_eq!(e.offsets, [(0, 2), (2, 6), (2, 6), (2, 6)]);
+    }
+
+    #[test]
+    fn a_split_then_byte_level_pre_tokenizer_takes_the_direct_path() {
+        // Llama 3 and Qwen: the split regex is a Split pre-tokenizer, ByteLevel only maps bytes.
+        let tok = tokenizer(|j| {
+            j["pre_tokenizer"] = serde_json::json!({"type": "Sequence", "pretokenizers": [
+                {"type": "Split", "pattern": {"Regex": r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"}, "behavior": "Isolated", "invert": false},
+                {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": false, "use_regex": false}]});
+        });
+        let enc = Encoder::new(&tok);
+        assert_eq!(enc.path(), EncodePath::ByteLevelBpe);
+        assert_same_as_tokenizers(&tok, &enc);
+    }
+
+    #[test]
+    fn other_tokenizers_fall_back_to_the_full_encode_with_the_reason() {
+        let cases: [(&str, Box<dyn Fn(&mut serde_json::Value)>); 5] = [
+            (
+                "normalizer",
+                Box::new(|j| j["normalizer"] = serde_json::json!({"type": "NFC"})),
+            ),
+            (
+                "adds a prefix space",
+                Box::new(|j| j["pre_tokenizer"]["add_prefix_space"] = true.into()),
+            ),
+            (
+                "trims offsets",
+                Box::new(|j| j["post_processor"]["trim_offsets"] = true.into()),
+            ),
+            (
+                "strips spaces",
+                Box::new(|j| j["added_tokens"][1]["lstrip"] = true.into()),
+            ),
+            ("dropout", Box::new(|j| j["model"]["dropout"] = 0.5.into())),
+        ];
+        for (reason, edit) in cases {
+            let tok = tokenizer(edit);
+            let enc = Encoder::new(&tok);
+            match enc.path() {
+                EncodePath::Full { reason: r } => assert!(r.contains(reason), "{r}"),
+                p => panic!("{reason}: {p}"),
+            }
+            if reason != "dropout" {
+                assert_same_as_tokenizers(&tok, &enc);
+            }
+        }
+    }
+}
