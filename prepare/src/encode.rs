@@ -78,6 +78,8 @@ struct ByteLevelBpe {
     raw_added: Option<DoubleArrayAhoCorasick<u32>>,
     normalized_added: Option<DoubleArrayAhoCorasick<u32>>,
     split: SysRegex,
+    // The split regex is GPT-2's, which ASCII text may skip (`gpt2_ascii_split`).
+    gpt2: bool,
     byte_char: [char; 256],
     // Tells this encoder's entries in a thread's cache from another encoder's.
     cache_owner: u64,
@@ -204,6 +206,7 @@ impl ByteLevelBpe {
             normalized_added: added_matcher(normalized)?,
             split: SysRegex::new(&pattern)
                 .map_err(|e| format!("cannot compile the split regex {pattern:?}: {e}"))?,
+            gpt2: pattern == GPT2_SPLIT,
             byte_char: byte_chars(),
             cache_owner: OWNERS.fetch_add(1, Ordering::Relaxed),
         })
@@ -288,6 +291,7 @@ impl ByteLevelBpe {
             ids: Vec::with_capacity(text.len() / 3),
             offsets: Vec::with_capacity(text.len() / 3),
         };
+        let mut pieces = Vec::new();
         CACHE
             .with(|cache| -> Result<Option<()>, RecordError> {
                 let mut cache = cache.borrow_mut();
@@ -302,23 +306,14 @@ impl ByteLevelBpe {
                         continue;
                     }
                     let segment = &text[s..e];
-                    let mut at = 0;
-                    let mut matches = self.split.find_iter(segment).peekable();
-                    // Isolated: every match is a piece, and so is the text between matches.
-                    while at < segment.len() {
-                        let (ps, pe) = match matches.peek() {
-                            Some(&(ms, me)) if ms == at => {
-                                matches.next();
-                                (ms, me)
-                            }
-                            Some(&(ms, _)) => (at, ms),
-                            None => (at, segment.len()),
-                        };
-                        if pe == ps {
-                            continue;
-                        }
+                    pieces.clear();
+                    if self.gpt2 && gpt2_ascii_applies(segment) {
+                        gpt2_ascii_split(segment, &mut pieces);
+                    } else {
+                        regex_split(&self.split, segment, &mut pieces);
+                    }
+                    for &(ps, pe) in &pieces {
                         let piece = &segment[ps..pe];
-                        at = pe;
                         let start = s + ps;
                         if let Some(tokens) = cache.pieces.get(piece) {
                             push_tokens(&mut enc, start, tokens);
@@ -341,6 +336,94 @@ impl ByteLevelBpe {
                     enc
                 })
             })
+    }
+}
+
+// GPT-2's split regex without the regex engine, for text of printable ASCII, tab, CR and LF
+// only (where `\p{L}` is [A-Za-z], `\p{N}` is [0-9] and `\s` is space, tab, CR, LF): the
+// alternatives tried in order at each position, as Oniguruma does. Other text goes to the
+// engine; `ascii_split_equals_the_regex` checks the two agree.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum AsciiClass {
+    Letter,
+    Number,
+    Space,
+    Other,
+}
+
+fn ascii_class(b: u8) -> AsciiClass {
+    match b {
+        b'a'..=b'z' | b'A'..=b'Z' => AsciiClass::Letter,
+        b'0'..=b'9' => AsciiClass::Number,
+        b' ' | b'\t' | b'\n' | b'\r' => AsciiClass::Space,
+        _ => AsciiClass::Other,
+    }
+}
+
+fn gpt2_ascii_applies(text: &str) -> bool {
+    text.bytes()
+        .all(|b| (0x20..0x7f).contains(&b) || matches!(b, b'\t' | b'\n' | b'\r'))
+}
+
+// Bytes of the contraction (after the apostrophe) that `'s|'t|'re|'ve|'m|'ll|'d` match.
+fn contraction(rest: &[u8]) -> Option<usize> {
+    match rest {
+        [b's' | b't' | b'm' | b'd', ..] => Some(1),
+        [b'r', b'e', ..] | [b'v', b'e', ..] | [b'l', b'l', ..] => Some(2),
+        _ => None,
+    }
+}
+
+fn gpt2_ascii_split(text: &str, out: &mut Vec<(usize, usize)>) {
+    let s = text.as_bytes();
+    let n = s.len();
+    let run_end = |from: usize, class: AsciiClass| {
+        s[from..]
+            .iter()
+            .position(|&b| ascii_class(b) != class)
+            .map_or(n, |p| from + p)
+    };
+    let mut i = 0;
+    while i < n {
+        let next = s.get(i + 1).map(|&b| ascii_class(b));
+        let end = match (s[i], ascii_class(s[i]), next) {
+            // 's 't 're 've 'm 'll 'd
+            (b'\'', _, _) if contraction(&s[i + 1..]).is_some() => {
+                i + 1 + contraction(&s[i + 1..]).unwrap_or(0)
+            }
+            // ` ?\p{L}+`, ` ?\p{N}+`, ` ?[^\s\p{L}\p{N}]+`: an optional space, then a run.
+            (b' ', _, Some(c)) if c != AsciiClass::Space => run_end(i + 1, c),
+            (_, c, _) if c != AsciiClass::Space => run_end(i, c),
+            // `\s+(?!\S)` gives back the last space of a run that a non-space follows; `\s+`
+            // takes a lone one.
+            _ => {
+                let j = run_end(i, AsciiClass::Space);
+                if j < n && j - i >= 2 {
+                    j - 1
+                } else {
+                    j
+                }
+            }
+        };
+        out.push((i, end));
+        i = end;
+    }
+}
+
+// Isolated pieces of `text` by `re`: every match, and the text between matches.
+fn regex_split(re: &SysRegex, text: &str, out: &mut Vec<(usize, usize)>) {
+    let mut at = 0;
+    for (start, end) in re.find_iter(text) {
+        if at < start {
+            out.push((at, start));
+        }
+        if start < end {
+            out.push((start, end));
+        }
+        at = end;
+    }
+    if at < text.len() {
+        out.push((at, text.len()));
     }
 }
 
@@ -487,6 +570,58 @@ mod tests {
             let got = enc.encode(tok, text).unwrap();
             assert_eq!(got.ids, want.get_ids(), "ids of {text:?}");
             assert_eq!(got.offsets, want.get_offsets(), "offsets of {text:?}");
+        }
+    }
+
+    #[test]
+    fn ascii_split_equals_the_regex() {
+        let re = SysRegex::new(GPT2_SPLIT).unwrap();
+        let check = |text: &str| {
+            assert!(gpt2_ascii_applies(text), "{text:?}");
+            let (mut want, mut got) = (vec![], vec![]);
+            regex_split(&re, text, &mut want);
+            gpt2_ascii_split(text, &mut got);
+            assert_eq!(got, want, "pieces of {text:?}");
+        };
+        for text in [
+            "",
+            " ",
+            "  ",
+            "it's",
+            "'s'll'd'm're've't",
+            "'S 'l 'r ''s",
+            "x' '",
+            "  a",
+            "\n\n a",
+            "a  \n",
+            "a \t b",
+            "\r\n\r\nx",
+            "3.14 42abc",
+            " !? ?! a",
+            "  42  ",
+            "don't  'll",
+        ] {
+            check(text);
+        }
+        // Random text over the characters the alternatives care about.
+        let alphabet = b"aZst dmrevl'09 \t\n\r !?._-";
+        let mut x = 0x9E37_79B9_7F4A_7C15u64;
+        for len in 0..48 {
+            for _ in 0..300 {
+                let text: String = (0..len)
+                    .map(|_| {
+                        x ^= x << 13;
+                        x ^= x >> 7;
+                        x ^= x << 17;
+                        alphabet[(x % alphabet.len() as u64) as usize] as char
+                    })
+                    .collect();
+                check(&text);
+            }
+        }
+        // Text outside printable ASCII, tab, CR and LF goes to the regex engine.
+        for text in ["é", "a\u{b}b", "a\u{c}", "\u{1c}", "\u{7f}", "\0"] {
+            assert!(!gpt2_ascii_applies(text), "{text:?}");
         }
     }
 
