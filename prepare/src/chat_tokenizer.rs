@@ -346,6 +346,28 @@ mod tests {
     }
 
     #[test]
+    fn ignores_truncation_and_padding_set_in_tokenizer_json() {
+        // transformers' apply_chat_template turns both off; so must we.
+        let dir = tempfile::tempdir().unwrap();
+        let model = test_model::write(dir.path(), test_model::CHATML);
+        let path = model.join("tokenizer.json");
+        let mut json: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        json["truncation"] = serde_json::json!({"direction": "Right", "max_length": 3, "strategy": "LongestFirst", "stride": 0});
+        json["padding"] = serde_json::json!({"strategy": {"Fixed": 64}, "direction": "Right", "pad_to_multiple_of": null, "pad_id": 0, "pad_type_id": 0, "pad_token": "[UNK]"});
+        std::fs::write(&path, json.to_string()).unwrap();
+        let tok =
+            ChatTokenizer::from_model_dir(&model, LossOn::Assistant, &Default::default()).unwrap();
+        let t = tok
+            .tokenize(&conv(&[
+                (Role::User, "q"),
+                (Role::Assistant, "hello there"),
+            ]))
+            .unwrap();
+        assert_eq!(t.input_ids, [1, 4, 9, 2, 1, 5, 7, 8, 2]);
+    }
+
+    #[test]
     fn all_tokens_get_loss_with_loss_on_all() {
         let (_d, tok) = tokenizer(test_model::CHATML, LossOn::All);
         let t = tok.tokenize(&conv(&[(Role::User, "q")])).unwrap();
