@@ -77,8 +77,9 @@ struct ByteLevelBpe {
     // here: the direct path has no normalizer).
     raw_added: Option<DoubleArrayAhoCorasick<u32>>,
     normalized_added: Option<DoubleArrayAhoCorasick<u32>>,
-    split: SysRegex,
-    // The split regex is GPT-2's, which ASCII text may skip (`gpt2_ascii_split`).
+    // Each splits the pieces of the one before.
+    splits: Vec<SysRegex>,
+    // The only split regex is GPT-2's, which ASCII text may skip (`gpt2_ascii_split`).
     gpt2: bool,
     byte_char: [char; 256],
     // Tells this encoder's entries in a thread's cache from another encoder's.
@@ -102,41 +103,41 @@ fn byte_chars() -> [char; 256] {
     table
 }
 
-// The regex of a pre-tokenizer the direct path reproduces: ByteLevel with its own regex, or a
-// Split (isolated matches) followed by a ByteLevel without one. Both without a prefix space.
-fn split_regex(pre: Option<&PreTokenizerWrapper>) -> Result<String, String> {
-    let byte_level_ok = |add_prefix_space: bool| {
-        if add_prefix_space {
-            Err("the ByteLevel pre-tokenizer adds a prefix space".to_string())
-        } else {
-            Ok(())
-        }
+// The regexes, applied in turn, of a pre-tokenizer the direct path reproduces: ByteLevel with
+// its own (GPT-2's) regex, or Splits that isolate their matches (Llama 3, Qwen, DeepSeek-V3)
+// followed by a ByteLevel, with or without its regex. No prefix space.
+fn split_regexes(pre: Option<&PreTokenizerWrapper>) -> Result<Vec<String>, String> {
+    let steps: &[PreTokenizerWrapper] = match pre {
+        Some(PreTokenizerWrapper::Sequence(seq)) => seq.as_ref(),
+        Some(p) => std::slice::from_ref(p),
+        None => &[],
     };
-    match pre {
-        Some(PreTokenizerWrapper::ByteLevel(bl)) if bl.use_regex => {
-            byte_level_ok(bl.add_prefix_space)?;
-            Ok(GPT2_SPLIT.to_string())
-        }
-        Some(PreTokenizerWrapper::Sequence(seq)) => match seq.as_ref() {
-            [PreTokenizerWrapper::Split(split), PreTokenizerWrapper::ByteLevel(bl)]
-                if !bl.use_regex =>
-            {
-                byte_level_ok(bl.add_prefix_space)?;
-                if split.invert || split.behavior != SplitDelimiterBehavior::Isolated {
-                    return Err("the Split pre-tokenizer does not isolate its matches".into());
-                }
-                // The pattern as tokenizers compiles it: a string matches literally.
-                let json = serde_json::to_value(&split.pattern).map_err(|e| e.to_string())?;
-                match (json.get("Regex"), json.get("String")) {
-                    (Some(serde_json::Value::String(re)), _) => Ok(re.clone()),
-                    (_, Some(serde_json::Value::String(s))) => Ok(regex::escape(s)),
-                    _ => Err(format!("unknown Split pattern {json}")),
-                }
-            }
-            _ => Err("the pre-tokenizer sequence is not Split then ByteLevel".into()),
-        },
-        _ => Err("the pre-tokenizer is not byte-level".into()),
+    let Some((PreTokenizerWrapper::ByteLevel(bl), splits)) = steps.split_last() else {
+        return Err("the pre-tokenizer does not end in ByteLevel".into());
+    };
+    if bl.add_prefix_space {
+        return Err("the ByteLevel pre-tokenizer adds a prefix space".into());
     }
+    let mut out = vec![];
+    for step in splits {
+        let PreTokenizerWrapper::Split(split) = step else {
+            return Err("the pre-tokenizer has steps other than Split before ByteLevel".into());
+        };
+        if split.invert || split.behavior != SplitDelimiterBehavior::Isolated {
+            return Err("a Split pre-tokenizer does not isolate its matches".into());
+        }
+        // The pattern as tokenizers compiles it: a string matches literally.
+        let json = serde_json::to_value(&split.pattern).map_err(|e| e.to_string())?;
+        out.push(match (json.get("Regex"), json.get("String")) {
+            (Some(serde_json::Value::String(re)), _) => re.clone(),
+            (_, Some(serde_json::Value::String(s))) => regex::escape(s),
+            _ => return Err(format!("unknown Split pattern {json}")),
+        });
+    }
+    if bl.use_regex {
+        out.push(GPT2_SPLIT.to_string());
+    }
+    Ok(out)
 }
 
 // Whether the post-processor leaves ids and offsets alone without special tokens added.
@@ -171,7 +172,7 @@ impl ByteLevelBpe {
         if tokenizer.get_normalizer().is_some() {
             return Err("the tokenizer has a normalizer".into());
         }
-        let pattern = split_regex(tokenizer.get_pre_tokenizer())?;
+        let patterns = split_regexes(tokenizer.get_pre_tokenizer())?;
         if let Some(pp) = tokenizer.get_post_processor() {
             post_processor_ok(pp)?;
         }
@@ -204,9 +205,14 @@ impl ByteLevelBpe {
         Ok(ByteLevelBpe {
             raw_added: added_matcher(raw)?,
             normalized_added: added_matcher(normalized)?,
-            split: SysRegex::new(&pattern)
-                .map_err(|e| format!("cannot compile the split regex {pattern:?}: {e}"))?,
-            gpt2: pattern == GPT2_SPLIT,
+            splits: patterns
+                .iter()
+                .map(|p| {
+                    SysRegex::new(p)
+                        .map_err(|e| format!("cannot compile the split regex {p:?}: {e}"))
+                })
+                .collect::<Result<_, _>>()?,
+            gpt2: patterns == [GPT2_SPLIT],
             byte_char: byte_chars(),
             cache_owner: OWNERS.fetch_add(1, Ordering::Relaxed),
         })
@@ -310,7 +316,17 @@ impl ByteLevelBpe {
                     if self.gpt2 && gpt2_ascii_applies(segment) {
                         gpt2_ascii_split(segment, &mut pieces);
                     } else {
-                        regex_split(&self.split, segment, &mut pieces);
+                        pieces.push((0, segment.len()));
+                        for re in &self.splits {
+                            let whole = std::mem::take(&mut pieces);
+                            for (ws, we) in whole {
+                                let from = pieces.len();
+                                regex_split(re, &segment[ws..we], &mut pieces);
+                                for p in &mut pieces[from..] {
+                                    *p = (p.0 + ws, p.1 + ws);
+                                }
+                            }
+                        }
                     }
                     for &(ps, pe) in &pieces {
                         let piece = &segment[ps..pe];
@@ -649,11 +665,35 @@ mod tests {
         let enc = Encoder::new(&tok);
         assert_eq!(enc.path(), EncodePath::ByteLevelBpe);
         assert_same_as_tokenizers(&tok, &enc);
+        // DeepSeek-V3: several Splits in turn (digits, CJK runs, then the word regex), and a
+        // ByteLevel that splits once more with its own regex.
+        let tok = tokenizer(|j| {
+            j["pre_tokenizer"] = serde_json::json!({"type": "Sequence", "pretokenizers": [
+                {"type": "Split", "pattern": {"Regex": r"\p{N}{1,3}"}, "behavior": "Isolated", "invert": false},
+                {"type": "Split", "pattern": {"Regex": "[一-龥぀-ゟ゠-ヿ]+"}, "behavior": "Isolated", "invert": false},
+                {"type": "Split", "pattern": {"String": "o w"}, "behavior": "Isolated", "invert": false},
+                {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": false, "use_regex": true}]});
+        });
+        let enc = Encoder::new(&tok);
+        assert_eq!(enc.path(), EncodePath::ByteLevelBpe);
+        assert_same_as_tokenizers(&tok, &enc);
     }
 
     #[test]
     fn other_tokenizers_fall_back_to_the_full_encode_with_the_reason() {
-        let cases: [(&str, Box<dyn Fn(&mut serde_json::Value)>); 5] = [
+        let cases: [(&str, Box<dyn Fn(&mut serde_json::Value)>); 7] = [
+            (
+                "does not isolate",
+                Box::new(|j| {
+                    j["pre_tokenizer"] = serde_json::json!({"type": "Sequence", "pretokenizers": [
+                {"type": "Split", "pattern": {"Regex": " "}, "behavior": "MergedWithNext", "invert": false},
+                {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": false, "use_regex": false}]})
+                }),
+            ),
+            (
+                "does not end in ByteLevel",
+                Box::new(|j| j["pre_tokenizer"] = serde_json::json!({"type": "Whitespace"})),
+            ),
             (
                 "normalizer",
                 Box::new(|j| j["normalizer"] = serde_json::json!({"type": "NFC"})),
