@@ -681,7 +681,8 @@ mod tests {
 
     #[test]
     fn other_tokenizers_fall_back_to_the_full_encode_with_the_reason() {
-        let cases: [(&str, Box<dyn Fn(&mut serde_json::Value)>); 7] = [
+        type Edit = Box<dyn Fn(&mut serde_json::Value)>;
+        let cases: [(&str, Edit); 7] = [
             (
                 "does not isolate",
                 Box::new(|j| {

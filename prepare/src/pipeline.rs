@@ -86,6 +86,8 @@ impl Summary {
     }
 }
 
+type TokenizeResult = Result<Tokenized, RecordError>;
+
 // What turns a chunk's tokenized records into samples, in input order.
 struct Finisher<'a, E, D> {
     input: &'a Path,
@@ -101,11 +103,7 @@ where
     E: FnMut(Sample) -> Result<()>,
     D: FnMut(&str, &RecordError),
 {
-    fn finish(
-        &mut self,
-        chunk: &[ConversationRecord],
-        results: Vec<Result<Tokenized, RecordError>>,
-    ) -> Result<()> {
+    fn finish(&mut self, chunk: &[ConversationRecord], results: Vec<TokenizeResult>) -> Result<()> {
         let (opts, summary) = (self.opts, &mut self.summary);
         for (record, result) in chunk.iter().zip(results) {
             summary.conversations += 1;
@@ -197,7 +195,7 @@ where
         records.by_ref().take(chunk_size).collect()
     };
     let mut next = read(&mut records)?;
-    let mut pending: Option<(Vec<ConversationRecord>, Vec<Result<Tokenized, RecordError>>)> = None;
+    let mut pending: Option<(Vec<ConversationRecord>, Vec<TokenizeResult>)> = None;
     while !next.is_empty() || pending.is_some() {
         let chunk = std::mem::take(&mut next);
         let (side, results) = rayon::join(
