@@ -34,8 +34,11 @@ const GPT2_SPLIT: &str =
 
 /// Pieces longer than this are tokenized without the cache (long runs of one character, code).
 const CACHED_PIECE_BYTES: usize = 256;
-/// Cache entries per thread before it starts over.
-const CACHE_ENTRIES: usize = 1 << 18;
+/// Bytes a thread's piece cache may hold (keys, tokens and a per-entry estimate) before it starts
+/// over: bounded per thread, so a many-core host does not multiply an unbounded cache.
+const CACHE_BYTES: usize = if cfg!(test) { 4 << 10 } else { 16 << 20 };
+// What one entry costs beyond its key and tokens: the two boxes' headers and the table slot.
+const CACHE_ENTRY_OVERHEAD: usize = 64;
 
 /// Which way text is encoded.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -301,9 +304,10 @@ impl ByteLevelBpe {
         CACHE
             .with(|cache| -> Result<Option<()>, RecordError> {
                 let mut cache = cache.borrow_mut();
-                if cache.owner != Some(self.cache_owner) || cache.pieces.len() >= CACHE_ENTRIES {
+                if cache.owner != Some(self.cache_owner) || cache.bytes >= CACHE_BYTES {
                     cache.owner = Some(self.cache_owner);
                     cache.pieces.clear();
+                    cache.bytes = 0;
                 }
                 for (s, e, id) in segments {
                     if let Some(id) = id {
@@ -340,6 +344,9 @@ impl ByteLevelBpe {
                         };
                         push_tokens(&mut enc, start, &tokens);
                         if piece.len() <= CACHED_PIECE_BYTES {
+                            cache.bytes += piece.len()
+                                + std::mem::size_of_val(tokens.as_slice())
+                                + CACHE_ENTRY_OVERHEAD;
                             cache.pieces.insert(piece.into(), tokens.into_boxed_slice());
                         }
                     }
@@ -470,6 +477,8 @@ fn widen_to_chars(text: &str, offsets: &mut [(usize, usize)]) {
 struct PieceCache {
     owner: Option<u64>,
     pieces: FxHashMap<Box<str>, Box<[(u32, u32)]>>,
+    // Estimated size of `pieces`.
+    bytes: usize,
 }
 
 thread_local! {
@@ -652,6 +661,26 @@ mod tests {
         // A token inside "é" covers the whole character, as tokenizers' offsets do.
         let e = enc.encode(&tok, "é🙂").unwrap();
         assert_eq!(e.offsets, [(0, 2), (2, 6), (2, 6), (2, 6)]);
+    }
+
+    #[test]
+    fn the_piece_cache_stays_within_its_bound_and_starts_over() {
+        let tok = tokenizer(|_| {});
+        let enc = Encoder::new(&tok);
+        let mut peak = 0;
+        for i in 0..2000 {
+            // Distinct pieces, each cached once.
+            let text = format!("w{i} hello{i}");
+            let want = tok.encode(text.as_str(), false).unwrap();
+            assert_eq!(enc.encode(&tok, &text).unwrap().ids, want.get_ids());
+            peak = peak.max(CACHE.with(|c| c.borrow().bytes));
+        }
+        assert!(peak > CACHE_BYTES / 2, "the cache was used: {peak}");
+        assert!(
+            peak < CACHE_BYTES + 2 * (CACHED_PIECE_BYTES + CACHE_ENTRY_OVERHEAD) * 8,
+            "{peak}"
+        );
+        assert!(CACHE.with(|c| c.borrow().pieces.len()) < 2000);
     }
 
     #[test]
