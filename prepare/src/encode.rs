@@ -221,8 +221,8 @@ impl ByteLevelBpe {
         })
     }
 
-    // Appends the added-token and text segments of `text[range]` to `out`, as tokenizers'
-    // `find_matches` splits them.
+    // Appends the added-token and text segments of `text`, which starts at byte `base` of the
+    // whole, to `out`, as tokenizers' `find_matches` splits them.
     fn split_added(
         matcher: Option<&DoubleArrayAhoCorasick<u32>>,
         text: &str,
