@@ -3,9 +3,9 @@
 //! `raise_exception` and `strftime_now`, and the special tokens as variables. `{% generation %}`
 //! blocks come back as byte spans of the rendered text.
 use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 
-use minijinja::value::{Kwargs, Value, ValueKind};
+use minijinja::value::{Enumerator, Kwargs, Object, Value, ValueKind};
 use minijinja::{Environment, Error, ErrorKind};
 use regex::Regex;
 
@@ -23,7 +23,41 @@ pub struct ChatTemplate {
     /// Where the template came from (for messages).
     pub source_path: PathBuf,
     has_generation: bool,
-    globals: Vec<(String, Value)>,
+    globals: Arc<[(String, Value)]>,
+}
+
+// The variables of one rendering, looked up by name: the turn-by-turn mask renders several
+// times per conversation, and building a map of every variable each time was a measurable part.
+#[derive(Debug)]
+struct RenderVars {
+    globals: Arc<[(String, Value)]>,
+    messages: Value,
+    add_generation_prompt: bool,
+}
+
+impl Object for RenderVars {
+    fn get_value(self: &Arc<Self>, key: &Value) -> Option<Value> {
+        match key.as_str()? {
+            "messages" => Some(self.messages.clone()),
+            "add_generation_prompt" => Some(Value::from(self.add_generation_prompt)),
+            k => self
+                .globals
+                .iter()
+                .find(|(g, _)| g == k)
+                .map(|(_, v)| v.clone()),
+        }
+    }
+
+    fn enumerate(self: &Arc<Self>) -> Enumerator {
+        let mut keys: Vec<Value> = vec!["messages".into(), "add_generation_prompt".into()];
+        keys.extend(
+            self.globals
+                .iter()
+                .filter(|(k, _)| k != "messages" && k != "add_generation_prompt")
+                .map(|(k, _)| Value::from(k.as_str())),
+        );
+        Enumerator::Values(keys)
+    }
 }
 
 /// Text rendered from a conversation, with the `{% generation %}` spans in bytes.
@@ -303,7 +337,7 @@ impl ChatTemplate {
             env,
             source_path: source.path.clone(),
             has_generation,
-            globals,
+            globals: globals.into(),
         })
     }
 
@@ -340,15 +374,13 @@ impl ChatTemplate {
             .env
             .get_template("chat_template")
             .map_err(|e| RecordError::Template(e.to_string()))?;
-        let mut ctx: Vec<(&str, Value)> = self
-            .globals
-            .iter()
-            .map(|(k, v)| (k.as_str(), v.clone()))
-            .collect();
-        ctx.push(("messages", Value::from(messages)));
-        ctx.push(("add_generation_prompt", Value::from(add_generation_prompt)));
+        let vars = RenderVars {
+            globals: self.globals.clone(),
+            messages: Value::from(messages),
+            add_generation_prompt,
+        };
         let raw = tmpl
-            .render(Value::from_pairs(ctx))
+            .render(Value::from_object(vars))
             .map_err(|e| RecordError::Template(template_error_text(&e)))?;
         if self.has_generation {
             split_markers(&raw)
