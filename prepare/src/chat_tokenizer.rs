@@ -6,8 +6,9 @@ use minijinja::value::Value;
 use tokenizers::Tokenizer;
 
 use crate::conversation::{Conversation, Role};
+use crate::encode::{EncodePath, Encoder};
 use crate::error::{PrepareError, RecordError, Result};
-use crate::mask::{char_spans, token_mask, turn_spans, MaskMethod};
+use crate::mask::{token_mask, turn_spans, MaskMethod};
 use crate::template::{read_template_source, ChatTemplate};
 
 /// Which tokens the loss applies to.
@@ -46,6 +47,7 @@ pub struct Tokenized {
 pub struct ChatTokenizer {
     template: ChatTemplate,
     tokenizer: Tokenizer,
+    encoder: Encoder,
     end_of_turn: Vec<String>,
     loss_on: LossOn,
 }
@@ -109,8 +111,15 @@ impl ChatTokenizer {
                 "no tokenizer.json (a fast tokenizer is needed)",
             ));
         }
-        let tokenizer = Tokenizer::from_file(&tok_path)
+        let mut tokenizer = Tokenizer::from_file(&tok_path)
             .map_err(|e| model_err(&tok_path, format!("cannot load tokenizer: {e}")))?;
+        // transformers turns off the truncation and padding a tokenizer.json may carry unless
+        // the call asks for them, and apply_chat_template does not.
+        tokenizer
+            .with_truncation(None)
+            .map_err(|e| model_err(&tok_path, format!("cannot turn off truncation: {e}")))?;
+        tokenizer.with_padding(None);
+        let encoder = Encoder::new(&tokenizer);
         let source = read_template_source(model_dir)?;
         let template = ChatTemplate::new(&source, kwargs)?;
         let eos = source
@@ -128,6 +137,7 @@ impl ChatTokenizer {
         Ok(ChatTokenizer {
             template,
             tokenizer,
+            encoder,
             end_of_turn,
             loss_on,
         })
@@ -140,6 +150,11 @@ impl ChatTokenizer {
         } else {
             MaskMethod::TurnByTurn
         }
+    }
+
+    /// How rendered text is encoded: directly for byte-level BPE, else by tokenizers' full encode.
+    pub fn encode_path(&self) -> EncodePath {
+        self.encoder.path()
     }
 
     /// Which tokens get loss.
@@ -172,44 +187,64 @@ impl ChatTokenizer {
             return Err(RecordError::NoAssistant);
         }
         let values = ChatTemplate::message_values(&conv.messages)?;
-        let rendered = self.template.render(&values, false)?;
+        let mut rendered = self.template.render(&values, false)?;
         let spans = match (self.loss_on, self.mask_method()) {
             (LossOn::All, _) => vec![],
-            (LossOn::Assistant, MaskMethod::GenerationMarkers) => rendered.generation_spans.clone(),
+            (LossOn::Assistant, MaskMethod::GenerationMarkers) => {
+                std::mem::take(&mut rendered.generation_spans)
+            }
             (LossOn::Assistant, MaskMethod::TurnByTurn) => {
-                self.turn_char_spans(&rendered.text, conv, &values)?
+                self.turn_spans(&rendered.text, conv, &values)?
             }
         };
-        // transformers: tokenizer(rendered, add_special_tokens=False), offsets in characters.
-        let enc = self
-            .tokenizer
-            .encode_char_offsets(rendered.text.as_str(), false)
-            .map_err(|e| RecordError::Tokenize(e.to_string()))?;
+        // transformers: tokenizer(rendered, add_special_tokens=False). Offsets and spans are
+        // both in bytes on character boundaries, so overlaps are those of transformers'
+        // character offsets.
+        let enc = self.encoder.encode(&self.tokenizer, &rendered.text)?;
         let loss_mask = match self.loss_on {
-            LossOn::All => vec![1; enc.get_ids().len()],
-            LossOn::Assistant => token_mask(enc.get_offsets(), &spans),
+            LossOn::All => vec![1; enc.ids.len()],
+            LossOn::Assistant => token_mask(&enc.offsets, &spans),
         };
         Ok(Tokenized {
-            input_ids: enc.get_ids().to_vec(),
+            input_ids: enc.ids,
             loss_mask,
         })
     }
 
-    fn turn_char_spans(
+    /// The tokenizer as loaded (truncation and padding off).
+    pub(crate) fn tokenizer(&self) -> &Tokenizer {
+        &self.tokenizer
+    }
+
+    /// Byte spans of the assistant's text in `full`, the rendering of `conv` (`values`).
+    pub(crate) fn assistant_spans(
+        &self,
+        full: &str,
+        conv: &Conversation,
+        values: &[Value],
+    ) -> Result<Vec<(usize, usize)>, RecordError> {
+        match self.mask_method() {
+            MaskMethod::GenerationMarkers => {
+                Ok(self.template.render(values, false)?.generation_spans)
+            }
+            MaskMethod::TurnByTurn => self.turn_spans(full, conv, values),
+        }
+    }
+
+    fn turn_spans(
         &self,
         full: &str,
         conv: &Conversation,
         values: &[Value],
     ) -> Result<Vec<(usize, usize)>, RecordError> {
         let roles: Vec<Role> = conv.messages.iter().map(|m| m.role).collect();
-        let spans = turn_spans(full, &roles, &self.end_of_turn, |i, prompt| {
+        turn_spans(full, &roles, &self.end_of_turn, |i, prompt| {
             match (i, prompt) {
                 // No history: nothing rendered (transformers refuses to render an empty conversation).
                 (0, false) => Ok(String::new()),
                 _ => Ok(self.template.render(&values[..i], prompt)?.text),
             }
-        })?;
-        Ok(char_spans(full, &spans))
+        })
     }
 }
 
@@ -308,6 +343,28 @@ mod tests {
             a.loss_mask,
             [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 0, 0, 0, 0, 0, 0, 1]
         );
+    }
+
+    #[test]
+    fn ignores_truncation_and_padding_set_in_tokenizer_json() {
+        // transformers' apply_chat_template turns both off; so must we.
+        let dir = tempfile::tempdir().unwrap();
+        let model = test_model::write(dir.path(), test_model::CHATML);
+        let path = model.join("tokenizer.json");
+        let mut json: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        json["truncation"] = serde_json::json!({"direction": "Right", "max_length": 3, "strategy": "LongestFirst", "stride": 0});
+        json["padding"] = serde_json::json!({"strategy": {"Fixed": 64}, "direction": "Right", "pad_to_multiple_of": null, "pad_id": 0, "pad_type_id": 0, "pad_token": "[UNK]"});
+        std::fs::write(&path, json.to_string()).unwrap();
+        let tok =
+            ChatTokenizer::from_model_dir(&model, LossOn::Assistant, &Default::default()).unwrap();
+        let t = tok
+            .tokenize(&conv(&[
+                (Role::User, "q"),
+                (Role::Assistant, "hello there"),
+            ]))
+            .unwrap();
+        assert_eq!(t.input_ids, [1, 4, 9, 2, 1, 5, 7, 8, 2]);
     }
 
     #[test]

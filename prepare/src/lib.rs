@@ -14,8 +14,10 @@
 //! ```
 #![deny(missing_docs)]
 
+pub mod bench;
 pub mod chat_tokenizer;
 pub mod conversation;
+pub mod encode;
 pub mod error;
 pub mod mask;
 pub mod output;
@@ -26,6 +28,7 @@ pub mod template;
 
 pub use chat_tokenizer::{ChatTokenizer, LossOn, TemplateKwargs, Tokenized};
 pub use conversation::{parse_conversation, Conversation, Message, Role};
+pub use encode::EncodePath;
 pub use error::{PrepareError, RecordError, Result};
 pub use hslake_schemas::Overlong;
 pub use mask::MaskMethod;

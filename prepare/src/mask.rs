@@ -83,23 +83,9 @@ fn common_prefix_len(a: &str, b: &str) -> usize {
         .map_or(a.len().min(b.len()), |((i, _), _)| i)
 }
 
-/// Byte spans of `text` as character spans (what token offsets are measured in).
-pub fn char_spans(text: &str, byte_spans: &[(usize, usize)]) -> Vec<(usize, usize)> {
-    let mut marks: Vec<usize> = byte_spans.iter().flat_map(|&(s, e)| [s, e]).collect();
-    marks.sort_unstable();
-    marks.dedup();
-    let mut at = std::collections::HashMap::with_capacity(marks.len());
-    let (mut bytes_seen, mut chars_seen) = (0usize, 0usize);
-    for m in marks {
-        chars_seen += text[bytes_seen..m].chars().count();
-        bytes_seen = m;
-        at.insert(m, chars_seen);
-    }
-    byte_spans.iter().map(|(s, e)| (at[s], at[e])).collect()
-}
-
-/// 1 on every token whose `[start, end)` character offsets overlap a span — transformers' rule,
-/// so a token straddling a span edge counts as the assistant's.
+/// 1 on every token whose `[start, end)` offsets overlap a span — transformers' rule, so a token
+/// straddling a span edge counts as the assistant's. Offsets and spans in bytes on character
+/// boundaries overlap exactly when their character ranges do.
 pub fn token_mask(offsets: &[(usize, usize)], spans: &[(usize, usize)]) -> Vec<u8> {
     let mut mask = vec![0u8; offsets.len()];
     let mut span = 0;
@@ -200,12 +186,6 @@ mod tests {
             matches!(e, RecordError::NoEndOfTurn { index: 1, .. }),
             "{e}"
         );
-    }
-
-    #[test]
-    fn converts_byte_spans_to_character_spans() {
-        let text = "ééxü";
-        assert_eq!(char_spans(text, &[(4, 7), (0, 2)]), vec![(2, 4), (0, 1)]);
     }
 
     #[test]

@@ -26,6 +26,24 @@ pub struct Sample {
     pub loss_mask: Vec<u8>,
 }
 
+// A sample as one JSON line, serialized straight from its slices (no intermediate `Value`).
+#[derive(serde::Serialize)]
+struct JsonRow<'a> {
+    id: u64,
+    input_ids: &'a [u32],
+    loss_mask: &'a [u8],
+}
+
+impl<'a> From<&'a Sample> for JsonRow<'a> {
+    fn from(s: &'a Sample) -> Self {
+        JsonRow {
+            id: s.id,
+            input_ids: &s.input_ids,
+            loss_mask: &s.loss_mask,
+        }
+    }
+}
+
 const PARQUET_BATCH: usize = 2048;
 
 enum Sink {
@@ -131,8 +149,7 @@ impl SampleWriter {
         };
         match &mut self.sink {
             Sink::Jsonl(w) => {
-                let line = serde_json::json!({"id": sample.id, "input_ids": sample.input_ids, "loss_mask": sample.loss_mask});
-                let r = serde_json::to_writer(&mut *w, &line)
+                let r = serde_json::to_writer(&mut *w, &JsonRow::from(&sample))
                     .map_err(std::io::Error::from)
                     .and_then(|_| w.write_all(b"\n"));
                 r.map_err(|e| err(e.to_string()))

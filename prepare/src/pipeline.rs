@@ -5,7 +5,7 @@ use std::path::Path;
 
 use rayon::prelude::*;
 
-use crate::chat_tokenizer::{ChatTokenizer, LossOn};
+use crate::chat_tokenizer::{ChatTokenizer, LossOn, Tokenized};
 use crate::error::{PrepareError, RecordError, Result};
 use crate::mask::MaskMethod;
 use crate::output::Sample;
@@ -86,42 +86,30 @@ impl Summary {
     }
 }
 
-/// Tokenizes `records` in order, handing each sample to `emit` and each refused record (its
-/// location and reason) to `on_drop`; `progress` gets the number of records done so far.
-/// `input` names the input in errors.
-pub fn prepare<I>(
-    input: &Path,
-    records: I,
-    tok: &ChatTokenizer,
-    opts: &PrepareOptions,
-    mut emit: impl FnMut(Sample) -> Result<()>,
-    mut on_drop: impl FnMut(&str, &RecordError),
-    progress: impl Fn(u64),
-) -> Result<Summary>
+type TokenizeResult = Result<Tokenized, RecordError>;
+
+// What turns a chunk's tokenized records into samples, in input order.
+struct Finisher<'a, E, D> {
+    input: &'a Path,
+    opts: &'a PrepareOptions,
+    summary: Summary,
+    seen: HashMap<u64, String>,
+    emit: E,
+    on_drop: D,
+}
+
+impl<E, D> Finisher<'_, E, D>
 where
-    I: Iterator<Item = Result<ConversationRecord>>,
+    E: FnMut(Sample) -> Result<()>,
+    D: FnMut(&str, &RecordError),
 {
-    let mut summary = Summary::new(tok);
-    let mut seen: HashMap<u64, String> = HashMap::new();
-    let mut records = records.peekable();
-    let chunk_size = opts.chunk_size.max(1);
-    while records.peek().is_some() {
-        let chunk: Vec<ConversationRecord> =
-            records.by_ref().take(chunk_size).collect::<Result<_>>()?;
-        let results: Vec<Result<_, RecordError>> = chunk
-            .par_iter()
-            .map(|r| {
-                r.conversation
-                    .as_ref()
-                    .map_err(Clone::clone)
-                    .and_then(|c| tok.tokenize(c))
-            })
-            .collect();
+    fn finish(&mut self, chunk: &[ConversationRecord], results: Vec<TokenizeResult>) -> Result<()> {
+        let (opts, summary) = (self.opts, &mut self.summary);
         for (record, result) in chunk.iter().zip(results) {
             summary.conversations += 1;
             let id = record.sample_id();
             let outcome = result.and_then(|mut t| {
-                if let Some(first) = seen.get(&id) {
+                if let Some(first) = self.seen.get(&id) {
                     return Err(RecordError::DuplicateId {
                         id,
                         first: first.clone(),
@@ -146,11 +134,11 @@ where
             });
             match outcome {
                 Ok(t) => {
-                    seen.insert(id, record.location.clone());
+                    self.seen.insert(id, record.location.clone());
                     summary.samples += 1;
                     summary.tokens += t.input_ids.len() as u64;
                     summary.loss_tokens += t.loss_mask.iter().map(|&m| m as u64).sum::<u64>();
-                    emit(Sample {
+                    (self.emit)(Sample {
                         id,
                         input_ids: t.input_ids,
                         loss_mask: t.loss_mask,
@@ -159,19 +147,81 @@ where
                 Err(reason) => {
                     if opts.strict {
                         return Err(PrepareError::Record {
-                            path: input.to_path_buf(),
+                            path: self.input.to_path_buf(),
                             location: record.location.clone(),
                             source: reason,
                         });
                     }
                     *summary.dropped.entry(reason.kind()).or_default() += 1;
-                    on_drop(&record.location, &reason);
+                    (self.on_drop)(&record.location, &reason);
                 }
             }
         }
-        progress(summary.conversations);
+        Ok(())
     }
-    Ok(summary)
+}
+
+/// Tokenizes `records` in order, handing each sample to `emit` and each refused record (its
+/// location and reason) to `on_drop`; `progress` gets the number of records done so far.
+/// `input` names the input in errors.
+///
+/// Chunk by chunk, with the cores kept busy: while the pool tokenizes one chunk, one of its
+/// threads first hands the previous chunk's samples to `emit` and then reads the next chunk,
+/// and joins the tokenizing once done (so reading, parsing and writing are not a serial phase
+/// between parallel ones).
+pub fn prepare<I>(
+    input: &Path,
+    records: I,
+    tok: &ChatTokenizer,
+    opts: &PrepareOptions,
+    emit: impl FnMut(Sample) -> Result<()> + Send,
+    on_drop: impl FnMut(&str, &RecordError) + Send,
+    progress: impl Fn(u64) + Sync,
+) -> Result<Summary>
+where
+    I: Iterator<Item = Result<ConversationRecord>> + Send,
+{
+    let mut finisher = Finisher {
+        input,
+        opts,
+        summary: Summary::new(tok),
+        seen: HashMap::new(),
+        emit,
+        on_drop,
+    };
+    let mut records = records.fuse();
+    let chunk_size = opts.chunk_size.max(1);
+    let read = |records: &mut std::iter::Fuse<I>| -> Result<Vec<ConversationRecord>> {
+        records.by_ref().take(chunk_size).collect()
+    };
+    let mut next = read(&mut records)?;
+    let mut pending: Option<(Vec<ConversationRecord>, Vec<TokenizeResult>)> = None;
+    while !next.is_empty() || pending.is_some() {
+        let chunk = std::mem::take(&mut next);
+        let (side, results) = rayon::join(
+            || -> Result<Vec<ConversationRecord>> {
+                if let Some((done, results)) = pending.take() {
+                    finisher.finish(&done, results)?;
+                    progress(finisher.summary.conversations);
+                }
+                read(&mut records)
+            },
+            || {
+                chunk
+                    .par_iter()
+                    .map(|r| {
+                        r.conversation
+                            .as_ref()
+                            .map_err(Clone::clone)
+                            .and_then(|c| tok.tokenize(c))
+                    })
+                    .collect::<Vec<_>>()
+            },
+        );
+        next = side?;
+        pending = (!chunk.is_empty()).then_some((chunk, results));
+    }
+    Ok(finisher.summary)
 }
 
 /// Reads a conversations file whole into samples: the call `hslake capture` makes to take

@@ -1,11 +1,11 @@
 //! A model's chat template rendered the way transformers renders it: Jinja with `trim_blocks` and
 //! `lstrip_blocks`, loop controls, Python string methods, transformers' `tojson`,
 //! `raise_exception` and `strftime_now`, and the special tokens as variables. `{% generation %}`
-//! blocks come back as character spans of the rendered text.
+//! blocks come back as byte spans of the rendered text.
 use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 
-use minijinja::value::{Kwargs, Value, ValueKind};
+use minijinja::value::{Enumerator, Kwargs, Object, Value, ValueKind};
 use minijinja::{Environment, Error, ErrorKind};
 use regex::Regex;
 
@@ -23,15 +23,49 @@ pub struct ChatTemplate {
     /// Where the template came from (for messages).
     pub source_path: PathBuf,
     has_generation: bool,
-    globals: Vec<(String, Value)>,
+    globals: Arc<[(String, Value)]>,
 }
 
-/// Text rendered from a conversation, with the `{% generation %}` spans in characters.
+// The variables of one rendering, looked up by name: the turn-by-turn mask renders several
+// times per conversation, and building a map of every variable each time was a measurable part.
+#[derive(Debug)]
+struct RenderVars {
+    globals: Arc<[(String, Value)]>,
+    messages: Value,
+    add_generation_prompt: bool,
+}
+
+impl Object for RenderVars {
+    fn get_value(self: &Arc<Self>, key: &Value) -> Option<Value> {
+        match key.as_str()? {
+            "messages" => Some(self.messages.clone()),
+            "add_generation_prompt" => Some(Value::from(self.add_generation_prompt)),
+            k => self
+                .globals
+                .iter()
+                .find(|(g, _)| g == k)
+                .map(|(_, v)| v.clone()),
+        }
+    }
+
+    fn enumerate(self: &Arc<Self>) -> Enumerator {
+        let mut keys: Vec<Value> = vec!["messages".into(), "add_generation_prompt".into()];
+        keys.extend(
+            self.globals
+                .iter()
+                .filter(|(k, _)| k != "messages" && k != "add_generation_prompt")
+                .map(|(k, _)| Value::from(k.as_str())),
+        );
+        Enumerator::Values(keys)
+    }
+}
+
+/// Text rendered from a conversation, with the `{% generation %}` spans in bytes.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Rendered {
     /// The rendered text, markers removed.
     pub text: String,
-    /// `[start, end)` character ranges that `{% generation %}` blocks produced.
+    /// `[start, end)` byte ranges that `{% generation %}` blocks produced.
     pub generation_spans: Vec<(usize, usize)>,
 }
 
@@ -303,7 +337,7 @@ impl ChatTemplate {
             env,
             source_path: source.path.clone(),
             has_generation,
-            globals,
+            globals: globals.into(),
         })
     }
 
@@ -340,15 +374,13 @@ impl ChatTemplate {
             .env
             .get_template("chat_template")
             .map_err(|e| RecordError::Template(e.to_string()))?;
-        let mut ctx: Vec<(&str, Value)> = self
-            .globals
-            .iter()
-            .map(|(k, v)| (k.as_str(), v.clone()))
-            .collect();
-        ctx.push(("messages", Value::from(messages)));
-        ctx.push(("add_generation_prompt", Value::from(add_generation_prompt)));
+        let vars = RenderVars {
+            globals: self.globals.clone(),
+            messages: Value::from(messages),
+            add_generation_prompt,
+        };
         let raw = tmpl
-            .render(Value::from_pairs(ctx))
+            .render(Value::from_object(vars))
             .map_err(|e| RecordError::Template(template_error_text(&e)))?;
         if self.has_generation {
             split_markers(&raw)
@@ -391,12 +423,11 @@ fn split_markers(raw: &str) -> Result<Rendered, RecordError> {
     let mut text = String::with_capacity(raw.len());
     let mut spans = vec![];
     let mut open: Option<usize> = None;
-    let mut chars = 0usize;
     for c in raw.chars() {
         match c {
-            GEN_START if open.is_none() => open = Some(chars),
+            GEN_START if open.is_none() => open = Some(text.len()),
             GEN_END => match open.take() {
-                Some(s) => spans.push((s, chars)),
+                Some(s) => spans.push((s, text.len())),
                 None => {
                     return Err(RecordError::Template(
                         "{% endgeneration %} without {% generation %}".into(),
@@ -408,10 +439,7 @@ fn split_markers(raw: &str) -> Result<Rendered, RecordError> {
                     "nested {% generation %} blocks".into(),
                 ))
             }
-            _ => {
-                text.push(c);
-                chars += 1;
-            }
+            _ => text.push(c),
         }
     }
     if open.is_some() {
@@ -467,7 +495,7 @@ mod tests {
     }
 
     #[test]
-    fn returns_generation_spans_in_characters() {
+    fn returns_generation_spans_in_bytes() {
         let t = template("{% for m in messages %}{% if m.role == 'assistant' %}A:\n{% generation %}\n{{ m.content }}!{% endgeneration %}\n\n{% else %}U:{{ m.content }}\n{% endif %}{% endfor %}");
         let r = render(
             &t,
@@ -480,7 +508,7 @@ mod tests {
         .unwrap();
         // trim_blocks drops the newline after each block tag, as around the original tags.
         assert_eq!(r.text, "U:é\nA:\nü!\n");
-        assert_eq!(r.generation_spans, vec![(7, 9)]);
+        assert_eq!(r.generation_spans, vec![(8, 11)]);
     }
 
     #[test]

@@ -12,6 +12,48 @@ use hslake_store::{Dataset, DatasetReader};
 pub enum Bench {
     /// Shard format: write and read+decode MB/s per core, compression, bytes per sample, layouts.
     Store(StoreArgs),
+    /// `hslake prepare`'s stages one by one on one thread: CPU µs per conversation.
+    Prepare(PrepareArgs),
+}
+
+/// Arguments of `hslake bench prepare`.
+#[derive(clap::Args)]
+pub struct PrepareArgs {
+    /// Hugging Face model directory (tokenizer.json and chat template).
+    #[arg(long)]
+    pub model: std::path::PathBuf,
+    /// Conversations, JSONL or Parquet.
+    #[arg(long)]
+    pub input: std::path::PathBuf,
+    /// Extra template variables as a JSON object.
+    #[arg(long)]
+    pub chat_template_kwargs: Option<String>,
+    /// Print JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+fn run_prepare(a: PrepareArgs) -> Result<std::process::ExitCode> {
+    let kwargs: hslake_prepare::TemplateKwargs = match &a.chat_template_kwargs {
+        Some(s) => {
+            serde_json::from_str(s).context("--chat-template-kwargs: expected a JSON object")?
+        }
+        None => Default::default(),
+    };
+    let stages = hslake_prepare::bench::bench_stages(&a.model, &a.input, &kwargs)?;
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&stages)?);
+    } else {
+        println!("build: {}", build_info::describe());
+        println!(
+            "{:<64} {:>9} {:>9}",
+            "stage (one thread)", "CPU µs", "wall µs"
+        );
+        for s in &stages {
+            println!("{:<64} {:>9.1} {:>9.1}", s.name, s.cpu_us, s.wall_us);
+        }
+    }
+    Ok(std::process::ExitCode::SUCCESS)
 }
 
 /// Arguments of `hslake bench store`.
@@ -192,7 +234,10 @@ async fn load_samples(a: &StoreArgs) -> Result<(DatasetSchema, Vec<Sample>)> {
 
 /// Run a benchmark.
 pub async fn run(b: Bench) -> Result<std::process::ExitCode> {
-    let Bench::Store(a) = b;
+    let a = match b {
+        Bench::Store(a) => a,
+        Bench::Prepare(a) => return tokio::task::block_in_place(|| run_prepare(a)),
+    };
     let warning = build_info::benchmark_warning();
     if let Some(w) = &warning {
         tracing::warn!("{w}");

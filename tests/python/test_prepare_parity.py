@@ -3,6 +3,7 @@ loss masks (return_assistant_tokens_mask=True where the template has {% generati
 turn-by-turn reference in prepare_util) on a few hundred conversations per template family —
 multi-turn, system prompts, empty and unicode-heavy messages — and the same records refused."""
 import json
+import shutil
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -93,3 +94,27 @@ def test_parquet_input_gives_the_jsonl_result(models, tmp_path):
     run_prepare(models["smollm2"], tmp_path / "in.parquet", tmp_path / "b.parquet")
     rows = pq.read_table(tmp_path / "b.parquet").to_pylist()
     assert [json.loads(l) for l in (tmp_path / "a.jsonl").read_text().splitlines()] == rows
+
+
+def test_tokenizers_outside_the_direct_encode_path_still_equal_transformers(models, tmp_path):
+    """SmolLM2 takes the direct byte-level BPE path; the same tokenizer with a normalizer (Qwen's
+    NFC) takes tokenizers' full encode, named in the log, and still equals transformers."""
+    convs = make_conversations(100, seed=11) + edge_cases(100)
+    inp = tmp_path / "in.jsonl"
+    write_jsonl(inp, convs)
+    r = run_prepare(models["smollm2"], inp, tmp_path / "direct.jsonl")
+    assert "encode=byte-level BPE, direct" in r.stderr, r.stderr
+    nfc = tmp_path / "nfc"
+    shutil.copytree(models["smollm2"], nfc, ignore=shutil.ignore_patterns("*.safetensors"))
+    spec = json.loads((nfc / "tokenizer.json").read_text())
+    spec["normalizer"] = {"type": "NFC"}
+    (nfc / "tokenizer.json").write_text(json.dumps(spec, ensure_ascii=False))
+    r = run_prepare(nfc, inp, tmp_path / "full.jsonl")
+    assert "encode=tokenizers' full encode (the tokenizer has a normalizer)" in r.stderr, r.stderr
+    tok = AutoTokenizer.from_pretrained(str(nfc))
+    eot = end_of_turn_strings(tok, nfc)
+    got = {row["id"]: row for row in read_jsonl(tmp_path / "full.jsonl")}
+    for conv in convs:
+        ids, mask = reference_sample(tok, conv["messages"], eot)
+        assert got[conv["id"]]["input_ids"] == ids, conv["id"]
+        assert got[conv["id"]]["loss_mask"] == mask, conv["id"]
