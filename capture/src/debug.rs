@@ -180,6 +180,7 @@ fn run_rank(
         kind,
         norm: e.norm,
         reduce: e.tp_reduce,
+        moe: e.moe,
     };
     let model = config.load(&ctx)?;
     sync(device);

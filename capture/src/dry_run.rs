@@ -10,7 +10,7 @@ use tch::{Device, Kind, Tensor};
 use crate::checkpoint::Checkpoint;
 use crate::comm::Communicator;
 use crate::error::{CaptureError, Result, TensorProblem};
-use crate::load::{LoadCtx, NormKernel, Shard, TensorSource};
+use crate::load::{LoadCtx, MoeKernel, NormKernel, Shard, TensorSource};
 use crate::models::ModelConfig;
 use crate::quant::Quantization;
 
@@ -118,6 +118,7 @@ impl DryRun<'_> {
             device: Device::Cpu,
             kind,
             norm: NormKernel::Exact,
+            moe: MoeKernel::Loop,
             reduce: Default::default(),
         };
         cfg.load(&ctx).map(drop)

@@ -56,5 +56,5 @@ pub use engine::{
 pub use error::{CaptureError, Result, TensorProblem};
 pub use hslake_schemas::Overlong;
 pub use input::{read_inputs, InputLimits, InputSample, Inputs};
-pub use load::{NormKernel, TpReduce};
+pub use load::{MoeKernel, NormKernel, TpReduce};
 pub use models::ModelInfo;

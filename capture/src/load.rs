@@ -35,6 +35,32 @@ impl std::str::FromStr for NormKernel {
     }
 }
 
+/// How a MoE layer runs its routed experts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum MoeKernel {
+    /// One GEMM pair per expert over its tokens (a stable sort by expert first); quantized
+    /// experts are dequantized one at a time.
+    #[default]
+    Loop,
+    /// All of a layer's dense experts in two grouped GEMMs (libtorch's `_grouped_mm`, as
+    /// transformers' `grouped_mm` experts run), their weights stacked at load; quantized experts
+    /// and shapes the kernel cannot take keep the loop.
+    Grouped,
+}
+
+impl std::str::FromStr for MoeKernel {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s {
+            "loop" => Ok(MoeKernel::Loop),
+            "grouped" => Ok(MoeKernel::Grouped),
+            _ => Err(format!(
+                "unknown MoE kernel {s:?}; expected loop or grouped"
+            )),
+        }
+    }
+}
+
 /// What a row-parallel linear sums across tensor-parallel ranks (unused at TP 1, where there is
 /// nothing to sum and the GEMM rounds its output once, as transformers' does).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -182,6 +208,8 @@ pub(crate) struct LoadCtx<'a> {
     pub norm: NormKernel,
     /// What row-parallel linears sum across ranks.
     pub reduce: TpReduce,
+    /// How MoE layers run their routed experts.
+    pub moe: MoeKernel,
 }
 
 impl LoadCtx<'_> {

@@ -17,7 +17,7 @@ use tch::{Device, Kind, Tensor};
 
 use crate::error::Result;
 use crate::layers::Mlp;
-use crate::load::LoadCtx;
+use crate::load::{LoadCtx, MoeKernel};
 use crate::quant::Weight;
 use crate::tp::{check_split, PartialSum};
 
@@ -391,6 +391,59 @@ struct Experts {
     first: usize,
     num_experts: i64,
     intermediate: i64,
+    /// With [`MoeKernel::Grouped`]: the experts' weights stacked, `local`'s dense matrices being
+    /// views into them (one copy in memory).
+    stacked: Option<Stacked>,
+}
+
+/// A layer's dense expert weights stacked for grouped GEMMs, in the checkpoint's `[out, in]`
+/// layout per expert.
+struct Stacked {
+    /// `[experts, 2 * moe_intermediate, hidden]`.
+    gate_up: Tensor,
+    /// `[experts, hidden, moe_intermediate]`.
+    down: Tensor,
+}
+
+impl Stacked {
+    /// Stacks `local`'s matrices and points them at the stack, when `_grouped_mm` can run
+    /// them: dense weights, bf16 on CUDA (the kernel's only dtype there), and rows whose byte
+    /// strides are multiples of 16 (the kernel's alignment).
+    fn build(local: &mut [Expert], device: Device) -> Result<Option<Stacked>> {
+        let dense = |w: &Weight| match w {
+            Weight::Dense(t) => Some(t.shallow_clone()),
+            _ => None,
+        };
+        let (Some(gate_up), Some(down)) = (
+            local
+                .iter()
+                .map(|e| dense(&e.gate_up))
+                .collect::<Option<Vec<_>>>(),
+            local
+                .iter()
+                .map(|e| dense(&e.down))
+                .collect::<Option<Vec<_>>>(),
+        ) else {
+            return Ok(None);
+        };
+        let Some(first) = gate_up.first() else {
+            return Ok(None);
+        };
+        let kind = first.kind();
+        let aligned = |t: &Tensor| (t.size()[1] * kind.elt_size_in_bytes() as i64) % 16 == 0;
+        if (device.is_cuda() && kind != Kind::BFloat16) || !aligned(first) || !aligned(&down[0]) {
+            return Ok(None);
+        }
+        let stacked = Stacked {
+            gate_up: Tensor::f_stack(&gate_up, 0)?,
+            down: Tensor::f_stack(&down, 0)?,
+        };
+        for (j, e) in local.iter_mut().enumerate() {
+            e.gate_up = Weight::Dense(stacked.gate_up.f_select(0, j as i64)?);
+            e.down = Weight::Dense(stacked.down.f_select(0, j as i64)?);
+        }
+        Ok(Some(stacked))
+    }
 }
 
 /// Where every routed-expert weight is read: one whole linear `name` (a module prefix), dense
@@ -429,12 +482,21 @@ impl Experts {
                     down: expert_weight(ctx, &name("down_proj"), hidden, i)?,
                 })
             })
-            .collect::<Result<_>>()?;
+            .collect::<Result<Vec<_>>>()?;
+        let mut local = local;
+        let stacked = match ctx.moe {
+            MoeKernel::Grouped => Stacked::build(&mut local, ctx.device)?,
+            MoeKernel::Loop => None,
+        };
+        if ctx.moe == MoeKernel::Grouped && stacked.is_none() {
+            tracing::debug!("{prefix}: experts keep the per-expert loop (quantized, or a dtype or width grouped GEMMs cannot take)");
+        }
         Ok(Experts {
             local,
             first,
             num_experts: e as i64,
             intermediate: i as i64,
+            stacked,
         })
     }
 
@@ -448,6 +510,9 @@ impl Experts {
     /// transformers adds them; a token meets each expert at most once, so the sum's order
     /// within an expert does not matter.
     fn forward(&self, x: &Tensor, weights: &Tensor, ids: &Tensor) -> Result<Tensor> {
+        if let Some(stacked) = &self.stacked {
+            return self.forward_grouped(stacked, x, weights, ids);
+        }
         let k = ids.size()[1];
         // 1. Assignments [n * k] sorted by expert: their tokens and weights.
         let flat = ids.f_reshape([-1])?;
@@ -485,6 +550,68 @@ impl Experts {
             start += count;
         }
         Ok(out)
+    }
+}
+
+impl Experts {
+    /// [`Experts::forward`] as two grouped GEMMs over every assignment at once, in transformers'
+    /// `grouped_mm_experts_forward` order: assignments sorted by expert (this rank's; others'
+    /// sort past the last group and are zeroed), `gate_up`, SwiGLU, `down`, times the routing
+    /// weight in its dtype, back in token order, summed over the top-k in that dtype and
+    /// rounded to `x`'s. No copy to the host: the groups' ends stay on the device.
+    fn forward_grouped(
+        &self,
+        s: &Stacked,
+        x: &Tensor,
+        weights: &Tensor,
+        ids: &Tensor,
+    ) -> Result<Tensor> {
+        let (n, k, hidden) = (ids.size()[0], ids.size()[1], x.size()[1]);
+        let local = self.local.len() as i64;
+        // 1. Each assignment's local expert, or `local` (past every group) for another rank's.
+        let rel = ids.f_reshape([-1])?.f_sub_scalar(self.first as i64)?;
+        let mine = rel.f_ge(0)?.f_logical_and(&rel.f_lt(local)?)?;
+        let key = rel.f_where_scalarother(&mine, local)?;
+        let (_, perm) = key.f_sort_stable(true, 0, false)?;
+        // 2. Group ends: the running count of assignments per local expert, as int32.
+        let ends = key
+            .f_bincount::<Tensor>(None, local + 1)?
+            .f_narrow(0, 0, local)?
+            .f_cumsum(0, Kind::Int)?;
+        let xs = x.f_index_select(0, &perm.f_floor_divide_scalar(k)?)?;
+        let gate_up = xs.f_internal_grouped_mm(
+            &s.gate_up.f_transpose(-2, -1)?,
+            Some(&ends),
+            None::<&Tensor>,
+            None,
+        )?;
+        let i = self.intermediate;
+        let act = gate_up
+            .f_narrow(-1, 0, i)?
+            .f_silu()?
+            .f_mul(&gate_up.f_narrow(-1, i, i)?)?;
+        let y = act.f_internal_grouped_mm(
+            &s.down.f_transpose(-2, -1)?,
+            Some(&ends),
+            None::<&Tensor>,
+            None,
+        )?;
+        // 3. Weighted; rows past the last group are left unwritten by the kernel, so they are
+        //    replaced (not multiplied) by zero.
+        let sorted_weights = weights.f_reshape([-1])?.f_index_select(0, &perm)?;
+        let y = y.f_mul(&sorted_weights.f_unsqueeze(1)?)?.f_masked_fill(
+            &mine
+                .f_index_select(0, &perm)?
+                .f_logical_not()?
+                .f_unsqueeze(1)?,
+            0.0,
+        )?;
+        // 4. Back in assignment order, summed over each token's top-k.
+        let inverse = perm.f_argsort(0, false)?;
+        Ok(y.f_index_select(0, &inverse)?
+            .f_view([n, k, hidden])?
+            .f_sum_dim_intlist([1i64].as_slice(), false, None::<Kind>)?
+            .f_to_kind(x.kind())?)
     }
 }
 
@@ -600,7 +727,16 @@ mod tests {
             first,
             num_experts: 6,
             intermediate: 4,
+            stacked: None,
         }
+    }
+
+    /// [`experts`] with the grouped kernel's stacked weights.
+    fn grouped_experts(first: usize, count: usize) -> Experts {
+        let mut ex = experts(first, count);
+        ex.stacked = Stacked::build(&mut ex.local, Device::Cpu).unwrap();
+        assert!(ex.stacked.is_some());
+        ex
     }
 
     /// Token by token, choice by choice: `sum_j w_j * down_e(silu(gate_e x) * up_e x)` over
@@ -653,6 +789,39 @@ mod tests {
             1e-5,
             false
         ));
+    }
+
+    #[test]
+    fn grouped_gemm_experts_equal_the_loop_on_every_rank() {
+        tch::manual_seed(23);
+        let x = Tensor::randn([12, 8], (Kind::Float, Device::Cpu));
+        let w = Tensor::rand([12, 2], (Kind::Float, Device::Cpu));
+        // Expert 5 is never chosen, expert 0 by every fourth token: empty and small groups.
+        let a: Vec<i64> = (0..12).map(|n| [0, 1, 2, 3][n % 4]).collect();
+        let b: Vec<i64> = (0..12).map(|n| [4, 3, 1, 2][n % 4]).collect();
+        let ids = Tensor::stack(&[Tensor::from_slice(&a), Tensor::from_slice(&b)], 1);
+        for (first, count) in [(0, 6), (0, 3), (3, 3), (2, 2)] {
+            let looped = experts(first, count).forward(&x, &w, &ids).unwrap();
+            let grouped = grouped_experts(first, count).forward(&x, &w, &ids).unwrap();
+            assert!(
+                grouped.allclose(&looped, 1e-5, 1e-5, false),
+                "experts {first}..{}: max diff {}",
+                first + count,
+                (&grouped - &looped).abs().max().double_value(&[])
+            );
+        }
+    }
+
+    #[test]
+    fn grouped_gemms_are_not_used_where_the_kernel_cannot_run_them() {
+        // A width whose f32 rows are not a multiple of 16 bytes keeps the loop.
+        let mut odd: Vec<Expert> = (0..2)
+            .map(|_| Expert {
+                gate_up: Weight::Dense(Tensor::randn([6, 5], (Kind::Float, Device::Cpu))),
+                down: Weight::Dense(Tensor::randn([5, 3], (Kind::Float, Device::Cpu))),
+            })
+            .collect();
+        assert!(Stacked::build(&mut odd, Device::Cpu).unwrap().is_none());
     }
 
     fn spec(routing: Routing) -> MoeSpec {

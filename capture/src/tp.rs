@@ -314,6 +314,7 @@ mod tests {
             kind: Kind::Float,
             norm: Default::default(),
             reduce: TpReduce::F32,
+            moe: Default::default(),
         }
     }
 

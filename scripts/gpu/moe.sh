@@ -23,7 +23,8 @@
 # a time, so each is deleted (with its captured dataset: DeepSeek's 5 layers x 32 x 2048 tokens are ~4.7 GB raw)
 # before the next is written; Qwen3's 61 GB plus ~2 GB of dataset is the tightest.
 #
-# Knobs: MODELS (the steps in order, default "ds ds8 qw"; ds4 is the INT4 step), SAMPLES (default 32), ITERS
+# Knobs: MODELS (the steps in order, default "ds ds8 qw"; ds4 is the INT4 step), MOE_KERNEL (loop or grouped:
+# our --moe-kernel; unset, the binary's default), SAMPLES (default 32), ITERS
 # (default 3), WORK (scratch, default /tmp/hslake-moe),
 # DEVICE=cpu TINY=1 for a dry run of the whole flow at toy sizes on a CPU (no GPU, minutes).
 set -uo pipefail
@@ -52,7 +53,7 @@ ours() {
   layers=$(python3 "$HERE/moe_bench.py" layers "$m")
   stage "$label: our prefill"
   "$BIN" debug prefill --model "$m" --batch 8 --seq "$SEQ" --iters "$ITERS" --layers "$layers" --device "$DEVICE" \
-    --dtype bf16 > "$OUT/moe_${step}_prefill.txt" 2>&1
+    --dtype bf16 ${MOE_KERNEL:+--moe-kernel $MOE_KERNEL} > "$OUT/moe_${step}_prefill.txt" 2>&1
   local tps
   tps=$(grep -oP 'prefill tokens/s \K[0-9]+' "$OUT/moe_${step}_prefill.txt")
   if [ -n "$tps" ]; then
@@ -64,7 +65,8 @@ ours() {
   rm -rf "$m-out"
   local t=$(date +%s.%N)
   "$BIN" capture --model "$m" --input "$m.jsonl" --output "file://$m-out" --layers "$layers" --device "$DEVICE" \
-    --dtype bf16 --max-tokens-per-batch $((8 * SEQ)) --no-progress > "$OUT/moe_${step}_capture.txt" 2>&1
+    --dtype bf16 --max-tokens-per-batch $((8 * SEQ)) ${MOE_KERNEL:+--moe-kernel $MOE_KERNEL} --no-progress \
+    > "$OUT/moe_${step}_capture.txt" 2>&1
   local rc=$? secs
   secs=$(python3 -c "import time; print(round(time.time() - $t, 1))")
   if [ $rc = 0 ]; then

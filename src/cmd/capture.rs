@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 use hslake_capture::{
     capture_with, CancelToken, CaptureJob, CaptureOptions, CommitPolicy, DeviceKind, EngineOptions,
-    InputShard, NormKernel, Overlong, ProgressSink, TpReduce,
+    InputShard, MoeKernel, NormKernel, Overlong, ProgressSink, TpReduce,
 };
 use hslake_schemas::{CapturePoint, DType};
 use hslake_store::WriterOptions;
@@ -52,6 +52,11 @@ pub struct EngineArgs {
     /// (transformers' own operations, bit-identical to it). CPU runs are always exact.
     #[arg(long, default_value = "fast")]
     pub norm: NormKernel,
+    /// How MoE layers run their routed experts: loop (one GEMM pair per expert) or grouped (a
+    /// layer's dense experts in two grouped GEMMs, as transformers' grouped_mm experts; bf16 on
+    /// CUDA, any dtype on CPU; quantized experts keep the loop).
+    #[arg(long, default_value = "loop")]
+    pub moe_kernel: MoeKernel,
     /// With --tp > 1, what the row-parallel layers sum across ranks: f32 (f32 partial products
     /// and sums, rounded to the dtype once, as at TP 1) or bf16 (partials rounded and summed in
     /// the compute dtype: half the all-reduce bytes, two more roundings per layer).
@@ -77,6 +82,7 @@ impl EngineArgs {
         o.device = self.device;
         o.dtype = self.dtype;
         o.norm = self.norm;
+        o.moe = self.moe_kernel;
         o.tp_reduce = self.tp_reduce;
         o.gpu_memory_gib = self.gpu_memory_gib;
         o

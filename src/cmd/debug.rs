@@ -5,7 +5,7 @@ use std::process::ExitCode;
 
 use anyhow::bail;
 use hslake_capture::debug::{nccl_check, prefill, PrefillOptions};
-use hslake_capture::{DeviceKind, EngineOptions, NormKernel, TpReduce};
+use hslake_capture::{DeviceKind, EngineOptions, MoeKernel, NormKernel, TpReduce};
 use hslake_schemas::{CapturePoint, DType};
 
 /// The debug subcommands.
@@ -39,6 +39,9 @@ pub struct PrefillArgs {
     /// RMS norm kernel: fast or exact.
     #[arg(long, default_value = "fast")]
     norm: NormKernel,
+    /// How MoE layers run their routed experts: loop or grouped (see `hslake capture --help`).
+    #[arg(long, default_value = "loop")]
+    moe_kernel: MoeKernel,
     /// Where the forward runs: cuda (GPU 0) or cpu.
     #[arg(long, default_value = "cuda")]
     device: DeviceKind,
@@ -77,6 +80,7 @@ pub fn run(d: Debug) -> anyhow::Result<ExitCode> {
             engine.device = a.device;
             engine.dtype = a.dtype;
             engine.norm = a.norm;
+            engine.moe = a.moe_kernel;
             engine.tp = a.tp;
             engine.tp_reduce = a.tp_reduce;
             let report = prefill(&PrefillOptions {

@@ -106,6 +106,7 @@ impl Engine {
                 },
                 kind: checked.kind,
                 norm: checked.options.norm,
+                moe: checked.options.moe,
                 reduce: checked.options.tp_reduce,
             };
             let (jobs_tx, jobs_rx) = mpsc::channel();

@@ -8,7 +8,7 @@ use tch::Kind;
 
 use super::commit::CommitPolicy;
 use crate::error::{CaptureError, Result};
-use crate::load::{NormKernel, TpReduce};
+use crate::load::{MoeKernel, NormKernel, TpReduce};
 use hslake_schemas::Overlong;
 
 /// Where the forward runs.
@@ -44,6 +44,8 @@ pub struct EngineOptions {
     pub dtype: DType,
     /// How RMS norms are computed on CUDA.
     pub norm: NormKernel,
+    /// How MoE layers run their routed experts.
+    pub moe: MoeKernel,
     /// What row-parallel linears sum across ranks when `tp > 1`.
     pub tp_reduce: TpReduce,
     /// Memory per GPU the pre-flight assumes free, in GiB, instead of asking the driver
@@ -61,6 +63,7 @@ impl EngineOptions {
             device: DeviceKind::Cpu,
             dtype: DType::Bf16,
             norm: NormKernel::Fast,
+            moe: MoeKernel::Loop,
             tp_reduce: TpReduce::F32,
             gpu_memory_gib: None,
         }

@@ -17,7 +17,7 @@ use crate::checkpoint::Checkpoint;
 use crate::comm::Communicator;
 use crate::cuda::{CopyStream, PendingCopy, PinnedBuffer};
 use crate::error::{CaptureError, Result};
-use crate::load::{LoadCtx, NormKernel, TpReduce};
+use crate::load::{LoadCtx, MoeKernel, NormKernel, TpReduce};
 use crate::models::{DecoderModel, ModelConfig};
 
 /// Joins the rank's group; runs on the rank's own thread (NCCL communicators stay there).
@@ -37,6 +37,8 @@ pub(super) struct RankSetup {
     pub kind: Kind,
     /// How RMS norms are computed.
     pub norm: NormKernel,
+    /// How MoE layers run their routed experts.
+    pub moe: MoeKernel,
     /// What row-parallel linears sum across ranks.
     pub reduce: TpReduce,
 }
@@ -169,6 +171,7 @@ fn load(
         device: setup.device,
         kind: setup.kind,
         norm: setup.norm,
+        moe: setup.moe,
         reduce: setup.reduce,
     };
     let model = setup.config.load(&ctx)?;
