@@ -35,15 +35,34 @@ pub struct Args {
 /// `hslake serve-capture` take the same flags).
 #[derive(clap::Args, Debug, Clone)]
 pub struct EngineArgs {
+    /// The model and how its forward computes.
+    #[command(flatten)]
+    pub forward: ForwardArgs,
+    /// Where the forward runs: cpu or cuda.
+    #[arg(long, default_value = "cpu")]
+    pub device: DeviceKind,
+    /// Memory per GPU, in GiB, that the pre-flight check assumes free instead of asking the
+    /// driver (it then also checks a CPU run).
+    #[arg(long)]
+    pub gpu_memory_gib: Option<f64>,
+    /// Parallel store writers (compression threads); default 1 on cpu, all spare cores on cuda.
+    #[arg(long)]
+    pub writers: Option<usize>,
+    /// Captured batches that may queue for the writers before the forward waits.
+    #[arg(long, default_value_t = 4)]
+    pub queue_depth: usize,
+}
+
+/// The model and how its forward computes: the flags `hslake capture`, `hslake serve-capture`
+/// and `hslake debug prefill` share.
+#[derive(clap::Args, Debug, Clone)]
+pub struct ForwardArgs {
     /// Checkpoint directory: config.json plus model.safetensors or a sharded index.
     #[arg(long)]
     pub model: PathBuf,
     /// Tensor-parallel size (GPUs 0..N on cuda; threads on cpu).
     #[arg(long, default_value_t = 1)]
     pub tp: usize,
-    /// Where the forward runs: cpu or cuda.
-    #[arg(long, default_value = "cpu")]
-    pub device: DeviceKind,
     /// Compute and stored dtype: bf16, f16 or f32.
     #[arg(long, default_value = "bf16")]
     pub dtype: DType,
@@ -62,28 +81,26 @@ pub struct EngineArgs {
     /// the compute dtype: half the all-reduce bytes, two more roundings per layer).
     #[arg(long, default_value = "f32")]
     pub tp_reduce: TpReduce,
-    /// Memory per GPU, in GiB, that the pre-flight check assumes free instead of asking the
-    /// driver (it then also checks a CPU run).
-    #[arg(long)]
-    pub gpu_memory_gib: Option<f64>,
-    /// Parallel store writers (compression threads); default 1 on cpu, all spare cores on cuda.
-    #[arg(long)]
-    pub writers: Option<usize>,
-    /// Captured batches that may queue for the writers before the forward waits.
-    #[arg(long, default_value_t = 4)]
-    pub queue_depth: usize,
+}
+
+impl ForwardArgs {
+    /// The library's engine options for a forward on `device`.
+    pub fn options(&self, device: DeviceKind) -> EngineOptions {
+        let mut o = EngineOptions::new(self.model.clone());
+        o.tp = self.tp;
+        o.device = device;
+        o.dtype = self.dtype;
+        o.norm = self.norm;
+        o.moe = self.moe_kernel;
+        o.tp_reduce = self.tp_reduce;
+        o
+    }
 }
 
 impl EngineArgs {
     /// The library's engine options.
     pub fn options(&self) -> EngineOptions {
-        let mut o = EngineOptions::new(self.model.clone());
-        o.tp = self.tp;
-        o.device = self.device;
-        o.dtype = self.dtype;
-        o.norm = self.norm;
-        o.moe = self.moe_kernel;
-        o.tp_reduce = self.tp_reduce;
+        let mut o = self.forward.options(self.device);
         o.gpu_memory_gib = self.gpu_memory_gib;
         o
     }
@@ -214,7 +231,7 @@ impl JobArgs {
         let cores = std::thread::available_parallelism().map_or(4, |n| n.get());
         job.writers = engine.writers.unwrap_or(match engine.device {
             DeviceKind::Cpu => 1,
-            DeviceKind::Cuda => cores.saturating_sub(engine.tp + 1).max(1),
+            DeviceKind::Cuda => cores.saturating_sub(engine.forward.tp + 1).max(1),
         });
         job.queue_depth = engine.queue_depth;
         job.writer_options = WriterOptions {

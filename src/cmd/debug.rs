@@ -1,12 +1,13 @@
 //! `hslake debug`: checks and measurements for GPU machines (hidden from the help): the NCCL
 //! back end on GPU 0, and the throughput of our forward alone.
-use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::bail;
 use hslake_capture::debug::{nccl_check, prefill, PrefillOptions};
-use hslake_capture::{DeviceKind, EngineOptions, MoeKernel, NormKernel, TpReduce};
-use hslake_schemas::{CapturePoint, DType};
+use hslake_capture::DeviceKind;
+use hslake_schemas::CapturePoint;
+
+use crate::cmd::capture::ForwardArgs;
 
 /// The debug subcommands.
 #[derive(clap::Subcommand)]
@@ -21,9 +22,9 @@ pub enum Debug {
 /// Arguments of `hslake debug prefill`.
 #[derive(clap::Args)]
 pub struct PrefillArgs {
-    /// Checkpoint directory.
-    #[arg(long)]
-    model: PathBuf,
+    /// The model and how its forward computes (as `hslake capture` takes them).
+    #[command(flatten)]
+    forward: ForwardArgs,
     /// Sequences per batch.
     #[arg(long, default_value_t = 8)]
     batch: i64,
@@ -36,24 +37,9 @@ pub struct PrefillArgs {
     /// Layers whose outputs the forward returns (kept on the device).
     #[arg(long, value_delimiter = ',', default_value = "2,16,29,31")]
     layers: Vec<CapturePoint>,
-    /// RMS norm kernel: fast or exact.
-    #[arg(long, default_value = "fast")]
-    norm: NormKernel,
-    /// How MoE layers run their routed experts: loop or grouped (see `hslake capture --help`).
-    #[arg(long, default_value = "loop")]
-    moe_kernel: MoeKernel,
     /// Where the forward runs: cuda (GPU 0) or cpu.
     #[arg(long, default_value = "cuda")]
     device: DeviceKind,
-    /// Compute dtype: bf16, f16 or f32.
-    #[arg(long, default_value = "bf16")]
-    dtype: DType,
-    /// Tensor-parallel size (GPUs 0..N on cuda; threads on cpu).
-    #[arg(long, default_value_t = 1)]
-    tp: usize,
-    /// With --tp > 1, what row-parallel layers sum across ranks: f32 or bf16.
-    #[arg(long, default_value = "f32")]
-    tp_reduce: TpReduce,
     /// Per rank: time in compute and in all-reduces, and rank 0's copy-out, with the device
     /// waited for around each (slower than a plain run; the split is what it is for).
     #[arg(long)]
@@ -76,15 +62,8 @@ pub fn run(d: Debug) -> anyhow::Result<ExitCode> {
             }
         }
         Debug::Prefill(a) => {
-            let mut engine = EngineOptions::new(a.model);
-            engine.device = a.device;
-            engine.dtype = a.dtype;
-            engine.norm = a.norm;
-            engine.moe = a.moe_kernel;
-            engine.tp = a.tp;
-            engine.tp_reduce = a.tp_reduce;
             let report = prefill(&PrefillOptions {
-                engine,
+                engine: a.forward.options(a.device),
                 batch: a.batch,
                 seq: a.seq,
                 iters: a.iters,

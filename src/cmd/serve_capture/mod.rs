@@ -403,7 +403,12 @@ pub async fn run(args: Args) -> Result<ExitCode> {
     let check_options = engine_options.clone();
     let checked = tokio::task::spawn_blocking(move || CheckedModel::check(check_options))
         .await?
-        .with_context(|| format!("checking the model in {}", args.engine.model.display()))?;
+        .with_context(|| {
+            format!(
+                "checking the model in {}",
+                args.engine.forward.model.display()
+            )
+        })?;
     let metrics = Arc::new(Metrics::new());
     let d = Arc::new(Daemon {
         token,
