@@ -406,43 +406,47 @@ struct Stacked {
 }
 
 impl Stacked {
-    /// Stacks `local`'s matrices and points them at the stack, when `_grouped_mm` can run
-    /// them: dense weights, bf16 on CUDA (the kernel's only dtype there), and rows whose byte
-    /// strides are multiples of 16 (the kernel's alignment).
-    fn build(local: &mut [Expert], device: Device) -> Result<Option<Stacked>> {
-        let dense = |w: &Weight| match w {
-            Weight::Dense(t) => Some(t.shallow_clone()),
-            _ => None,
-        };
-        let (Some(gate_up), Some(down)) = (
-            local
-                .iter()
-                .map(|e| dense(&e.gate_up))
-                .collect::<Option<Vec<_>>>(),
-            local
-                .iter()
-                .map(|e| dense(&e.down))
-                .collect::<Option<Vec<_>>>(),
-        ) else {
+    /// Empty stacks for `count` experts shaped like `first`, when `_grouped_mm` can run them:
+    /// dense weights, bf16 on CUDA (the kernel's only dtype there), and rows whose byte
+    /// strides are multiples of 16 (the kernel's alignment). `None` keeps the loop.
+    fn for_experts_like(first: &Expert, count: usize, device: Device) -> Result<Option<Stacked>> {
+        let (Weight::Dense(gate_up), Weight::Dense(down)) = (&first.gate_up, &first.down) else {
             return Ok(None);
         };
-        let Some(first) = gate_up.first() else {
-            return Ok(None);
-        };
-        let kind = first.kind();
+        let kind = gate_up.kind();
         let aligned = |t: &Tensor| (t.size()[1] * kind.elt_size_in_bytes() as i64) % 16 == 0;
-        if (device.is_cuda() && kind != Kind::BFloat16) || !aligned(first) || !aligned(&down[0]) {
+        if (device.is_cuda() && kind != Kind::BFloat16) || !aligned(gate_up) || !aligned(down) {
             return Ok(None);
         }
-        let stacked = Stacked {
-            gate_up: Tensor::f_stack(&gate_up, 0)?,
-            down: Tensor::f_stack(&down, 0)?,
+        let stack = |t: &Tensor| {
+            let mut shape = vec![count as i64];
+            shape.extend(t.size());
+            Tensor::f_empty(shape.as_slice(), (kind, t.device()))
         };
-        for (j, e) in local.iter_mut().enumerate() {
-            e.gate_up = Weight::Dense(stacked.gate_up.f_select(0, j as i64)?);
-            e.down = Weight::Dense(stacked.down.f_select(0, j as i64)?);
+        Ok(Some(Stacked {
+            gate_up: stack(gate_up)?,
+            down: stack(down)?,
+        }))
+    }
+
+    /// Copies expert `j`'s matrices into the stacks and points it at them, so that its own
+    /// tensors are freed as it is loaded: one layer's experts never exist twice.
+    fn adopt(&self, j: usize, expert: &mut Expert) -> Result<()> {
+        for (stack, weight) in [
+            (&self.gate_up, &mut expert.gate_up),
+            (&self.down, &mut expert.down),
+        ] {
+            let Weight::Dense(t) = &*weight else {
+                return Err(crate::error::CaptureError::Unsupported(format!(
+                    "--moe-kernel grouped: this rank's expert {j} of the layer is quantized but the first \
+                     is dense, and grouped GEMMs need all dense; use --moe-kernel loop"
+                )));
+            };
+            let mut slot = stack.f_select(0, j as i64)?;
+            slot.f_copy_(t)?;
+            *weight = Weight::Dense(slot);
         }
-        Ok(Some(stacked))
+        Ok(())
     }
 }
 
@@ -469,27 +473,29 @@ impl Experts {
         check_split(tp, &[(spec.experts_field, e)])?;
         let per_rank = e / tp;
         let first = ctx.comm.rank() * per_rank;
-        let local = (first..first + per_rank)
-            .map(|j| {
-                let name = |proj: &str| format!("{prefix}.{j}.{proj}");
-                let (gate, up) = (name("gate_proj"), name("up_proj"));
-                let parts = vec![
-                    expert_weight(ctx, &gate, i, hidden)?,
-                    expert_weight(ctx, &up, i, hidden)?,
-                ];
-                Ok(Expert {
-                    gate_up: Weight::cat(ctx, &[&gate, &up], parts)?,
-                    down: expert_weight(ctx, &name("down_proj"), hidden, i)?,
-                })
-            })
-            .collect::<Result<Vec<_>>>()?;
-        let mut local = local;
-        let stacked = match ctx.moe {
-            MoeKernel::Grouped => Stacked::build(&mut local, ctx.device)?,
-            MoeKernel::Loop => None,
-        };
-        if ctx.moe == MoeKernel::Grouped && stacked.is_none() {
-            tracing::debug!("{prefix}: experts keep the per-expert loop (quantized, or a dtype or width grouped GEMMs cannot take)");
+        let mut local = Vec::with_capacity(per_rank);
+        let mut stacked = None;
+        for j in first..first + per_rank {
+            let name = |proj: &str| format!("{prefix}.{j}.{proj}");
+            let (gate, up) = (name("gate_proj"), name("up_proj"));
+            let parts = vec![
+                expert_weight(ctx, &gate, i, hidden)?,
+                expert_weight(ctx, &up, i, hidden)?,
+            ];
+            let mut expert = Expert {
+                gate_up: Weight::cat(ctx, &[&gate, &up], parts)?,
+                down: expert_weight(ctx, &name("down_proj"), hidden, i)?,
+            };
+            if j == first && ctx.moe == MoeKernel::Grouped {
+                stacked = Stacked::for_experts_like(&expert, per_rank, ctx.device)?;
+                if stacked.is_none() {
+                    tracing::debug!("{prefix}: experts keep the per-expert loop (quantized, or a dtype or width grouped GEMMs cannot take)");
+                }
+            }
+            if let Some(s) = &stacked {
+                s.adopt(j - first, &mut expert)?;
+            }
+            local.push(expert);
         }
         Ok(Experts {
             local,
@@ -734,8 +740,13 @@ mod tests {
     /// [`experts`] with the grouped kernel's stacked weights.
     fn grouped_experts(first: usize, count: usize) -> Experts {
         let mut ex = experts(first, count);
-        ex.stacked = Stacked::build(&mut ex.local, Device::Cpu).unwrap();
-        assert!(ex.stacked.is_some());
+        let stacked = Stacked::for_experts_like(&ex.local[0], count, Device::Cpu)
+            .unwrap()
+            .expect("hidden 8 and width 4 in f32 are 16-byte rows");
+        for (j, e) in ex.local.iter_mut().enumerate() {
+            stacked.adopt(j, e).unwrap();
+        }
+        ex.stacked = Some(stacked);
         ex
     }
 
@@ -815,13 +826,13 @@ mod tests {
     #[test]
     fn grouped_gemms_are_not_used_where_the_kernel_cannot_run_them() {
         // A width whose f32 rows are not a multiple of 16 bytes keeps the loop.
-        let mut odd: Vec<Expert> = (0..2)
-            .map(|_| Expert {
-                gate_up: Weight::Dense(Tensor::randn([6, 5], (Kind::Float, Device::Cpu))),
-                down: Weight::Dense(Tensor::randn([5, 3], (Kind::Float, Device::Cpu))),
-            })
-            .collect();
-        assert!(Stacked::build(&mut odd, Device::Cpu).unwrap().is_none());
+        let odd = Expert {
+            gate_up: Weight::Dense(Tensor::randn([6, 5], (Kind::Float, Device::Cpu))),
+            down: Weight::Dense(Tensor::randn([5, 3], (Kind::Float, Device::Cpu))),
+        };
+        assert!(Stacked::for_experts_like(&odd, 2, Device::Cpu)
+            .unwrap()
+            .is_none());
     }
 
     fn spec(routing: Routing) -> MoeSpec {
