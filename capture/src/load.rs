@@ -42,9 +42,10 @@ pub enum MoeKernel {
     /// experts are dequantized one at a time.
     #[default]
     Loop,
-    /// All of a layer's dense experts in two grouped GEMMs (libtorch's `_grouped_mm`, as
-    /// transformers' `grouped_mm` experts run), their weights stacked at load; quantized experts
-    /// and shapes the kernel cannot take keep the loop.
+    /// All of a layer's experts in two grouped GEMMs (libtorch's `_grouped_mm`, as
+    /// transformers' `grouped_mm` experts run), their weights stacked at load; a quantized
+    /// stack is dequantized whole as the layer runs. Shapes the kernel cannot take keep the
+    /// loop.
     Grouped,
 }
 

@@ -396,55 +396,55 @@ struct Experts {
     stacked: Option<Stacked>,
 }
 
-/// A layer's dense expert weights stacked for grouped GEMMs, in the checkpoint's `[out, in]`
-/// layout per expert.
+/// A layer's expert weights stacked for grouped GEMMs, in the checkpoint's `[out, in]` layout
+/// per expert, stored as the checkpoint stores them: a quantized stack is dequantized as one
+/// tensor when the layer runs (a few kernels for all experts, not a few per expert).
 struct Stacked {
     /// `[experts, 2 * moe_intermediate, hidden]`.
-    gate_up: Tensor,
+    gate_up: Weight,
     /// `[experts, hidden, moe_intermediate]`.
-    down: Tensor,
+    down: Weight,
 }
 
 impl Stacked {
-    /// Empty stacks for `count` experts shaped like `first`, when `_grouped_mm` can run them:
-    /// dense weights, bf16 on CUDA (the kernel's only dtype there), and rows whose byte
-    /// strides are multiples of 16 (the kernel's alignment). `None` keeps the loop.
+    /// Empty stacks for `count` experts stored like `first`, when `_grouped_mm` can run them:
+    /// bf16 matrices on CUDA (the kernel's only dtype there), rows whose byte strides are
+    /// multiples of 16 (the kernel's alignment), and FP8 rows in whole blocks. `None` keeps the
+    /// loop.
     fn for_experts_like(first: &Expert, count: usize, device: Device) -> Result<Option<Stacked>> {
-        let (Weight::Dense(gate_up), Weight::Dense(down)) = (&first.gate_up, &first.down) else {
-            return Ok(None);
+        let kind = first.gate_up.kind();
+        let aligned = |w: &Weight| {
+            w.shape().last().copied().unwrap_or(0) * kind.elt_size_in_bytes() as i64 % 16 == 0
         };
-        let kind = gate_up.kind();
-        let aligned = |t: &Tensor| (t.size()[1] * kind.elt_size_in_bytes() as i64) % 16 == 0;
-        if (device.is_cuda() && kind != Kind::BFloat16) || !aligned(gate_up) || !aligned(down) {
+        if (device.is_cuda() && kind != Kind::BFloat16)
+            || !aligned(&first.gate_up)
+            || !aligned(&first.down)
+        {
             return Ok(None);
         }
-        let stack = |t: &Tensor| {
-            let mut shape = vec![count as i64];
-            shape.extend(t.size());
-            Tensor::f_empty(shape.as_slice(), (kind, t.device()))
-        };
-        Ok(Some(Stacked {
-            gate_up: stack(gate_up)?,
-            down: stack(down)?,
-        }))
+        match (
+            first.gate_up.empty_stack(count)?,
+            first.down.empty_stack(count)?,
+        ) {
+            (Some(gate_up), Some(down)) => Ok(Some(Stacked { gate_up, down })),
+            _ => Ok(None),
+        }
     }
 
-    /// Copies expert `j`'s matrices into the stacks and points it at them, so that its own
+    /// Copies expert `j`'s weights into the stacks and points it at them, so that its own
     /// tensors are freed as it is loaded: one layer's experts never exist twice.
     fn adopt(&self, j: usize, expert: &mut Expert) -> Result<()> {
         for (stack, weight) in [
             (&self.gate_up, &mut expert.gate_up),
             (&self.down, &mut expert.down),
         ] {
-            let Weight::Dense(t) = &*weight else {
+            if !weight.move_into(stack, j)? {
                 return Err(crate::error::CaptureError::Unsupported(format!(
-                    "--moe-kernel grouped: this rank's expert {j} of the layer is quantized but the first \
-                     is dense, and grouped GEMMs need all dense; use --moe-kernel loop"
+                    "--moe-kernel grouped: this rank's expert {j} of the layer is stored in another \
+                     format than its first (dense or quantized), and grouped GEMMs need one; use \
+                     --moe-kernel loop"
                 )));
-            };
-            let mut slot = stack.f_select(0, j as i64)?;
-            slot.f_copy_(t)?;
-            *weight = Weight::Dense(slot);
+            }
         }
         Ok(())
     }
@@ -489,7 +489,7 @@ impl Experts {
             if j == first && ctx.moe == MoeKernel::Grouped {
                 stacked = Stacked::for_experts_like(&expert, per_rank, ctx.device)?;
                 if stacked.is_none() {
-                    tracing::debug!("{prefix}: experts keep the per-expert loop (quantized, or a dtype or width grouped GEMMs cannot take)");
+                    tracing::debug!("{prefix}: experts keep the per-expert loop (a dtype, width or FP8 block layout grouped GEMMs cannot take)");
                 }
             }
             if let Some(s) = &stacked {
@@ -585,8 +585,9 @@ impl Experts {
             .f_narrow(0, 0, local)?
             .f_cumsum(0, Kind::Int)?;
         let xs = x.f_index_select(0, &perm.f_floor_divide_scalar(k)?)?;
+        // A quantized stack's matrices exist from here to their GEMM.
         let gate_up = xs.f_internal_grouped_mm(
-            &s.gate_up.f_transpose(-2, -1)?,
+            &s.gate_up.matrix()?.f_transpose(-2, -1)?,
             Some(&ends),
             None::<&Tensor>,
             None,
@@ -597,7 +598,7 @@ impl Experts {
             .f_silu()?
             .f_mul(&gate_up.f_narrow(-1, i, i)?)?;
         let y = act.f_internal_grouped_mm(
-            &s.down.f_transpose(-2, -1)?,
+            &s.down.matrix()?.f_transpose(-2, -1)?,
             Some(&ends),
             None::<&Tensor>,
             None,
@@ -820,6 +821,71 @@ mod tests {
                 first + count,
                 (&grouped - &looped).abs().max().double_value(&[])
             );
+        }
+    }
+
+    /// Experts `first..first + count` of 6 (hidden 8, width 8) with random INT4 weights (groups
+    /// of 8), stacked for the grouped kernel if `grouped`.
+    fn int4_experts(first: usize, count: usize, grouped: bool) -> Experts {
+        tch::manual_seed(24);
+        let int4 = |out: i64| Weight::Int4 {
+            packed: Tensor::randint_low(
+                i32::MIN as i64,
+                i32::MAX as i64,
+                [out, 1],
+                (Kind::Int, Device::Cpu),
+            ),
+            scale: Tensor::rand([out, 1], (Kind::Float, Device::Cpu)) * 0.2,
+            group: 8,
+            kind: Kind::Float,
+        };
+        let all: Vec<Expert> = (0..6)
+            .map(|_| Expert {
+                gate_up: int4(16),
+                down: int4(8),
+            })
+            .collect();
+        let mut ex = Experts {
+            local: all.into_iter().skip(first).take(count).collect(),
+            first,
+            num_experts: 6,
+            intermediate: 8,
+            stacked: None,
+        };
+        if grouped {
+            let stacked = Stacked::for_experts_like(&ex.local[0], count, Device::Cpu)
+                .unwrap()
+                .expect("INT4 experts stack");
+            for (j, e) in ex.local.iter_mut().enumerate() {
+                stacked.adopt(j, e).unwrap();
+            }
+            ex.stacked = Some(stacked);
+        }
+        ex
+    }
+
+    #[test]
+    fn grouped_gemms_over_a_dequantized_stack_equal_the_loop_over_each_expert() {
+        tch::manual_seed(25);
+        let x = Tensor::randn([12, 8], (Kind::Float, Device::Cpu));
+        let w = Tensor::rand([12, 2], (Kind::Float, Device::Cpu));
+        let a: Vec<i64> = (0..12).map(|n| [0, 1, 2, 3][n % 4]).collect();
+        let b: Vec<i64> = (0..12).map(|n| [4, 3, 1, 2][n % 4]).collect();
+        let ids = Tensor::stack(&[Tensor::from_slice(&a), Tensor::from_slice(&b)], 1);
+        for (first, count) in [(0, 6), (3, 3)] {
+            let looped = int4_experts(first, count, false)
+                .forward(&x, &w, &ids)
+                .unwrap();
+            let grouped = int4_experts(first, count, true)
+                .forward(&x, &w, &ids)
+                .unwrap();
+            assert!(
+                grouped.allclose(&looped, 1e-5, 1e-5, false),
+                "experts {first}..{}: max diff {}",
+                first + count,
+                (&grouped - &looped).abs().max().double_value(&[])
+            );
+            assert!(looped.abs().max().double_value(&[]) > 0.0);
         }
     }
 

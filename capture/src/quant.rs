@@ -449,29 +449,164 @@ impl Weight {
         }
     }
 
-    /// The `[out, in]` matrix in the compute dtype: the tensor itself when dense, else
-    /// dequantized now: each value times its f32 scale computed in f32 (one f32 rounding, as
-    /// the published dequantization does) and rounded to the compute dtype as it is stored. The result lives until the caller's GEMM is done; libtorch's caching
-    /// allocator hands its block to the next layer's matrix of the same size, so the scratch
-    /// is reused without a buffer of our own, and only one layer's matrix exists at a time.
+    /// The `[out, in]` matrix in the compute dtype (`[count, out, in]` for a stack made by
+    /// [`Weight::empty_stack`]): the tensor itself when dense, else dequantized now: each value
+    /// times its f32 scale computed in f32 (one f32 rounding, as the published dequantization
+    /// does) and rounded to the compute dtype as it is stored. The result lives until the
+    /// caller's GEMM is done; libtorch's caching allocator hands its block to the next layer's
+    /// matrix of the same size, so the scratch is reused without a buffer of our own, and only
+    /// one layer's matrix exists at a time.
     pub fn matrix(&self) -> Result<Tensor> {
+        self.matrix_in_chunks(DEQUANTIZE_CHUNK)
+    }
+
+    /// [`Weight::matrix`], a stack dequantized about `chunk` values at a time.
+    fn matrix_in_chunks(&self, chunk: i64) -> Result<Tensor> {
+        let values = match self {
+            Weight::Dense(t) => return Ok(t.shallow_clone()),
+            Weight::Fp8 { weight, .. } => weight,
+            Weight::Int4 { packed, .. } => packed,
+        };
+        let shape = self.shape();
+        let product = Tensor::f_empty(shape.as_slice(), (self.kind(), values.device()))?;
+        if shape.len() == 2 {
+            self.dequantize_into(self.tensors(), &product)?;
+            return Ok(product);
+        }
+        // A stack is dequantized a few matrices at a time: the temporaries (an INT4 chunk's
+        // unpacked int32 codes are 4 bytes a value) then exist for one chunk, not the stack.
+        let (count, each) = (shape[0], shape[1] * shape[2]);
+        let per_chunk = (chunk / each).max(1);
+        let mut start = 0;
+        while start < count {
+            let n = per_chunk.min(count - start);
+            // Leading `n` entries of a stacked tensor as one 2-D matrix: whole FP8 tiles
+            // (checked when the stack was made) keep each value's scale in place.
+            let part = |t: &Tensor| t.f_narrow(0, start, n)?.f_flatten(0, 1);
+            let parts = self
+                .tensors()
+                .into_iter()
+                .map(part)
+                .collect::<std::result::Result<Vec<_>, _>>()?;
+            self.dequantize_into(parts.iter().collect(), &part(&product)?)?;
+            start += n;
+        }
+        Ok(product)
+    }
+
+    /// Dequantizes `parts` (this weight's [`Weight::tensors`], or 2-D slices of them) into the
+    /// 2-D `product`.
+    fn dequantize_into(&self, parts: Vec<&Tensor>, product: &Tensor) -> Result<()> {
+        match (self, parts.as_slice()) {
+            (Weight::Fp8 { block, .. }, [weight, scale_inv]) => {
+                dequantize_fp8(weight, scale_inv, *block, product)
+            }
+            (Weight::Int4 { group, .. }, [packed, scale]) => {
+                dequantize_int4(packed, scale, *group, product)
+            }
+            _ => Err(CaptureError::Pipeline(
+                "dequantize_into: parts do not match the weight's format".into(),
+            )),
+        }
+    }
+
+    /// The shape of [`Weight::matrix`]: `[out, in]`, or `[count, out, in]` for a stack.
+    pub fn shape(&self) -> Vec<i64> {
         match self {
-            Weight::Dense(t) => Ok(t.shallow_clone()),
+            Weight::Dense(t) => t.size(),
+            Weight::Fp8 { weight, .. } => weight.size(),
+            Weight::Int4 { packed, .. } => {
+                let mut s = packed.size();
+                if let Some(last) = s.last_mut() {
+                    *last *= 8;
+                }
+                s
+            }
+        }
+    }
+
+    /// The tensors that hold it: the values, then the scales (if quantized).
+    fn tensors(&self) -> Vec<&Tensor> {
+        match self {
+            Weight::Dense(t) => vec![t],
+            Weight::Fp8 {
+                weight, scale_inv, ..
+            } => vec![weight, scale_inv],
+            Weight::Int4 { packed, scale, .. } => vec![packed, scale],
+        }
+    }
+
+    /// [`Weight::tensors`], to be replaced.
+    fn tensors_mut(&mut self) -> Vec<&mut Tensor> {
+        match self {
+            Weight::Dense(t) => vec![t],
+            Weight::Fp8 {
+                weight, scale_inv, ..
+            } => vec![weight, scale_inv],
+            Weight::Int4 { packed, scale, .. } => vec![packed, scale],
+        }
+    }
+
+    /// An uninitialised stack for `count` weights stored as this one is (every tensor gains a
+    /// leading `count` dimension), whose [`Weight::matrix`] is all of them at once; `None` for
+    /// FP8 whose rows are not whole blocks, which cannot be dequantized as one matrix.
+    pub fn empty_stack(&self, count: usize) -> Result<Option<Weight>> {
+        if let Weight::Fp8 { weight, block, .. } = self {
+            if weight.size()[0] % block[0] != 0 {
+                return Ok(None);
+            }
+        }
+        let stack = |t: &Tensor| -> Result<Tensor> {
+            let mut shape = vec![count as i64];
+            shape.extend(t.size());
+            Ok(Tensor::f_empty(shape.as_slice(), (t.kind(), t.device()))?)
+        };
+        Ok(Some(match self {
+            Weight::Dense(t) => Weight::Dense(stack(t)?),
             Weight::Fp8 {
                 weight,
                 scale_inv,
                 block,
                 kind,
-            } => dequantize_fp8(weight, scale_inv, *block, *kind),
+            } => Weight::Fp8 {
+                weight: stack(weight)?,
+                scale_inv: stack(scale_inv)?,
+                block: *block,
+                kind: *kind,
+            },
             Weight::Int4 {
                 packed,
                 scale,
                 group,
                 kind,
-            } => dequantize_int4(packed, scale, *group, *kind),
+            } => Weight::Int4 {
+                packed: stack(packed)?,
+                scale: stack(scale)?,
+                group: *group,
+                kind: *kind,
+            },
+        }))
+    }
+
+    /// Copies this weight into entry `j` of `stack` (from [`Weight::empty_stack`] of a weight
+    /// stored alike) and makes it a view of that entry, freeing its own tensors. `false`, and
+    /// nothing changed, if the two are stored in different formats.
+    pub fn move_into(&mut self, stack: &Weight, j: usize) -> Result<bool> {
+        if std::mem::discriminant(self) != std::mem::discriminant(stack) {
+            return Ok(false);
         }
+        for (mine, stacked) in self.tensors_mut().into_iter().zip(stack.tensors()) {
+            let mut slot = stacked.f_select(0, j as i64)?;
+            slot.f_copy_(mine)?;
+            *mine = slot;
+        }
+        Ok(true)
     }
 }
+
+/// Values dequantized at once when a stack is: 128 Mi, so that a chunk's temporaries stay
+/// within about 1 GiB.
+pub(crate) const DEQUANTIZE_CHUNK: i64 = 1 << 27;
 
 /// Refuses a TP split that would cut a scale's tile (an FP8 block or an INT4 group): each
 /// rank's part of the split dimension must be whole tiles.
@@ -505,28 +640,27 @@ fn check_grid(
 }
 
 /// `weight [out, in]` (float8_e4m3fn) times its block scales `[ceil(out/bo), ceil(in/bi)]`,
-/// in `kind`.
+/// written into `product [out, in]` (the compute dtype).
 ///
 /// Two kernels and 7 bytes of traffic per weight (bf16) instead of three and 19: every e4m3
-/// value is exact in bf16, f16 and f32, so the codes go straight to `kind`; the multiply by
-/// the f32 scale is computed in f32 (type promotion) and rounded to `kind` as it is stored,
+/// value is exact in bf16, f16 and f32, so the codes go straight to the compute dtype; the
+/// multiply by the f32 scale is computed in f32 (type promotion) and rounded as it is stored,
 /// the same bits as an f32 product rounded afterwards.
 fn dequantize_fp8(
     weight: &Tensor,
     scale_inv: &Tensor,
     block: [i64; 2],
-    kind: Kind,
-) -> Result<Tensor> {
+    product: &Tensor,
+) -> Result<()> {
     let (out, inp) = (weight.size()[0], weight.size()[1]);
     let [bo, bi] = block;
-    let w = weight.f_to_kind(kind)?;
-    let product = Tensor::f_empty([out, inp], (kind, weight.device()))?;
+    let w = weight.f_to_kind(product.kind())?;
     if out % bo == 0 && inp % bi == 0 {
         // Whole tiles: one broadcast multiply, no expanded copy of the scales.
         let tiles = w.f_view([out / bo, bo, inp / bi, bi])?;
         let s = scale_inv.f_view([out / bo, 1, inp / bi, 1])?;
         let _ = tiles.f_mul_out(&product.f_view([out / bo, bo, inp / bi, bi])?, &s)?;
-        return Ok(product);
+        return Ok(());
     }
     // A partial last tile (e.g. DeepSeek's 576-row kv_a_proj_with_mqa over 128-row blocks).
     let s = scale_inv
@@ -534,34 +668,34 @@ fn dequantize_fp8(
         .f_narrow(0, 0, out)?
         .f_repeat_interleave_self_int(bi, 1, None)?
         .f_narrow(1, 0, inp)?;
-    let _ = w.f_mul_out(&product, &s)?;
-    Ok(product)
+    let _ = w.f_mul_out(product, &s)?;
+    Ok(())
 }
 
 /// `packed [out, in/8]` (int32, eight offset-by-8 codes each, lowest bits first) times its
-/// group scales `[out, in/group]`, in `kind`: the codes (-8..=7, exact in every float dtype)
-/// are unpacked into `kind`, and the multiply by the f32 scale is computed in f32 and rounded
-/// to `kind` as it is stored.
-fn dequantize_int4(packed: &Tensor, scale: &Tensor, group: i64, kind: Kind) -> Result<Tensor> {
+/// group scales `[out, in/group]`, written into `product [out, in]`: the codes (-8..=7, exact
+/// in every float dtype) are unpacked into the compute dtype, and the multiply by the f32 scale
+/// is computed in f32 and rounded as it is stored.
+fn dequantize_int4(packed: &Tensor, scale: &Tensor, group: i64, product: &Tensor) -> Result<()> {
     let (out, words) = (packed.size()[0], packed.size()[1]);
     let inp = words * 8;
     let shifts = Tensor::f_arange_start_step(0, 32, 4, (Kind::Int, packed.device()))?;
     // [out, in/8, 1] >> [8] -> [out, in/8, 8]: column 8j + k is code k of word j.
     let mut codes = packed.f_unsqueeze(-1)?.f_bitwise_right_shift(&shifts)?;
     let _ = codes.f_bitwise_and_(15)?;
-    let mut codes = codes.f_to_kind(kind)?;
+    let mut codes = codes.f_to_kind(product.kind())?;
     let _ = codes.f_sub_scalar_(8)?;
-    let product = Tensor::f_empty([out, inp], (kind, packed.device()))?;
     let _ = codes.f_view([out, inp / group, group])?.f_mul_out(
         &product.f_view([out, inp / group, group])?,
         &scale.f_unsqueeze(-1)?,
     )?;
-    Ok(product)
+    Ok(())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tch::Device;
 
     /// e4m3fn decoded from its bit fields: sign, 4 exponent bits (bias 7), 3 mantissa bits;
     /// exponent 0 is subnormal, and S.1111.111 is NaN (no infinities).
@@ -603,13 +737,115 @@ mod tests {
             .view(shape)
     }
 
+    fn fp8_weight(weight: &Tensor, scale_inv: &Tensor, block: [i64; 2], kind: Kind) -> Weight {
+        Weight::Fp8 {
+            weight: weight.shallow_clone(),
+            scale_inv: scale_inv.shallow_clone(),
+            block,
+            kind,
+        }
+    }
+
+    fn fp8_matrix(weight: &Tensor, scale_inv: &Tensor, block: [i64; 2], kind: Kind) -> Tensor {
+        fp8_weight(weight, scale_inv, block, kind).matrix().unwrap()
+    }
+
+    fn int4_weight(packed: &Tensor, scale: &Tensor, group: i64, kind: Kind) -> Weight {
+        Weight::Int4 {
+            packed: packed.shallow_clone(),
+            scale: scale.shallow_clone(),
+            group,
+            kind,
+        }
+    }
+
+    fn int4_matrix(packed: &Tensor, scale: &Tensor, group: i64, kind: Kind) -> Tensor {
+        int4_weight(packed, scale, group, kind).matrix().unwrap()
+    }
+
+    #[test]
+    fn a_stack_dequantizes_to_the_stack_of_its_matrices_in_any_chunking() {
+        tch::manual_seed(5);
+        // Three FP8 [4, 8] weights over [2, 4] tiles, three INT4 [2, 16] weights in groups of 8.
+        let fp8s: Vec<Weight> = (0..3)
+            .map(|_| {
+                let w = (Tensor::randn([4, 8], (Kind::Float, Device::Cpu)) * 4.0)
+                    .to_kind(Kind::Float8e4m3fn);
+                fp8_weight(
+                    &w,
+                    &Tensor::rand([2, 2], (Kind::Float, Device::Cpu)),
+                    [2, 4],
+                    Kind::BFloat16,
+                )
+            })
+            .collect();
+        let int4s: Vec<Weight> = (0..3)
+            .map(|_| {
+                let p = Tensor::randint_low(
+                    i32::MIN as i64,
+                    i32::MAX as i64,
+                    [2, 2],
+                    (Kind::Int, Device::Cpu),
+                );
+                int4_weight(
+                    &p,
+                    &Tensor::rand([2, 2], (Kind::Float, Device::Cpu)),
+                    8,
+                    Kind::BFloat16,
+                )
+            })
+            .collect();
+        for weights in [fp8s, int4s] {
+            let want = Tensor::stack(
+                &weights
+                    .iter()
+                    .map(|w| w.matrix().unwrap())
+                    .collect::<Vec<_>>(),
+                0,
+            );
+            let stack = weights[0]
+                .empty_stack(3)
+                .unwrap()
+                .expect("whole tiles stack");
+            for (j, mut w) in weights.into_iter().enumerate() {
+                assert!(w.move_into(&stack, j).unwrap());
+                // The weight is now a view of its entry: the same matrix.
+                assert!(w.matrix().unwrap().equal(&want.get(j as i64)));
+            }
+            assert_eq!(stack.shape(), want.size());
+            // One matrix per chunk, two per chunk (a short last one), all at once.
+            for chunk in [1, 40, 1 << 20] {
+                assert!(
+                    stack.matrix_in_chunks(chunk).unwrap().equal(&want),
+                    "chunk {chunk}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn fp8_rows_that_are_not_whole_blocks_are_not_stacked_and_formats_do_not_mix() {
+        let w = Tensor::zeros([3, 4], (Kind::Float, Device::Cpu)).to_kind(Kind::Float8e4m3fn);
+        let partial = fp8_weight(
+            &w,
+            &Tensor::ones([2, 1], (Kind::Float, Device::Cpu)),
+            [2, 4],
+            Kind::Float,
+        );
+        assert!(partial.empty_stack(2).unwrap().is_none());
+        let dense = Weight::Dense(Tensor::zeros([3, 4], (Kind::Float, Device::Cpu)));
+        let stack = dense.empty_stack(2).unwrap().unwrap();
+        let mut quantized = partial;
+        assert!(!quantized.move_into(&stack, 0).unwrap());
+    }
+
     #[test]
     fn fp8_blocks_scale_their_own_tile_including_a_partial_last_one() {
         // [3, 5] over [2, 2] blocks: a 2 x 3 grid whose last row and column are partial.
         let codes: Vec<u8> = (0..15).map(|i| 0x30 + i as u8).collect();
         let scale: Vec<f32> = vec![1.0, 2.0, 4.0, 8.0, 16.0, 32.0];
         let s = Tensor::from_slice(&scale).view([2, 3]);
-        let got = dequantize_fp8(&fp8(&codes, [3, 5]), &s, [2, 2], Kind::Float).unwrap();
+        let got = fp8_matrix(&fp8(&codes, [3, 5]), &s, [2, 2], Kind::Float);
         for r in 0..3 {
             for c in 0..5 {
                 let want = e4m3_reference(codes[r * 5 + c]) * scale[(r / 2) * 3 + c / 2];
@@ -624,7 +860,7 @@ mod tests {
         let codes: Vec<u8> = (0..16).map(|i| 0x28 + i as u8).collect();
         let scale = [0.5f32, 3.0, -1.0, 0.25];
         let s = Tensor::from_slice(&scale).view([2, 2]);
-        let got = dequantize_fp8(&fp8(&codes, [4, 4]), &s, [2, 2], Kind::Float).unwrap();
+        let got = fp8_matrix(&fp8(&codes, [4, 4]), &s, [2, 2], Kind::Float);
         for r in 0..4 {
             for c in 0..4 {
                 let want = e4m3_reference(codes[r * 4 + c]) * scale[(r / 2) * 2 + c / 2];
@@ -648,12 +884,8 @@ mod tests {
         };
         let packed = Tensor::from_slice(&[word(0), word(1)]).view([1, 2]);
         let scale = Tensor::from_slice(&[0.5f32, 2.0]).view([1, 2]);
-        let got = Vec::<f32>::try_from(
-            dequantize_int4(&packed, &scale, 8, Kind::Float)
-                .unwrap()
-                .flatten(0, -1),
-        )
-        .unwrap();
+        let got = Vec::<f32>::try_from(int4_matrix(&packed, &scale, 8, Kind::Float).flatten(0, -1))
+            .unwrap();
         let want: Vec<f32> = values
             .iter()
             .enumerate()
@@ -674,10 +906,8 @@ mod tests {
             .repeat([1, n / 4])
             .f_narrow(1, 0, (n / 2 + 1) / 2)
             .unwrap();
-        let f32_then_round = dequantize_fp8(&w, &grid, [2, 2], Kind::Float)
-            .unwrap()
-            .to_kind(Kind::BFloat16);
-        let direct = dequantize_fp8(&w, &grid, [2, 2], Kind::BFloat16).unwrap();
+        let f32_then_round = fp8_matrix(&w, &grid, [2, 2], Kind::Float).to_kind(Kind::BFloat16);
+        let direct = fp8_matrix(&w, &grid, [2, 2], Kind::BFloat16);
         assert_eq!(direct.kind(), Kind::BFloat16);
         assert!(
             direct.equal(&f32_then_round),
@@ -687,10 +917,8 @@ mod tests {
         let packed =
             Tensor::from_slice(&[0x7654_3210u32 as i32, 0xfedc_ba98u32 as i32]).view([1, 2]);
         let scale = Tensor::from_slice(&[0.3f32, 1.7]).view([1, 2]);
-        let f32_then_round = dequantize_int4(&packed, &scale, 8, Kind::Float)
-            .unwrap()
-            .to_kind(Kind::BFloat16);
-        let direct = dequantize_int4(&packed, &scale, 8, Kind::BFloat16).unwrap();
+        let f32_then_round = int4_matrix(&packed, &scale, 8, Kind::Float).to_kind(Kind::BFloat16);
+        let direct = int4_matrix(&packed, &scale, 8, Kind::BFloat16);
         assert!(
             direct.equal(&f32_then_round),
             "int4: bf16 result differs from f32 rounded once"

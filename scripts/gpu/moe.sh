@@ -23,8 +23,9 @@
 # a time, so each is deleted (with its captured dataset: DeepSeek's 5 layers x 32 x 2048 tokens are ~4.7 GB raw)
 # before the next is written; Qwen3's 61 GB plus ~2 GB of dataset is the tightest.
 #
-# Knobs: MODELS (the steps in order, default "ds ds8 qw"; ds4 is the INT4 step), MOE_KERNEL (loop or grouped:
-# our --moe-kernel; unset, the binary's default), SAMPLES (default 32), ITERS
+# Knobs: MODELS (the steps in order, default "ds ds8 qw"; ds4 is the INT4 step), MOE_KERNEL (our --moe-kernel:
+# loop, grouped, or both as "loop grouped" for one prefill each, side by side, the capture running the last;
+# unset, the binary's default), SAMPLES (default 32), ITERS
 # (default 3), WORK (scratch, default /tmp/hslake-moe),
 # DEVICE=cpu TINY=1 for a dry run of the whole flow at toy sizes on a CPU (no GPU, minutes).
 set -uo pipefail
@@ -51,21 +52,29 @@ ours() {
   local m=$1 label=$2 step=$3
   local layers
   layers=$(python3 "$HERE/moe_bench.py" layers "$m")
-  stage "$label: our prefill"
-  "$BIN" debug prefill --model "$m" --batch 8 --seq "$SEQ" --iters "$ITERS" --layers "$layers" --device "$DEVICE" \
-    --dtype bf16 ${MOE_KERNEL:+--moe-kernel $MOE_KERNEL} > "$OUT/moe_${step}_prefill.txt" 2>&1
-  local tps
-  tps=$(grep -oP 'prefill tokens/s \K[0-9]+' "$OUT/moe_${step}_prefill.txt")
-  if [ -n "$tps" ]; then
-    row "$label" "ours prefill" "{\"tokens_per_sec\": $tps, \"mfu\": $(python3 "$HERE/moe_bench.py" mfu "$step" "$tps" $TINYFLAG)}"
-  else
-    row "$label" "ours prefill FAILED (see moe_${step}_prefill.txt)" '{}'
-  fi
+  # One prefill per kernel named in MOE_KERNEL (side by side in this call); the capture uses the last.
+  local k tps kernels=${MOE_KERNEL:-default}
+  for k in $kernels; do
+    local flag= tag=
+    [ "$k" != default ] && { flag="--moe-kernel $k"; tag=" ($k)"; }
+    stage "$label: our prefill$tag"
+    "$BIN" debug prefill --model "$m" --batch 8 --seq "$SEQ" --iters "$ITERS" --layers "$layers" --device "$DEVICE" \
+      --dtype bf16 $flag > "$OUT/moe_${step}_prefill_$k.txt" 2>&1
+    tps=$(grep -oP 'prefill tokens/s \K[0-9]+' "$OUT/moe_${step}_prefill_$k.txt")
+    if [ -n "$tps" ]; then
+      row "$label" "ours prefill$tag" "{\"tokens_per_sec\": $tps, \"mfu\": $(python3 "$HERE/moe_bench.py" mfu "$step" "$tps" $TINYFLAG)}"
+    else
+      row "$label" "ours prefill$tag FAILED (see moe_${step}_prefill_$k.txt)" '{}'
+    fi
+  done
+  local last=${kernels##* }
+  local capflag=
+  [ "$last" != default ] && capflag="--moe-kernel $last"
   stage "$label: our capture + write of $SAMPLES x $SEQ tokens"
   rm -rf "$m-out"
   local t=$(date +%s.%N)
   "$BIN" capture --model "$m" --input "$m.jsonl" --output "file://$m-out" --layers "$layers" --device "$DEVICE" \
-    --dtype bf16 --max-tokens-per-batch $((8 * SEQ)) ${MOE_KERNEL:+--moe-kernel $MOE_KERNEL} --no-progress \
+    --dtype bf16 --max-tokens-per-batch $((8 * SEQ)) $capflag --no-progress \
     > "$OUT/moe_${step}_capture.txt" 2>&1
   local rc=$? secs
   secs=$(python3 -c "import time; print(round(time.time() - $t, 1))")

@@ -72,8 +72,9 @@ pub struct ForwardArgs {
     #[arg(long, default_value = "fast")]
     pub norm: NormKernel,
     /// How MoE layers run their routed experts: loop (one GEMM pair per expert) or grouped (a
-    /// layer's dense experts in two grouped GEMMs, as transformers' grouped_mm experts; bf16 on
-    /// CUDA, any dtype on CPU; quantized experts keep the loop).
+    /// layer's experts in two grouped GEMMs, as transformers' grouped_mm experts; bf16 on CUDA,
+    /// any dtype on CPU; FP8/INT4 experts are dequantized a whole layer at a time, which needs
+    /// that layer's experts in bf16 as scratch).
     #[arg(long, default_value = "loop")]
     pub moe_kernel: MoeKernel,
     /// With --tp > 1, what the row-parallel layers sum across ranks: f32 (f32 partial products

@@ -68,6 +68,7 @@ impl CheckedModel {
             captured,
             self.info.hidden_size,
             self.kind,
+            self.options.moe == crate::load::MoeKernel::Grouped,
         );
         let free = match (self.options.gpu_memory_gib, self.options.device) {
             (Some(gib), _) => Some((gib * (1u64 << 30) as f64) as u64),
@@ -82,7 +83,7 @@ impl CheckedModel {
             (None, DeviceKind::Cpu) => None,
         };
         tracing::info!(
-            "memory per rank: weights {:.2} GiB, activations {:.2} GiB at {} tokens per batch,              scratch {:.2} GiB; {}",
+            "memory per rank: weights {:.2} GiB, activations {:.2} GiB at {} tokens per batch, scratch {:.2} GiB; {}",
             need.weights as f64 / (1u64 << 30) as f64,
             (need.per_token * need.tokens) as f64 / (1u64 << 30) as f64,
             max_tokens_per_batch,

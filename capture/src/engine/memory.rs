@@ -46,13 +46,18 @@ impl MemoryNeed {
     ///
     /// Fixed: a quantized weight is dequantized to f32 and then to the compute dtype as its
     /// layer runs (INT4 codes pass through int32 first), so `2 * largest * (8 + e)` bytes for
-    /// the largest quantized matrix, doubled for a fused gate|up pair.
+    /// the largest quantized matrix, doubled for a fused gate|up pair. With `grouped_experts`
+    /// (`--moe-kernel grouped`) a layer's quantized experts are dequantized as one stack: the
+    /// largest layer's quantized expert values in the compute dtype, plus one dequantization
+    /// chunk's temporaries (int32 codes and the compute-dtype copy); the larger of the two
+    /// counts.
     pub fn estimate(
         specs: &[TensorSpec],
         tokens: usize,
         captured: usize,
         hidden: usize,
         kind: Kind,
+        grouped_experts: bool,
     ) -> Self {
         let e = kind.elt_size_in_bytes() as u64;
         let weights = specs.iter().map(TensorSpec::local_bytes).sum();
@@ -62,24 +67,33 @@ impl MemoryNeed {
             .map(|s| s.local[0] as u64)
             .max()
             .unwrap_or(0);
-        let largest_quantized = specs
-            .iter()
-            .filter_map(|s| {
-                let values_per_element = match s.kind {
-                    Kind::Float8e4m3fn => 1,
-                    // Eight 4-bit codes per int32 (the 2-element `weight_shape` is negligible).
-                    Kind::Int => 8,
-                    _ => return None,
-                };
-                Some(s.local.iter().product::<usize>() as u64 * values_per_element)
-            })
-            .max()
-            .unwrap_or(0);
+        let quantized_values = |s: &TensorSpec| {
+            let values_per_element = match s.kind {
+                Kind::Float8e4m3fn => 1,
+                // Eight 4-bit codes per int32 (the 2-element `weight_shape` is negligible).
+                Kind::Int => 8,
+                _ => return None,
+            };
+            Some(s.local.iter().product::<usize>() as u64 * values_per_element)
+        };
+        let largest_quantized = specs.iter().filter_map(quantized_values).max().unwrap_or(0);
+        let mut stacks = std::collections::HashMap::<&str, u64>::new();
+        if grouped_experts {
+            for s in specs {
+                if let (Some(values), Some(at)) = (quantized_values(s), s.name.find(".experts.")) {
+                    *stacks.entry(&s.name[..at]).or_default() += values;
+                }
+            }
+        }
+        let stack_scratch = match stacks.values().max() {
+            Some(&values) => values * e + crate::quant::DEQUANTIZE_CHUNK as u64 * (4 + e),
+            None => 0,
+        };
         let h = hidden as u64;
         MemoryNeed {
             weights,
             per_token: 6 * h * e + 2 * h * 4 + 4 * widest * e + captured as u64 * h * e,
-            fixed: 2 * largest_quantized * (8 + e) + RESERVE_BYTES,
+            fixed: (2 * largest_quantized * (8 + e)).max(stack_scratch) + RESERVE_BYTES,
             tokens: tokens as u64,
         }
     }
@@ -165,7 +179,7 @@ mod tests {
             // An INT4 expert: 64 inputs in 8 int32 words per row.
             spec(&[32, 8], Kind::Int, false),
         ];
-        let need = MemoryNeed::estimate(&specs, 100, 2, 64, Kind::BFloat16);
+        let need = MemoryNeed::estimate(&specs, 100, 2, 64, Kind::BFloat16, false);
         assert_eq!(
             need.weights,
             1000 * 64 * 2 + 256 * 64 * 2 + 128 * 64 + 4 + 32 * 8 * 4
@@ -179,6 +193,31 @@ mod tests {
         assert_eq!(
             need.total(),
             need.weights + need.fixed + 100 * need.per_token
+        );
+    }
+
+    #[test]
+    fn grouped_quantized_experts_count_their_largest_layer_dequantized_at_once() {
+        let named = |name: &str, local: &[usize], kind: Kind| TensorSpec {
+            name: name.into(),
+            ..spec(local, kind, false)
+        };
+        // Layer 1 has two INT4 experts of [2048, 512] (64 words a row), layer 2 one.
+        let expert = |l: usize, j: usize| {
+            named(
+                &format!("model.layers.{l}.mlp.experts.{j}.down_proj.weight_packed"),
+                &[2048, 64],
+                Kind::Int,
+            )
+        };
+        let specs = [expert(1, 0), expert(1, 1), expert(2, 0)];
+        let e = 2u64;
+        let looped = MemoryNeed::estimate(&specs, 1, 1, 64, Kind::BFloat16, false);
+        assert_eq!(looped.fixed, 2 * 2048 * 512 * (8 + e) + RESERVE_BYTES);
+        let grouped = MemoryNeed::estimate(&specs, 1, 1, 64, Kind::BFloat16, true);
+        assert_eq!(
+            grouped.fixed,
+            2 * 2048 * 512 * e + crate::quant::DEQUANTIZE_CHUNK as u64 * (4 + e) + RESERVE_BYTES
         );
     }
 
