@@ -720,13 +720,22 @@ mod tests {
         assert!((normed.sum(Kind::Float).double_value(&[]) - 1.0).abs() < 1e-6);
     }
 
-    /// Experts `first..first + count` of 6 (hidden 8, width 4) with random weights.
+    /// Scattered values in [-1, 1] fixed by `salt`, without the global generator: tests run
+    /// in parallel threads, and two that seed it at once would draw each other's numbers (an
+    /// expert set built twice must have the same weights both times).
+    fn scattered(shape: &[i64], salt: i64) -> Tensor {
+        let n: i64 = shape.iter().product();
+        (Tensor::arange(n, (Kind::Float, Device::Cpu)) * 0.7071 + salt as f64 * 1.37)
+            .sin()
+            .view(shape)
+    }
+
+    /// Experts `first..first + count` of 6 (hidden 8, width 4) with scattered weights.
     fn experts(first: usize, count: usize) -> Experts {
-        tch::manual_seed(21);
         let all: Vec<Expert> = (0..6)
-            .map(|_| Expert {
-                gate_up: Weight::Dense(Tensor::randn([8, 8], (Kind::Float, Device::Cpu))),
-                down: Weight::Dense(Tensor::randn([8, 4], (Kind::Float, Device::Cpu))),
+            .map(|j| Expert {
+                gate_up: Weight::Dense(scattered(&[8, 8], 2 * j)),
+                down: Weight::Dense(scattered(&[8, 4], 2 * j + 1)),
             })
             .collect();
         Experts {
@@ -824,25 +833,20 @@ mod tests {
         }
     }
 
-    /// Experts `first..first + count` of 6 (hidden 8, width 8) with random INT4 weights (groups
-    /// of 8), stacked for the grouped kernel if `grouped`.
+    /// Experts `first..first + count` of 6 (hidden 8, width 8) with scattered INT4 weights
+    /// (groups of 8), stacked for the grouped kernel if `grouped`.
     fn int4_experts(first: usize, count: usize, grouped: bool) -> Experts {
-        tch::manual_seed(24);
-        let int4 = |out: i64| Weight::Int4 {
-            packed: Tensor::randint_low(
-                i32::MIN as i64,
-                i32::MAX as i64,
-                [out, 1],
-                (Kind::Int, Device::Cpu),
-            ),
-            scale: Tensor::rand([out, 1], (Kind::Float, Device::Cpu)) * 0.2,
+        let int4 = |out: i64, salt: i64| Weight::Int4 {
+            // Every bit pattern of the words: scattered values across the whole i32 range.
+            packed: (scattered(&[out, 1], salt) * i32::MAX as f64).to_kind(Kind::Int),
+            scale: scattered(&[out, 1], salt + 100).abs() * 0.2,
             group: 8,
             kind: Kind::Float,
         };
         let all: Vec<Expert> = (0..6)
-            .map(|_| Expert {
-                gate_up: int4(16),
-                down: int4(8),
+            .map(|j| Expert {
+                gate_up: int4(16, 2 * j),
+                down: int4(8, 2 * j + 1),
             })
             .collect();
         let mut ex = Experts {
