@@ -118,6 +118,7 @@ impl DryRun<'_> {
             device: Device::Cpu,
             kind,
             norm: NormKernel::Exact,
+            // No data is read, so there is nothing to stack for grouped experts.
             moe: MoeKernel::Loop,
             reduce: Default::default(),
         };

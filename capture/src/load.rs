@@ -40,12 +40,13 @@ impl std::str::FromStr for NormKernel {
 pub enum MoeKernel {
     /// One GEMM pair per expert over its tokens (a stable sort by expert first); quantized
     /// experts are dequantized one at a time.
-    #[default]
     Loop,
     /// All of a layer's experts in two grouped GEMMs (libtorch's `_grouped_mm`, as
     /// transformers' `grouped_mm` experts run), their weights stacked at load; a quantized
     /// stack is dequantized whole as the layer runs. Shapes the kernel cannot take keep the
-    /// loop.
+    /// loop. The default: on an H200 1.49x the loop on Qwen3-30B-A3B's 128 narrow experts, equal
+    /// on DeepSeek-V3's 256 wide ones.
+    #[default]
     Grouped,
 }
 

@@ -15,14 +15,16 @@ bash scripts/gpu/prepare.sh >/dev/null
 cp scripts/gpu/eagle3.sh gpu-run/
 mkdir -p gpu-run/wheels
 # What speculators' training imports and the CUDA image (KINDS.md's list) does not have.
-# The versions of requirements-trainers.txt; pydantic (speculators imports it) and gguf (the
-# GGUF conversion) come with the dev environment but are missing on the GPU image.
+# The versions of requirements-trainers.txt; pydantic and pydantic-settings (speculators' training
+# config imports them; pydantic-settings needs python-dotenv) and gguf (the GGUF conversion) come
+# with the dev environment but are missing on the GPU image.
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
   --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
   -d gpu-run/wheels \
   speculators==0.9.0 specforge==0.2.0 xxhash==4.1.0 hs-connectors==0.9.0 datasets==5.1.0 loguru==0.7.3 dill==0.4.1 multiprocess==0.70.19 \
   openai==2.8.0 distro==1.9.0 jiter==0.19.0 sniffio==1.3.1 \
-  pydantic==2.14.4 pydantic-core==2.50.5 annotated-types==0.8.0 typing-inspection==0.4.5 typing-extensions==4.16.0 gguf==0.19.0
+  pydantic==2.14.4 pydantic-core==2.50.5 annotated-types==0.8.0 typing-inspection==0.4.5 typing-extensions==4.16.0 gguf==0.19.0 \
+  pydantic-settings==2.16.3 python-dotenv==1.2.4
 if ! ls gpu-run/wheels/hslake-*.whl >/dev/null 2>&1; then
   (cd python && maturin build --release --quiet -o ../gpu-run/wheels)
 fi
@@ -35,7 +37,7 @@ for p in gpu-model/tmp/part-*; do
 done
 rmdir gpu-model/tmp
 echo "--- sizes (MiB)"
-du -sm gpu-run gpu-run/gpu gpu-run/wheels gpu-model/* | sed 's/^/  /'
+du -sm gpu-run gpu-run/hslake gpu-run/wheels gpu-model/* | sed 's/^/  /'
 n=$(ls -d gpu-model/* | wc -l)
 echo "--- device calls, back to back (the machine keeps /tmp only while it stays warm):"
 for k in $(seq 1 $((n - 1))); do

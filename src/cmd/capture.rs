@@ -71,11 +71,12 @@ pub struct ForwardArgs {
     /// (transformers' own operations, bit-identical to it). CPU runs are always exact.
     #[arg(long, default_value = "fast")]
     pub norm: NormKernel,
-    /// How MoE layers run their routed experts: loop (one GEMM pair per expert) or grouped (a
-    /// layer's experts in two grouped GEMMs, as transformers' grouped_mm experts; bf16 on CUDA,
-    /// any dtype on CPU; FP8/INT4 experts are dequantized a whole layer at a time, which needs
-    /// that layer's experts in bf16 as scratch).
-    #[arg(long, default_value = "loop")]
+    /// How MoE layers run their routed experts: grouped (a layer's experts in two grouped GEMMs,
+    /// as transformers' grouped_mm experts; bf16 on CUDA, any dtype on CPU, other shapes fall
+    /// back to the loop; FP8/INT4 experts are dequantized a whole layer at a time, which needs
+    /// that layer's experts in bf16 as scratch) or loop (one GEMM pair per expert; quantized
+    /// experts dequantized one at a time).
+    #[arg(long, default_value = "grouped")]
     pub moe_kernel: MoeKernel,
     /// With --tp > 1, what the row-parallel layers sum across ranks: f32 (f32 partial products
     /// and sums, rounded to the dtype once, as at TP 1) or bf16 (partials rounded and summed in

@@ -56,14 +56,14 @@ def test_tp_1_2_and_4_each_match_transformers(arch, tmp_path):
         run_capture(path, inputs, tmp_path / f"tp{tp}", layers, "--tp", tp, final_norm=True)
         runs[f"TP={tp}"], manifest = read_dataset(tmp_path / f"tp{tp}")
         assert manifest["provenance"]["tp_size"] == tp
-    # The grouped-GEMM experts (hidden 64 and width 32 in f32 meet the kernel's 16-byte rows, so
-    # the grouped path runs), whole and split across ranks.
+    # The default runs grouped-GEMM experts (hidden 64 and width 32 in f32 meet the kernel's
+    # 16-byte rows, so the grouped path runs); the per-expert loop, whole and split across ranks.
     for tp in (1, 2):
-        out = tmp_path / f"grouped_tp{tp}"
-        run_capture(path, inputs, out, layers, "--tp", tp, "--moe-kernel", "grouped", final_norm=True)
-        runs[f"grouped TP={tp}"], _ = read_dataset(out)
+        out = tmp_path / f"loop_tp{tp}"
+        run_capture(path, inputs, out, layers, "--tp", tp, "--moe-kernel", "loop", final_norm=True)
+        runs[f"loop TP={tp}"], _ = read_dataset(out)
     worst = assert_matches_transformers(model, runs, samples, layers)
-    print(f"{arch}: TP 1/2/4 and grouped TP 1/2 max abs diff vs transformers {worst:.3g}")
+    print(f"{arch}: TP 1/2/4 and loop TP 1/2 max abs diff vs transformers {worst:.3g}")
 
 
 # 8 heads (and KV heads) and 8 experts: at TP 8 every rank holds one head and one whole expert.

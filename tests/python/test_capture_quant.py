@@ -170,12 +170,13 @@ def capture_all(path, tmp_path, samples, layers, tps, *extra):
     return runs, manifest
 
 
-def add_grouped(path, tmp_path, layers, tps, runs):
-    """Captures again with --moe-kernel grouped (a layer's quantized experts dequantized as one stack)."""
+def add_loop(path, tmp_path, layers, tps, runs):
+    """Captures again with --moe-kernel loop (each quantized expert dequantized alone; the default
+    dequantizes a layer's experts as one stack)."""
     for tp in tps:
-        out = tmp_path / f"grouped_tp{tp}"
-        run_capture(path, tmp_path / "in.jsonl", out, layers, "--tp", tp, "--moe-kernel", "grouped", final_norm=True)
-        runs[f"grouped {tp}"], _ = read_dataset(out)
+        out = tmp_path / f"loop_tp{tp}"
+        run_capture(path, tmp_path / "in.jsonl", out, layers, "--tp", tp, "--moe-kernel", "loop", final_norm=True)
+        runs[f"loop {tp}"], _ = read_dataset(out)
 
 
 def assert_matches(reference, runs, samples, layers, bound=1e-4):
@@ -209,7 +210,7 @@ def test_fp8_block_checkpoint_matches_transformers_on_numpy_dequantized_weights(
     samples = random_samples(LENGTHS, VOCAB, seed=5)
     layers = list(range(len(model.model.layers)))
     runs, manifest = capture_all(path, tmp_path, samples, layers, tps)
-    add_grouped(path, tmp_path, layers, tps[:2], runs)
+    add_loop(path, tmp_path, layers, tps[:2], runs)
     assert manifest["provenance"]["extra"]["quantization"] == \
         f"fp8 e4m3 block-quantized, weight_block_size [{block[0]}, {block[1]}], weight_scale_inv"
     worst = assert_matches(reference, runs, samples, layers)
@@ -234,7 +235,7 @@ def test_int4_pack_quantized_checkpoint_matches_transformers_on_numpy_dequantize
     layers = list(range(len(model.model.layers)))
     runs, manifest = capture_all(path, tmp_path, samples, layers, tps)
     if arch == "deepseek_v3":
-        add_grouped(path, tmp_path, layers, tps[:2], runs)
+        add_loop(path, tmp_path, layers, tps[:2], runs)
     assert manifest["provenance"]["extra"]["quantization"] == \
         f"compressed-tensors pack-quantized int4 symmetric, group_size {group}"
     worst = assert_matches(reference, runs, samples, layers)

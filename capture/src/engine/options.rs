@@ -63,7 +63,7 @@ impl EngineOptions {
             device: DeviceKind::Cpu,
             dtype: DType::Bf16,
             norm: NormKernel::Fast,
-            moe: MoeKernel::Loop,
+            moe: MoeKernel::Grouped,
             tp_reduce: TpReduce::F32,
             gpu_memory_gib: None,
         }
