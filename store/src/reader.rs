@@ -104,7 +104,11 @@ impl DatasetReader {
         let mut r = self.object_reader(shard)?;
         let m = ArrowReaderMetadata::load_async(
             &mut r,
-            ArrowReaderOptions::new().with_page_index_policy(PageIndexPolicy::Skip),
+            // The offset index locates each page, so that reading some rows of a row group
+            // fetches only their pages; page statistics (the column index) are not used.
+            ArrowReaderOptions::new()
+                .with_column_index_policy(PageIndexPolicy::Skip)
+                .with_offset_index_policy(PageIndexPolicy::Optional),
         )
         .await
         .map_err(|e| StoreError::pq(self.shown(shard), e))?;
