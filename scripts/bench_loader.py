@@ -14,7 +14,8 @@ subprocess:
   hslake_all   the same with one window of every row group: a per-sample permutation whose
                memory grows with the dataset (see docs/PERFORMANCE.md);
   hslake_sample  `shuffle_mode="sample"`: a full per-sample permutation read in lookaheads
-               of --lookahead-mb (memory bounded by the lookahead; also from S3 with --s3).
+               of --lookahead-mb (one row per value given; memory bounded by the lookahead;
+               also from S3 with --s3, the first value).
 Peers use `--workers` DataLoader worker processes, hslake `--workers` decode threads. Every
 reader delivers the same padded batch (input_ids, loss_mask, attention_mask [B, T],
 aux_hidden_states [B, T, 3H] and target_hidden_states [B, T, H] in bf16, sample_ids [B]).
@@ -426,8 +427,8 @@ def main() -> None:
     ap.add_argument("--row-group-mb", type=float, default=4.0)
     ap.add_argument("--shuffle-window", type=int, default=16)
     ap.add_argument("--prefetch-row-groups", type=int, default=4)
-    ap.add_argument("--lookahead-mb", type=float, default=256.0,
-                    help="lookahead_bytes of the sample-shuffle reader, in MiB")
+    ap.add_argument("--lookahead-mb", default="256",
+                    help="lookahead_bytes of the sample-shuffle reader, in MiB (a comma list: one row each)")
     ap.add_argument("--readers", default=",".join(READERS), help=f"subset of {','.join(READERS)}")
     ap.add_argument("--max-seconds", type=float, default=900.0,
                     help="stop a reader after this long (the epoch check then fails)")
@@ -517,8 +518,11 @@ def main() -> None:
     common = {"batch_size": a.batch_size, "workers": a.workers, "max_seconds": a.max_seconds, "samples": n,
               "hidden": a.hidden, "k": len(layers), "layers": layers, "probe": probe}
     hs_opts = {"shuffle_window": a.shuffle_window, "prefetch_row_groups": a.prefetch_row_groups}
-    sample_opts = {"prefetch_row_groups": a.prefetch_row_groups, "shuffle_mode": "sample",
-                   "lookahead_bytes": int(a.lookahead_mb * (1 << 20))}
+    lookaheads = [float(x) for x in a.lookahead_mb.split(",")]
+
+    def sample_opts(mb: float) -> dict:
+        return {"prefetch_row_groups": a.prefetch_row_groups, "shuffle_mode": "sample",
+                "lookahead_bytes": int(mb * (1 << 20))}
     runs = []  # (name, reader kind, format, config, env)
     names = {"torch": "torch.load files (DataLoader)", "lance_take": "Lance take() of shuffled indices",
              "lance_dataset": "Lance LanceDataset (contiguous, unshuffled)",
@@ -533,8 +537,9 @@ def main() -> None:
             runs.append(("hslake, one window of all row groups", "hslake_all", "hslake",
                          {**common, "url": url, "options": {**hs_opts, "shuffle_window": 1 << 30}}, None))
         elif r == "hslake_sample":
-            runs.append((f"hslake, sample shuffle (lookahead {a.lookahead_mb:g} MiB)", "hslake_sample", "hslake",
-                         {**common, "url": url, "options": sample_opts}, None))
+            for mb in lookaheads:
+                runs.append((f"hslake, sample shuffle (lookahead {mb:g} MiB)", "hslake_sample", "hslake",
+                             {**common, "url": url, "options": sample_opts(mb)}, None))
         else:
             runs.append((names[r], r, fmt_of[r], {**common, "dir": str(dirs[fmt_of[r]])}, None))
     # Alternating, so that a noisy machine slows both alike; reported as best / median / worst.
@@ -555,9 +560,9 @@ def main() -> None:
             runs.append(("hslake, loopback S3 (moto), window shuffle", "hslake", "hslake",
                          {**common, "url": f"s3://{bucket}/ds", "options": hs_opts}, env))
             if "hslake_sample" in readers:
-                runs.append((f"hslake, loopback S3 (moto), sample shuffle (lookahead {a.lookahead_mb:g} MiB)",
-                             "hslake_sample", "hslake", {**common, "url": f"s3://{bucket}/ds", "options": sample_opts},
-                             env))
+                mb = lookaheads[0]
+                runs.append((f"hslake, loopback S3 (moto), sample shuffle (lookahead {mb:g} MiB)", "hslake_sample",
+                             "hslake", {**common, "url": f"s3://{bucket}/ds", "options": sample_opts(mb)}, env))
         results = {}
         for name, kind, fmt, cfg, env in runs:
             print(f"reading: {name}", file=sys.stderr)

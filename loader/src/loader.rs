@@ -404,6 +404,7 @@ impl Inner {
         let units = plan.units().to_vec();
         let me = self.clone();
         let rd = reader.clone();
+        let depth = sched.depth(plan, c.prefetch_row_groups);
         let mut uses = sched.uses;
         let mut loads = futures::stream::iter(sched.reads.into_iter().enumerate())
             .map(move |(i, read)| {
@@ -412,7 +413,7 @@ impl Inner {
                 let unit = units[read.unit];
                 tokio::spawn(async move { (i, read.unit, me.load(&rd, unit, read.rows).await) })
             })
-            .buffered(c.prefetch_row_groups);
+            .buffered(depth);
 
         let spec = Assembly {
             layout: c.layout,
@@ -643,6 +644,21 @@ struct Schedule {
 }
 
 impl Schedule {
+    /// Reads in flight for about `row_groups` row groups' worth of rows: a read of some rows is
+    /// as much smaller, so more of them run at once to keep the decode threads busy.
+    fn depth(&self, plan: &EpochPlan, row_groups: usize) -> usize {
+        let (mut unit_rows, mut read_rows) = (0u64, 0u64);
+        for r in &self.reads {
+            unit_rows += plan.units()[r.unit].rows;
+            read_rows += r
+                .rows
+                .as_ref()
+                .map_or(plan.units()[r.unit].rows, |v| v.len() as u64);
+        }
+        let ratio = unit_rows.div_ceil(read_rows.max(1)).clamp(1, 64) as usize;
+        row_groups.saturating_mul(ratio)
+    }
+
     fn new(plan: &EpochPlan, from: u64, c: &LoaderConfig) -> Result<Schedule, LoaderError> {
         let mut reads = Vec::new();
         let mut uses = Vec::new();
