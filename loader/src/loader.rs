@@ -152,7 +152,7 @@ impl Loader {
         }
         let columns = needed_columns(schema.dtype, &aux, target);
         tracing::info!(
-            "loader: {} version {version}: {} samples, {} tokens in {} shards; rank {}/{}; aux [{}], target {}",
+            "loader: {} version {version}: {} samples, {} tokens in {} shards; rank {}/{}; aux [{}], target {}; shuffle: {}",
             dataset.url(),
             manifest.num_samples(),
             manifest.num_tokens(),
@@ -160,7 +160,17 @@ impl Loader {
             config.rank,
             config.world_size,
             aux.iter().map(|p| p.column()).collect::<Vec<_>>().join(", "),
-            target.column()
+            target.column(),
+            match (config.shuffle, config.shuffle_mode) {
+                (false, _) => "off".to_string(),
+                (true, ShuffleMode::Window) => {
+                    format!("window of {} row groups", config.shuffle_window)
+                }
+                (true, ShuffleMode::Sample) => format!(
+                    "per sample, lookaheads of {:.1} MiB",
+                    config.lookahead_bytes as f64 / (1u64 << 20) as f64
+                ),
+            }
         );
         Ok(Loader {
             inner: Arc::new(Inner {
@@ -700,10 +710,10 @@ impl Schedule {
             let mut bytes = 0u64;
             while let Some(&p) = picks.peek() {
                 let cost = units[p.unit].row_bytes.max(1);
-                if !chunk.is_empty() && bytes + cost > c.lookahead_bytes {
+                if !chunk.is_empty() && bytes.saturating_add(cost) > c.lookahead_bytes {
                     break;
                 }
-                bytes += cost;
+                bytes = bytes.saturating_add(cost);
                 chunk.push(p);
                 picks.next();
             }
