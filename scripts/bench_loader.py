@@ -12,7 +12,10 @@ subprocess:
   hslake       `hslake.Loader` from local disk, window shuffle (and from a loopback S3 server
                with --s3);
   hslake_all   the same with one window of every row group: a per-sample permutation whose
-               memory grows with the dataset (see docs/PERFORMANCE.md).
+               memory grows with the dataset (see docs/PERFORMANCE.md);
+  hslake_sample  `shuffle_mode="sample"`: a full per-sample permutation read in lookaheads
+               of --lookahead-mb (one row per value given; memory bounded by the lookahead;
+               also from S3 with --s3, the first value).
 Peers use `--workers` DataLoader worker processes, hslake `--workers` decode threads. Every
 reader delivers the same padded batch (input_ids, loss_mask, attention_mask [B, T],
 aux_hidden_states [B, T, 3H] and target_hidden_states [B, T, H] in bf16, sample_ids [B]).
@@ -51,9 +54,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 RUN = 64  # storage-order run length of the mixing metric
-READERS = ["torch", "lance_take", "lance_dataset", "mosaicml", "hslake", "hslake_all"]
+READERS = ["torch", "lance_take", "lance_dataset", "mosaicml", "hslake", "hslake_all", "hslake_sample"]
 CHILD_IMPORTS = {"lance_take": ["lance"], "lance_dataset": ["lance", "lance.torch.data"], "mosaicml": ["streaming"],
-                 "hslake": ["hslake"], "hslake_all": ["hslake"]}
+                 "hslake": ["hslake"], "hslake_all": ["hslake"], "hslake_sample": ["hslake"]}
 
 
 def tree_pids(pid: int) -> list[int]:
@@ -263,6 +266,10 @@ def child_hslake_all(c: dict):
     return child_hslake(c)
 
 
+def child_hslake_sample(c: dict):
+    return child_hslake(c)
+
+
 def drain(it, t0: float, c: dict) -> dict:
     first = None
     tokens = batches = 0
@@ -420,6 +427,8 @@ def main() -> None:
     ap.add_argument("--row-group-mb", type=float, default=4.0)
     ap.add_argument("--shuffle-window", type=int, default=16)
     ap.add_argument("--prefetch-row-groups", type=int, default=4)
+    ap.add_argument("--lookahead-mb", default="256",
+                    help="lookahead_bytes of the sample-shuffle reader, in MiB (a comma list: one row each)")
     ap.add_argument("--readers", default=",".join(READERS), help=f"subset of {','.join(READERS)}")
     ap.add_argument("--max-seconds", type=float, default=900.0,
                     help="stop a reader after this long (the epoch check then fails)")
@@ -470,7 +479,7 @@ def main() -> None:
     out = Path(a.out)
     dirs = {"hslake": out / "hslake", "torch": out / "pt", "lance": out / "lance", "mosaicml": out / "mds"}
     fmt_of = {"torch": "torch", "lance_take": "lance", "lance_dataset": "lance", "mosaicml": "mosaicml",
-              "hslake": "hslake", "hslake_all": "hslake"}
+              "hslake": "hslake", "hslake_all": "hslake", "hslake_sample": "hslake"}
     writers = {"torch": write_pt, "lance": write_lance, "mosaicml": write_mds}
     times_file = out / "write_seconds.json"
     if not a.keep:
@@ -509,6 +518,11 @@ def main() -> None:
     common = {"batch_size": a.batch_size, "workers": a.workers, "max_seconds": a.max_seconds, "samples": n,
               "hidden": a.hidden, "k": len(layers), "layers": layers, "probe": probe}
     hs_opts = {"shuffle_window": a.shuffle_window, "prefetch_row_groups": a.prefetch_row_groups}
+    lookaheads = [float(x) for x in a.lookahead_mb.split(",")]
+
+    def sample_opts(mb: float) -> dict:
+        return {"prefetch_row_groups": a.prefetch_row_groups, "shuffle_mode": "sample",
+                "lookahead_bytes": int(mb * (1 << 20))}
     runs = []  # (name, reader kind, format, config, env)
     names = {"torch": "torch.load files (DataLoader)", "lance_take": "Lance take() of shuffled indices",
              "lance_dataset": "Lance LanceDataset (contiguous, unshuffled)",
@@ -522,6 +536,10 @@ def main() -> None:
             # then holds each row group from its first to its last use (most of the dataset).
             runs.append(("hslake, one window of all row groups", "hslake_all", "hslake",
                          {**common, "url": url, "options": {**hs_opts, "shuffle_window": 1 << 30}}, None))
+        elif r == "hslake_sample":
+            for mb in lookaheads:
+                runs.append((f"hslake, sample shuffle (lookahead {mb:g} MiB)", "hslake_sample", "hslake",
+                             {**common, "url": url, "options": sample_opts(mb)}, None))
         else:
             runs.append((names[r], r, fmt_of[r], {**common, "dir": str(dirs[fmt_of[r]])}, None))
     # Alternating, so that a noisy machine slows both alike; reported as best / median / worst.
@@ -541,6 +559,10 @@ def main() -> None:
                        AWS_SECRET_ACCESS_KEY="testing", AWS_REGION="us-east-1")
             runs.append(("hslake, loopback S3 (moto), window shuffle", "hslake", "hslake",
                          {**common, "url": f"s3://{bucket}/ds", "options": hs_opts}, env))
+            if "hslake_sample" in readers:
+                mb = lookaheads[0]
+                runs.append((f"hslake, loopback S3 (moto), sample shuffle (lookahead {mb:g} MiB)", "hslake_sample",
+                             "hslake", {**common, "url": f"s3://{bucket}/ds", "options": sample_opts(mb)}, env))
         results = {}
         for name, kind, fmt, cfg, env in runs:
             print(f"reading: {name}", file=sys.stderr)

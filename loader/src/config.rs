@@ -26,6 +26,19 @@ pub enum Layout {
     Packed,
 }
 
+/// How an epoch's order is shuffled (see `plan` for both orders).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ShuffleMode {
+    /// Row groups permuted, then samples permuted within windows of `shuffle_window` row
+    /// groups: each row group is read once per epoch; batches mix fewer row groups.
+    #[default]
+    Window,
+    /// A full per-sample permutation of the epoch: each row group is read once per lookahead
+    /// of `lookahead_bytes`, only its picked rows.
+    Sample,
+}
+
 /// What to do with the samples left over when the dataset does not divide among the ranks
 /// (the same choice as torch's `DistributedSampler`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -88,6 +101,12 @@ pub struct LoaderConfig {
     pub shuffle: bool,
     /// Row groups whose samples are shuffled together; memory holds about this many row groups.
     pub shuffle_window: usize,
+    /// Window shuffle (the default) or a full per-sample permutation.
+    pub shuffle_mode: ShuffleMode,
+    /// In sample mode: raw tensor bytes (estimated from the manifest) of the samples read
+    /// together; memory holds about this much decoded, and a row group is read once per
+    /// lookahead it has samples in.
+    pub lookahead_bytes: u64,
     /// Policy for samples that do not divide among ranks.
     pub remainder: Remainder,
     /// Leave out a last batch smaller than the batch size or budget.
@@ -167,6 +186,13 @@ impl LoaderConfig {
         }
         if self.shuffle_window == 0 {
             return bad("shuffle_window must be at least 1 row group".into());
+        }
+        if self.lookahead_bytes == 0 {
+            return bad(
+                "lookahead_bytes must be at least 1 (a lookahead always holds at least one \
+                 sample)"
+                    .into(),
+            );
         }
         if self.prefetch_row_groups == 0 || self.prefetch_batches == 0 || self.decode_threads == 0 {
             return bad(

@@ -50,7 +50,7 @@ mod rowgroup;
 mod state;
 
 pub use batch::{Batch, ElemType, HostTensor};
-pub use config::{Batching, CorruptPolicy, Follow, Layout, LoaderConfig, Remainder};
+pub use config::{Batching, CorruptPolicy, Follow, Layout, LoaderConfig, Remainder, ShuffleMode};
 pub use error::LoaderError;
 pub use loader::{BatchStream, Loader, LoaderStats};
 pub use options::LoaderOptions;

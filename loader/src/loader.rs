@@ -13,9 +13,11 @@ use tokio::sync::{mpsc, Semaphore};
 use tokio::task::JoinHandle;
 
 use crate::batch::{assemble, Assembly};
-use crate::plan::{EpochPlan, Part, Unit};
+use crate::plan::{EpochPlan, Mode, Part, Pick, Unit};
 use crate::rowgroup::{from_batch, needed_columns, RowGroupData};
-use crate::{Batch, Batching, CorruptPolicy, Layout, LoaderConfig, LoaderError, LoaderState};
+use crate::{
+    Batch, Batching, CorruptPolicy, Layout, LoaderConfig, LoaderError, LoaderState, ShuffleMode,
+};
 
 /// Counters a loader keeps while it runs (shared by all its streams).
 #[derive(Debug, Default)]
@@ -150,7 +152,7 @@ impl Loader {
         }
         let columns = needed_columns(schema.dtype, &aux, target);
         tracing::info!(
-            "loader: {} version {version}: {} samples, {} tokens in {} shards; rank {}/{}; aux [{}], target {}",
+            "loader: {} version {version}: {} samples, {} tokens in {} shards; rank {}/{}; aux [{}], target {}; shuffle: {}",
             dataset.url(),
             manifest.num_samples(),
             manifest.num_tokens(),
@@ -158,7 +160,17 @@ impl Loader {
             config.rank,
             config.world_size,
             aux.iter().map(|p| p.column()).collect::<Vec<_>>().join(", "),
-            target.column()
+            target.column(),
+            match (config.shuffle, config.shuffle_mode) {
+                (false, _) => "off".to_string(),
+                (true, ShuffleMode::Window) => {
+                    format!("window of {} row groups", config.shuffle_window)
+                }
+                (true, ShuffleMode::Sample) => format!(
+                    "per sample, lookaheads of {:.1} MiB",
+                    config.lookahead_bytes as f64 / (1u64 << 20) as f64
+                ),
+            }
         );
         Ok(Loader {
             inner: Arc::new(Inner {
@@ -253,11 +265,13 @@ fn units_of(m: &Manifest, exclude: Option<&Manifest>) -> Vec<Unit> {
         if old.contains(s.path.as_str()) {
             continue;
         }
+        let row_bytes = s.raw_bytes / s.rows.max(1);
         for (row_group, &rows) in s.row_groups.iter().enumerate() {
             units.push(Unit {
                 shard,
                 row_group,
                 rows,
+                row_bytes,
             });
         }
     }
@@ -279,10 +293,14 @@ impl Inner {
             worker: c.worker,
             num_workers: c.num_workers,
         };
+        let mode = match c.shuffle_mode {
+            ShuffleMode::Window => Mode::Window(c.shuffle_window),
+            ShuffleMode::Sample => Mode::Sample,
+        };
         EpochPlan::new(
             units,
             c.shuffle.then_some([c.seed, epoch, segment]),
-            c.shuffle_window,
+            mode,
             part,
             c.remainder,
         )
@@ -391,28 +409,21 @@ impl Inner {
     ) -> Result<bool, LoaderError> {
         let c = &self.config;
         let from = state.position;
-        // First pass over the picks: the order in which row groups are first needed, and how
-        // often each is needed, so that each is read once and dropped after its last use.
-        let mut uses = vec![0u32; plan.units().len()];
-        let mut first_use = Vec::new();
-        for p in plan.picks_from(from) {
-            if uses[p.unit] == 0 {
-                first_use.push(p.unit);
-            }
-            uses[p.unit] += 1;
-        }
+        let sched = Schedule::new(plan, from, c)?;
         let schema = reader.schema().clone();
         let units = plan.units().to_vec();
         let me = self.clone();
         let rd = reader.clone();
-        let mut loads = futures::stream::iter(first_use)
-            .map(move |u| {
+        let depth = sched.depth(plan, c.prefetch_row_groups);
+        let mut uses = sched.uses;
+        let mut loads = futures::stream::iter(sched.reads.into_iter().enumerate())
+            .map(move |(i, read)| {
                 let me = me.clone();
                 let rd = rd.clone();
-                let unit = units[u];
-                tokio::spawn(async move { (u, me.load(&rd, unit).await) })
+                let unit = units[read.unit];
+                tokio::spawn(async move { (i, read.unit, me.load(&rd, unit, read.rows).await) })
             })
-            .buffered(c.prefetch_row_groups);
+            .buffered(depth);
 
         let spec = Assembly {
             layout: c.layout,
@@ -424,8 +435,11 @@ impl Inner {
         };
         let spec = Arc::new(spec);
         let pool = Arc::new(Semaphore::new(c.decode_threads));
+        // Reads by index, while they have uses left; failed reads (skip policy) by index, and
+        // the units they read, so that a unit read in several lookaheads is counted once.
         let mut loaded: HashMap<usize, Arc<RowGroupData>> = HashMap::new();
         let mut skipped: std::collections::HashSet<usize> = Default::default();
+        let mut skipped_units: std::collections::HashSet<usize> = Default::default();
         let mut current: Vec<(Arc<RowGroupData>, usize)> = Vec::new();
         let (mut cur_tokens, mut cur_longest) = (0usize, 0usize);
         let mut position = from;
@@ -452,32 +466,34 @@ impl Inner {
             }
         };
 
-        for pick in plan.picks_from(from) {
-            while !loaded.contains_key(&pick.unit) && !skipped.contains(&pick.unit) {
+        for (i, pick) in plan.picks_from(from).enumerate() {
+            let (read, row) = sched.assign.of(i, pick);
+            while !loaded.contains_key(&read) && !skipped.contains(&read) {
                 let Some(next) = loads.next().await else {
                     return Err(LoaderError::Pipeline(
                         "row-group reads ended before the plan".into(),
                     ));
                 };
-                let (u, result) =
+                let (r, u, result) =
                     next.map_err(|e| LoaderError::Pipeline(format!("a read task failed: {e}")))?;
                 match result {
                     Ok(data) => {
-                        loaded.insert(u, Arc::new(data));
+                        loaded.insert(r, Arc::new(data));
                     }
                     Err(e) if c.on_corrupt == CorruptPolicy::Skip => {
-                        let rows = plan.units()[u].rows;
-                        tracing::warn!("loader: skipping {rows} samples: {e}");
-                        self.stats
-                            .row_groups_skipped
-                            .fetch_add(1, Ordering::Relaxed);
-                        skipped.insert(u);
+                        if skipped_units.insert(u) {
+                            let rows = plan.units()[u].rows;
+                            tracing::warn!("loader: skipping the {rows} samples of: {e}");
+                            self.stats
+                                .row_groups_skipped
+                                .fetch_add(1, Ordering::Relaxed);
+                        }
+                        skipped.insert(r);
                     }
                     Err(e) => return Err(e),
                 }
             }
-            let row = pick.row as usize;
-            let usable = loaded.get(&pick.unit).filter(|g| match g.refusal(row) {
+            let usable = loaded.get(&read).filter(|g| match g.refusal(row) {
                 Some(e) => {
                     tracing::warn!("loader: skipping 1 sample: {e}");
                     false
@@ -508,10 +524,10 @@ impl Inner {
                 self.stats.samples_skipped.fetch_add(1, Ordering::Relaxed);
             }
             position += 1;
-            if let Some(n) = uses.get_mut(pick.unit) {
+            if let Some(n) = uses.get_mut(read) {
                 *n -= 1;
                 if *n == 0 {
-                    loaded.remove(&pick.unit);
+                    loaded.remove(&read);
                 }
             }
             if matches!(c.batching, Batching::Samples(b) if current.len() >= b) {
@@ -530,7 +546,13 @@ impl Inner {
         Ok(true)
     }
 
-    async fn load(&self, reader: &DatasetReader, unit: Unit) -> Result<RowGroupData, LoaderError> {
+    /// Read and decode one row group: every row, or only `rows` (ascending).
+    async fn load(
+        &self,
+        reader: &DatasetReader,
+        unit: Unit,
+        rows: Option<Vec<usize>>,
+    ) -> Result<RowGroupData, LoaderError> {
         let path = reader
             .manifest()
             .shards
@@ -538,7 +560,17 @@ impl Inner {
             .map(|s| s.path.clone())
             .unwrap_or_default();
         let schema = reader.schema();
-        let fut = reader.read_row_group(unit.shard, unit.row_group, Some(&self.columns));
+        let cols = Some(self.columns.as_slice());
+        let fut = async {
+            match &rows {
+                None => {
+                    reader
+                        .read_row_group(unit.shard, unit.row_group, cols)
+                        .await
+                }
+                Some(r) => reader.read_rows(unit.shard, unit.row_group, r, cols).await,
+            }
+        };
         let batch = match tokio::time::timeout(self.config.io_timeout, fut).await {
             Ok(Ok(b)) => b,
             Ok(Err(e)) => {
@@ -566,15 +598,158 @@ impl Inner {
             &self.aux,
             self.target,
             self.config.on_corrupt == CorruptPolicy::Skip,
+            rows.as_deref(),
         )?;
-        if data.rows() as u64 != unit.rows {
+        let want = rows.as_ref().map_or(unit.rows, |r| r.len() as u64);
+        if data.rows() as u64 != want {
             return Err(LoaderError::Shard {
                 path,
                 row_group: unit.row_group,
-                message: format!("{} rows, but the manifest says {}", data.rows(), unit.rows),
+                message: match rows {
+                    None => format!("{} rows, but the manifest says {}", data.rows(), unit.rows),
+                    Some(_) => format!("{} rows read of the {want} selected", data.rows()),
+                },
             });
         }
         Ok(data)
+    }
+}
+
+/// One read of a row group: every row (window order), or the rows one lookahead picks from it
+/// (sample order).
+struct Read {
+    unit: usize,
+    rows: Option<Vec<usize>>,
+}
+
+/// Which read serves each pick, and at which row of what it returns.
+enum Assign {
+    /// Window order: one read per unit (`unit → read`), at the pick's own row.
+    ByUnit(Vec<usize>),
+    /// Sample order: per pick, from the reader's `from`-th on.
+    PerPick(Vec<(u32, u32)>),
+}
+
+impl Assign {
+    fn of(&self, i: usize, pick: Pick) -> (usize, usize) {
+        match self {
+            Assign::ByUnit(read_of) => (read_of[pick.unit], pick.row as usize),
+            Assign::PerPick(v) => (v[i].0 as usize, v[i].1 as usize),
+        }
+    }
+}
+
+/// The reads of one segment from a position on, in the order they are first needed, and how
+/// often each is needed, so that each is dropped after its last use.
+///
+/// Window order: each unit is read once, whole. Sample order: the picks are cut into
+/// lookaheads of about `lookahead_bytes` (by the manifest's raw bytes per sample, at least
+/// one pick each); within a lookahead each unit it touches is read once, only the rows picked,
+/// so memory holds about one lookahead while every sample is still decoded once. Where the
+/// lookaheads fall does not change the order, so a resumed stream may cut them elsewhere.
+struct Schedule {
+    reads: Vec<Read>,
+    uses: Vec<u32>,
+    assign: Assign,
+}
+
+impl Schedule {
+    /// Reads in flight for about `row_groups` row groups' worth of rows: a read of some rows is
+    /// as much smaller, so more of them run at once to keep the decode threads busy.
+    fn depth(&self, plan: &EpochPlan, row_groups: usize) -> usize {
+        let (mut unit_rows, mut read_rows) = (0u64, 0u64);
+        for r in &self.reads {
+            unit_rows += plan.units()[r.unit].rows;
+            read_rows += r
+                .rows
+                .as_ref()
+                .map_or(plan.units()[r.unit].rows, |v| v.len() as u64);
+        }
+        let ratio = unit_rows.div_ceil(read_rows.max(1)).clamp(1, 64) as usize;
+        row_groups.saturating_mul(ratio)
+    }
+
+    fn new(plan: &EpochPlan, from: u64, c: &LoaderConfig) -> Result<Schedule, LoaderError> {
+        let mut reads = Vec::new();
+        let mut uses = Vec::new();
+        if !(c.shuffle && c.shuffle_mode == ShuffleMode::Sample) {
+            let mut read_of = vec![usize::MAX; plan.units().len()];
+            for p in plan.picks_from(from) {
+                if read_of[p.unit] == usize::MAX {
+                    read_of[p.unit] = reads.len();
+                    reads.push(Read {
+                        unit: p.unit,
+                        rows: None,
+                    });
+                    uses.push(0);
+                }
+                uses[read_of[p.unit]] += 1;
+            }
+            return Ok(Schedule {
+                reads,
+                uses,
+                assign: Assign::ByUnit(read_of),
+            });
+        }
+        let units = plan.units();
+        let left = plan.len().saturating_sub(from);
+        if left > u64::from(u32::MAX) {
+            return Err(LoaderError::Config(format!(
+                "this reader's part of the epoch holds {left} samples; the sample shuffle takes \
+                 at most {} per reader: divide it among more ranks or workers",
+                u32::MAX
+            )));
+        }
+        let mut assign = Vec::with_capacity(left as usize);
+        let mut picks = plan.picks_from(from).peekable();
+        let mut chunk: Vec<Pick> = Vec::new();
+        let mut read_of: HashMap<usize, usize> = HashMap::new();
+        while picks.peek().is_some() {
+            chunk.clear();
+            read_of.clear();
+            let mut bytes = 0u64;
+            while let Some(&p) = picks.peek() {
+                let cost = units[p.unit].row_bytes.max(1);
+                if !chunk.is_empty() && bytes.saturating_add(cost) > c.lookahead_bytes {
+                    break;
+                }
+                bytes = bytes.saturating_add(cost);
+                chunk.push(p);
+                picks.next();
+            }
+            let first = reads.len();
+            for p in &chunk {
+                let r = *read_of.entry(p.unit).or_insert_with(|| {
+                    reads.push(Read {
+                        unit: p.unit,
+                        rows: Some(Vec::new()),
+                    });
+                    uses.push(0);
+                    reads.len() - 1
+                });
+                if let Some(rows) = &mut reads[r].rows {
+                    rows.push(p.row as usize);
+                }
+                uses[r] += 1;
+            }
+            for read in &mut reads[first..] {
+                if let Some(rows) = &mut read.rows {
+                    rows.sort_unstable();
+                    rows.dedup();
+                }
+            }
+            for p in &chunk {
+                let r = read_of[&p.unit];
+                let rows = reads[r].rows.as_deref().unwrap_or_default();
+                let local = rows.binary_search(&(p.row as usize)).unwrap_or(0);
+                assign.push((r as u32, local as u32));
+            }
+        }
+        Ok(Schedule {
+            reads,
+            uses,
+            assign: Assign::PerPick(assign),
+        })
     }
 }
 
@@ -745,10 +920,29 @@ mod tests {
         batches.iter().flat_map(|b| b.sample_ids.clone()).collect()
     }
 
+    /// Each shuffle mode, the sample one with lookaheads of a few samples (these samples hold
+    /// about 340 raw bytes), so that an epoch spans many lookaheads.
+    fn modes(c: LoaderConfig) -> [LoaderConfig; 2] {
+        [
+            c.clone(),
+            LoaderConfig {
+                shuffle_mode: ShuffleMode::Sample,
+                lookahead_bytes: 2000,
+                ..c
+            },
+        ]
+    }
+
     #[tokio::test]
     async fn one_epoch_yields_every_sample_once_in_shuffled_order() {
         make("memory://l-epoch", 40).await;
-        let l = Loader::open("memory://l-epoch", cfg(6)).await.unwrap();
+        for c in modes(cfg(6)) {
+            one_epoch_in_shuffled_order(c).await;
+        }
+    }
+
+    async fn one_epoch_in_shuffled_order(c: LoaderConfig) {
+        let l = Loader::open("memory://l-epoch", c).await.unwrap();
         assert!(
             l.manifest().shards.len() > 1 && l.manifest().shards[0].row_groups.len() > 1,
             "test needs several units"
@@ -775,32 +969,90 @@ mod tests {
     #[tokio::test]
     async fn ranks_are_disjoint_and_cover_the_dataset() {
         make("memory://l-ranks", 41).await;
-        for (rem, expect_len) in [(Remainder::Drop, 40usize), (Remainder::Pad, 42)] {
-            let mut all = vec![];
-            for rank in 0..2 {
-                let c = LoaderConfig {
-                    rank,
-                    world_size: 2,
-                    remainder: rem,
-                    ..cfg(4)
-                };
-                let l = Loader::open("memory://l-ranks", c).await.unwrap();
-                let (b, _) = collect(&l, &l.initial_state(), None).await;
-                assert_eq!(ids(&b).len() as u64, l.samples_per_epoch());
-                all.push(ids(&b));
+        for base in modes(cfg(4)) {
+            for (rem, expect_len) in [(Remainder::Drop, 40usize), (Remainder::Pad, 42)] {
+                let mut all = vec![];
+                for rank in 0..2 {
+                    let c = LoaderConfig {
+                        rank,
+                        world_size: 2,
+                        remainder: rem,
+                        ..base.clone()
+                    };
+                    let l = Loader::open("memory://l-ranks", c).await.unwrap();
+                    let (b, _) = collect(&l, &l.initial_state(), None).await;
+                    assert_eq!(ids(&b).len() as u64, l.samples_per_epoch());
+                    all.push(ids(&b));
+                }
+                let a: BTreeSet<u64> = all[0].iter().copied().collect();
+                let b: BTreeSet<u64> = all[1].iter().copied().collect();
+                let mode = base.shuffle_mode;
+                assert_eq!(all[0].len() + all[1].len(), expect_len, "{mode:?} {rem:?}");
+                match rem {
+                    Remainder::Drop => {
+                        assert!(a.is_disjoint(&b), "{mode:?}");
+                        assert_eq!(a.union(&b).count(), 40, "{mode:?}");
+                    }
+                    _ => assert_eq!(
+                        a.union(&b).copied().collect::<BTreeSet<_>>(),
+                        (0..41).collect(),
+                        "{mode:?}"
+                    ),
+                }
             }
-            let a: BTreeSet<u64> = all[0].iter().copied().collect();
-            let b: BTreeSet<u64> = all[1].iter().copied().collect();
-            assert_eq!(all[0].len() + all[1].len(), expect_len, "{rem:?}");
+        }
+    }
+
+    #[tokio::test]
+    async fn sample_mode_ranks_and_workers_together_read_every_sample_once() {
+        make("memory://l-workers", 43).await;
+        for (rem, world) in [
+            (Remainder::Drop, 3usize),
+            (Remainder::Pad, 3),
+            (Remainder::Pad, 2),
+        ] {
+            let mut all = vec![];
+            for rank in 0..world {
+                let mut rank_ids = vec![];
+                for worker in 0..3 {
+                    let c = LoaderConfig {
+                        rank,
+                        world_size: world,
+                        worker,
+                        num_workers: 3,
+                        remainder: rem,
+                        ..modes(cfg(2))[1].clone()
+                    };
+                    let l = Loader::open("memory://l-workers", c).await.unwrap();
+                    let (b, _) = collect(&l, &l.initial_state(), None).await;
+                    assert_eq!(ids(&b).len() as u64, l.samples_per_epoch());
+                    rank_ids.extend(ids(&b));
+                }
+                let whole = LoaderConfig {
+                    rank,
+                    world_size: world,
+                    remainder: rem,
+                    ..modes(cfg(2))[1].clone()
+                };
+                let l = Loader::open("memory://l-workers", whole).await.unwrap();
+                let (b, _) = collect(&l, &l.initial_state(), None).await;
+                assert_eq!(
+                    rank_ids,
+                    ids(&b),
+                    "workers split their rank's order exactly"
+                );
+                all.extend(rank_ids);
+            }
+            let set: BTreeSet<u64> = all.iter().copied().collect();
             match rem {
                 Remainder::Drop => {
-                    assert!(a.is_disjoint(&b));
-                    assert_eq!(a.union(&b).count(), 40);
+                    assert_eq!(set.len(), all.len(), "{rem:?} {world}: nothing twice");
+                    assert_eq!(all.len(), 43 - 43 % world);
                 }
-                _ => assert_eq!(
-                    a.union(&b).copied().collect::<BTreeSet<_>>(),
-                    (0..41).collect()
-                ),
+                Remainder::Pad => {
+                    assert_eq!(set, (0..43).collect(), "{rem:?} {world}: everything");
+                    assert_eq!(all.len(), 43usize.div_ceil(world) * world);
+                }
             }
         }
     }
@@ -808,18 +1060,21 @@ mod tests {
     #[tokio::test]
     async fn resuming_mid_epoch_continues_exactly() {
         make("memory://l-resume", 37).await;
-        for batching in [Batching::Samples(5), Batching::Tokens(40)] {
+        for (batching, base) in [Batching::Samples(5), Batching::Tokens(40)]
+            .into_iter()
+            .flat_map(|b| modes(cfg(1)).map(|c| (b, c)))
+        {
             let c = LoaderConfig {
                 batching,
                 decode_threads: 3,
                 prefetch_batches: 2,
-                ..cfg(1)
+                ..base
             };
             let l = Loader::open("memory://l-resume", c.clone()).await.unwrap();
             let (whole, _) = collect(&l, &l.initial_state(), None).await;
             let (first, state) = collect(&l, &l.initial_state(), Some(3)).await;
             // A fresh loader, as another process would build, from the JSON state.
-            let l2 = Loader::open("memory://l-resume", c).await.unwrap();
+            let l2 = Loader::open("memory://l-resume", c.clone()).await.unwrap();
             let restored = LoaderState::from_json(&state.to_json()).unwrap();
             let (rest, _) = collect(&l2, &restored, None).await;
             let joined: Vec<Vec<u64>> = first
@@ -828,8 +1083,92 @@ mod tests {
                 .map(|b| b.sample_ids.clone())
                 .collect();
             let expect: Vec<Vec<u64>> = whole.iter().map(|b| b.sample_ids.clone()).collect();
-            assert_eq!(joined, expect, "{batching:?}");
+            assert_eq!(joined, expect, "{batching:?} {:?}", c.shuffle_mode);
         }
+    }
+
+    #[tokio::test]
+    async fn sample_mode_resumes_exactly_from_every_position_inside_a_lookahead() {
+        make("memory://l-resume-any", 23).await;
+        let c = LoaderConfig {
+            lookahead_bytes: 3000,
+            ..modes(cfg(1))[1].clone()
+        };
+        let l = Loader::open("memory://l-resume-any", c.clone())
+            .await
+            .unwrap();
+        let (whole, _) = collect(&l, &l.initial_state(), None).await;
+        let whole = ids(&whole);
+        for k in [1usize, 4, 9, 10, 17, 22] {
+            let (first, state) = collect(&l, &l.initial_state(), Some(k)).await;
+            assert_eq!(state.position, k as u64);
+            let l2 = Loader::open("memory://l-resume-any", c.clone())
+                .await
+                .unwrap();
+            let restored = LoaderState::from_json(&state.to_json()).unwrap();
+            let (rest, _) = collect(&l2, &restored, None).await;
+            let mut joined = ids(&first);
+            joined.extend(ids(&rest));
+            assert_eq!(joined, whole, "resumed after {k}");
+        }
+    }
+
+    #[tokio::test]
+    async fn sample_mode_reads_only_the_picked_rows_once_per_lookahead() {
+        make("memory://l-reads", 40).await;
+        let units = |l: &Loader| -> u64 {
+            l.manifest()
+                .shards
+                .iter()
+                .map(|s| s.row_groups.len() as u64)
+                .sum()
+        };
+        // One lookahead holding the whole epoch: each row group read once.
+        let c = LoaderConfig {
+            lookahead_bytes: 1 << 30,
+            ..modes(cfg(4))[1].clone()
+        };
+        let l = Loader::open("memory://l-reads", c.clone()).await.unwrap();
+        let (b, _) = collect(&l, &l.initial_state(), None).await;
+        assert_eq!(ids(&b).len(), 40);
+        assert_eq!(l.stats().row_groups_read.load(Ordering::Relaxed), units(&l));
+        // A lookahead of one sample: one read per sample.
+        let c = LoaderConfig {
+            lookahead_bytes: 1,
+            ..c
+        };
+        let l = Loader::open("memory://l-reads", c).await.unwrap();
+        let (b2, _) = collect(&l, &l.initial_state(), None).await;
+        assert_eq!(ids(&b2), ids(&b), "the lookahead does not change the order");
+        assert_eq!(l.stats().row_groups_read.load(Ordering::Relaxed), 40);
+    }
+
+    #[tokio::test]
+    async fn sample_mode_values_equal_the_window_modes_for_every_sample() {
+        make("memory://l-same-values", 30).await;
+        let by_id = |bs: &[Batch]| -> HashMap<u64, Vec<u8>> {
+            let mut out = HashMap::new();
+            for b in bs {
+                let t = b.field("aux_hidden_states").unwrap();
+                let row = t.bytes().len() / b.sample_ids.len();
+                let per_token = row / t.shape[1];
+                for (i, &id) in b.sample_ids.iter().enumerate() {
+                    out.insert(
+                        id,
+                        t.bytes()[i * row..i * row + b.seq_lens[i] * per_token].to_vec(),
+                    );
+                }
+            }
+            out
+        };
+        let [w, s] = modes(cfg(4));
+        let lw = Loader::open("memory://l-same-values", w).await.unwrap();
+        let ls = Loader::open("memory://l-same-values", s).await.unwrap();
+        let (bw, _) = collect(&lw, &lw.initial_state(), None).await;
+        let (bs, _) = collect(&ls, &ls.initial_state(), None).await;
+        assert_ne!(ids(&bw), ids(&bs));
+        assert_eq!(by_id(&bw), by_id(&bs));
+        assert_eq!(by_id(&bs).len(), 30);
     }
 
     #[tokio::test]
@@ -1048,13 +1387,14 @@ mod tests {
         assert!(err.contains("rank = 0"), "{err}");
     }
 
-    /// Overwrite the middle of the first shard file with garbage.
+    /// Overwrite the first 200 bytes after the magic of the first shard file (its first row
+    /// group's first column chunks, `sample_id` among them) with garbage. In files this small
+    /// the footer and page index are most of the file, so a spot in the middle may miss the data.
     fn corrupt_first_shard(dir: &std::path::Path, l: &Loader) -> String {
         let rel = l.manifest().shards[0].path.clone();
         let file = dir.join(&rel);
         let mut bytes = std::fs::read(&file).unwrap();
-        let mid = bytes.len() / 3;
-        for b in &mut bytes[mid..mid + 200] {
+        for b in &mut bytes[4..204] {
             *b ^= 0x5a;
         }
         std::fs::write(&file, bytes).unwrap();
@@ -1124,19 +1464,38 @@ mod tests {
         assert_eq!(ids(&b).len() as u64 + skipped, 30);
     }
 
+    /// Unshuffled window order, and the sample order (shuffled: unshuffled it is the window's).
+    fn corrupt_cases() -> [LoaderConfig; 2] {
+        let c = LoaderConfig {
+            shuffle: false,
+            shuffle_window: 1,
+            ..cfg(4)
+        };
+        [
+            c.clone(),
+            LoaderConfig {
+                shuffle: true,
+                shuffle_mode: ShuffleMode::Sample,
+                lookahead_bytes: 2000,
+                ..c
+            },
+        ]
+    }
+
     #[tokio::test]
     async fn a_flipped_byte_in_a_tensor_value_fails_naming_file_row_group_and_sample_or_is_skipped()
     {
         let dir = tempfile::tempdir().unwrap();
         let url = format!("file://{}", dir.path().display());
         make(&url, 30).await;
-        let c = LoaderConfig {
-            shuffle: false,
-            shuffle_window: 1,
-            ..cfg(4)
-        };
-        let l = Loader::open(&url, c.clone()).await.unwrap();
-        let (clean, _) = collect(&l, &l.initial_state(), None).await;
+        let mut clean = vec![];
+        for c in corrupt_cases() {
+            let l = Loader::open(&url, c.clone()).await.unwrap();
+            clean.push(collect(&l, &l.initial_state(), None).await.0);
+        }
+        let l = Loader::open(&url, corrupt_cases()[0].clone())
+            .await
+            .unwrap();
         let shard = &l.manifest().shards[0];
         let (rel, victim) = (shard.path.clone(), shard.min_sample_id + 1);
         let flip = hslake_store::tools::corrupt::flip_value_byte(
@@ -1146,58 +1505,65 @@ mod tests {
             victim,
         )
         .unwrap();
-
-        // The file still parses; the value's checksum (or its frames) give it away.
-        let mut s = l.stream(&l.initial_state()).unwrap();
-        let mut err = None;
-        while let Some(b) = s.next().await {
-            if let Err(e) = b {
-                err = Some(e.to_string());
-                break;
-            }
-        }
-        let err = err.expect("a flipped value is an error by default");
-        let site = format!(
-            "{rel}: row group {}: row {} (sample {victim}) layer_1: ",
-            flip.row_group, flip.row
-        );
-        assert!(err.contains(&site), "{site} not in: {err}");
-
-        // Skipped: that sample alone is left out and counted, every other sample (also those of
-        // its row group) is as before.
-        let l = Loader::open(
-            &url,
-            LoaderConfig {
-                on_corrupt: CorruptPolicy::Skip,
-                ..c
-            },
-        )
-        .await
-        .unwrap();
-        let (b, _) = collect(&l, &l.initial_state(), None).await;
-        assert!(l.manifest().shards[0].row_groups[flip.row_group] > 1);
-        assert_eq!(l.stats().samples_skipped.load(Ordering::Relaxed), 1);
-        assert_eq!(l.stats().row_groups_skipped.load(Ordering::Relaxed), 0);
-        let kept = ids(&b);
-        let clean_ids: Vec<u64> = ids(&clean).into_iter().filter(|&i| i != victim).collect();
-        assert_eq!(kept, clean_ids, "the other samples come in the same order");
-        // Each sample's own tokens of the padded [B, T, H] target, by sample id.
-        let tensors = |bs: &[Batch]| -> HashMap<u64, Vec<u8>> {
-            let mut out = HashMap::new();
-            for b in bs {
-                let t = b.field("target_hidden_states").unwrap();
-                let row = t.bytes().len() / b.sample_ids.len();
-                let per_token = row / t.shape[1];
-                for (i, &id) in b.sample_ids.iter().enumerate() {
-                    let own = &t.bytes()[i * row..i * row + b.seq_lens[i] * per_token];
-                    out.insert(id, own.to_vec());
+        for (c, clean) in corrupt_cases().into_iter().zip(clean) {
+            let mode = c.shuffle_mode;
+            let l = Loader::open(&url, c.clone()).await.unwrap();
+            // The file still parses; the value's checksum (or its frames) give it away.
+            let mut s = l.stream(&l.initial_state()).unwrap();
+            let mut err = None;
+            while let Some(b) = s.next().await {
+                if let Err(e) = b {
+                    err = Some(e.to_string());
+                    break;
                 }
             }
-            out
-        };
-        let (before, after) = (tensors(&clean), tensors(&b));
-        for id in &kept {
-            assert_eq!(before[id], after[id], "sample {id}");
+            let err = err.expect("a flipped value is an error by default");
+            // The row of its row group, also where only some rows of it were read.
+            let site = format!(
+                "{rel}: row group {}: row {} (sample {victim}) layer_1: ",
+                flip.row_group, flip.row
+            );
+            assert!(err.contains(&site), "{mode:?}: {site} not in: {err}");
+
+            // Skipped: that sample alone is left out and counted, every other sample (also
+            // those of its row group) is as before.
+            let l = Loader::open(
+                &url,
+                LoaderConfig {
+                    on_corrupt: CorruptPolicy::Skip,
+                    ..c
+                },
+            )
+            .await
+            .unwrap();
+            let (b, _) = collect(&l, &l.initial_state(), None).await;
+            assert!(l.manifest().shards[0].row_groups[flip.row_group] > 1);
+            assert_eq!(l.stats().samples_skipped.load(Ordering::Relaxed), 1);
+            assert_eq!(l.stats().row_groups_skipped.load(Ordering::Relaxed), 0);
+            let kept = ids(&b);
+            let clean_ids: Vec<u64> = ids(&clean).into_iter().filter(|&i| i != victim).collect();
+            assert_eq!(
+                kept, clean_ids,
+                "{mode:?}: the other samples come in the same order"
+            );
+            // Each sample's own tokens of the padded [B, T, H] target, by sample id.
+            let tensors = |bs: &[Batch]| -> HashMap<u64, Vec<u8>> {
+                let mut out = HashMap::new();
+                for b in bs {
+                    let t = b.field("target_hidden_states").unwrap();
+                    let row = t.bytes().len() / b.sample_ids.len();
+                    let per_token = row / t.shape[1];
+                    for (i, &id) in b.sample_ids.iter().enumerate() {
+                        let own = &t.bytes()[i * row..i * row + b.seq_lens[i] * per_token];
+                        out.insert(id, own.to_vec());
+                    }
+                }
+                out
+            };
+            let (before, after) = (tensors(&clean), tensors(&b));
+            for id in &kept {
+                assert_eq!(before[id], after[id], "{mode:?} sample {id}");
+            }
         }
     }
 
@@ -1206,52 +1572,74 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let url = format!("file://{}", dir.path().display());
         make(&url, 30).await;
-        let c = LoaderConfig {
-            shuffle: false,
-            shuffle_window: 1,
-            ..cfg(4)
-        };
-        let l = Loader::open(&url, c.clone()).await.unwrap();
-        let (clean, _) = collect(&l, &l.initial_state(), None).await;
+        let mut clean = vec![];
+        for c in corrupt_cases() {
+            let l = Loader::open(&url, c.clone()).await.unwrap();
+            clean.push(collect(&l, &l.initial_state(), None).await.0);
+        }
+        let l = Loader::open(&url, corrupt_cases()[0].clone())
+            .await
+            .unwrap();
         let rel = l.manifest().shards[0].path.clone();
         // A bit in the zstd-compressed input_ids pages that still decompresses, to other ids.
         let flip = hslake_store::tools::corrupt::flip_token_byte(&dir.path().join(&rel)).unwrap();
+        for (c, clean) in corrupt_cases().into_iter().zip(clean) {
+            let mode = c.shuffle_mode;
+            let l = Loader::open(&url, c.clone()).await.unwrap();
+            let mut s = l.stream(&l.initial_state()).unwrap();
+            let mut err = None;
+            while let Some(b) = s.next().await {
+                if let Err(e) = b {
+                    err = Some(e.to_string());
+                    break;
+                }
+            }
+            let err = err.expect("a flipped token is an error by default");
+            let site = format!(
+                "{rel}: row group {}: row {} (sample {}) input_ids/loss_mask: corrupt tokens: ",
+                flip.row_group, flip.row, flip.sample_id
+            );
+            assert!(err.contains(&site), "{mode:?}: {site} not in: {err}");
 
-        let mut s = l.stream(&l.initial_state()).unwrap();
-        let mut err = None;
-        while let Some(b) = s.next().await {
-            if let Err(e) = b {
-                err = Some(e.to_string());
-                break;
+            // Skipped by policy: the row group is left out and counted once, the rest is as
+            // before.
+            let l = Loader::open(
+                &url,
+                LoaderConfig {
+                    on_corrupt: CorruptPolicy::Skip,
+                    ..c
+                },
+            )
+            .await
+            .unwrap();
+            let (b, _) = collect(&l, &l.initial_state(), None).await;
+            let kept = ids(&b);
+            assert!(!kept.contains(&flip.sample_id), "{mode:?}");
+            assert_eq!(
+                l.stats().row_groups_skipped.load(Ordering::Relaxed),
+                1,
+                "{mode:?}"
+            );
+            let clean_ids: Vec<u64> = ids(&clean)
+                .into_iter()
+                .filter(|i| kept.contains(i))
+                .collect();
+            assert_eq!(kept, clean_ids, "{mode:?}");
+            match mode {
+                // The whole row group is left out.
+                ShuffleMode::Window => {
+                    let rows = l.manifest().shards[0].row_groups[flip.row_group];
+                    assert_eq!(l.stats().samples_skipped.load(Ordering::Relaxed), rows);
+                    assert_eq!(kept.len() as u64 + rows, 30);
+                }
+                // Only reads that selected the corrupt row fail: the lookaheads that picked other
+                // rows of that row group read them without it.
+                ShuffleMode::Sample => {
+                    let skipped = l.stats().samples_skipped.load(Ordering::Relaxed);
+                    assert!(skipped >= 1, "{skipped}");
+                    assert_eq!(kept.len() as u64 + skipped, 30);
+                }
             }
         }
-        let err = err.expect("a flipped token is an error by default");
-        let site = format!(
-            "{rel}: row group {}: row {} (sample {}) input_ids/loss_mask: corrupt tokens: ",
-            flip.row_group, flip.row, flip.sample_id
-        );
-        assert!(err.contains(&site), "{site} not in: {err}");
-
-        // Skipped by policy: the row group is left out and counted, the rest is as before.
-        let l = Loader::open(
-            &url,
-            LoaderConfig {
-                on_corrupt: CorruptPolicy::Skip,
-                ..c
-            },
-        )
-        .await
-        .unwrap();
-        let (b, _) = collect(&l, &l.initial_state(), None).await;
-        let rows = l.manifest().shards[0].row_groups[flip.row_group];
-        assert_eq!(l.stats().samples_skipped.load(Ordering::Relaxed), rows);
-        let kept = ids(&b);
-        assert!(!kept.contains(&flip.sample_id));
-        let clean_ids: Vec<u64> = ids(&clean)
-            .into_iter()
-            .filter(|i| kept.contains(i))
-            .collect();
-        assert_eq!(kept, clean_ids);
-        assert_eq!(kept.len() as u64 + rows, 30);
     }
 }

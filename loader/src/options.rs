@@ -10,6 +10,7 @@ use serde_json::Value;
 
 use crate::{
     Batching, CorruptPolicy, Follow, Layout, LoaderConfig, LoaderError, Preset, Remainder,
+    ShuffleMode,
 };
 
 /// Everything that shapes what a loader yields, named as `hslake.Loader` takes it. A key left
@@ -41,8 +42,15 @@ pub struct LoaderOptions {
     pub seed: u64,
     /// Shuffle at all. Default: true.
     pub shuffle: bool,
-    /// Row groups whose samples are shuffled together. Default: 16.
+    /// Row groups whose samples are shuffled together (`shuffle_mode="window"`). Default: 16.
     pub shuffle_window: usize,
+    /// `window` (row groups permuted, samples permuted within windows of `shuffle_window` row
+    /// groups; the faster) or `sample` (a full per-sample permutation of the epoch).
+    /// Default: window.
+    pub shuffle_mode: ShuffleMode,
+    /// With `shuffle_mode="sample"`: raw tensor bytes of the samples read ahead together;
+    /// memory holds about this much. Default: 256 MiB.
+    pub lookahead_bytes: u64,
     /// Leave out the samples that do not divide among ranks instead of repeating some.
     /// Default: false.
     pub drop_last: bool,
@@ -95,6 +103,8 @@ impl Default for LoaderOptions {
             seed: 0,
             shuffle: true,
             shuffle_window: 16,
+            shuffle_mode: ShuffleMode::Window,
+            lookahead_bytes: 256 << 20,
             drop_last: false,
             drop_last_batch: false,
             aux_layers: None,
@@ -173,6 +183,8 @@ impl LoaderOptions {
             seed: self.seed,
             shuffle: self.shuffle,
             shuffle_window: self.shuffle_window,
+            shuffle_mode: self.shuffle_mode,
+            lookahead_bytes: self.lookahead_bytes,
             remainder: match self.drop_last {
                 true => Remainder::Drop,
                 false => Remainder::Pad,
@@ -301,6 +313,28 @@ mod tests {
         assert!(err.contains("unknown preset"), "{err}");
         let err = resolve(r#"{"batch_size": 4, "on_corrupt": "ignore"}"#).unwrap_err();
         assert!(err.contains("on_corrupt=\"ignore\""), "{err}");
+    }
+
+    #[test]
+    fn shuffle_mode_is_named_as_in_python_and_bad_values_are_refused_naming_the_key() {
+        let c = resolve(r#"{"batch_size": 2, "shuffle_mode": "sample", "lookahead_bytes": 4096}"#)
+            .unwrap();
+        assert_eq!(
+            (c.shuffle_mode, c.lookahead_bytes),
+            (ShuffleMode::Sample, 4096)
+        );
+        assert_eq!(
+            resolve(r#"{"batch_size": 2}"#).unwrap().shuffle_mode,
+            ShuffleMode::Window
+        );
+        let err = resolve(r#"{"batch_size": 2, "shuffle_mode": "global"}"#).unwrap_err();
+        assert!(err.contains("shuffle_mode=\"global\""), "{err}");
+        assert!(err.contains("expected `window` or `sample`"), "{err}");
+        let err = resolve(r#"{"batch_size": 2, "lookahead_bytes": -1}"#).unwrap_err();
+        assert!(err.contains("lookahead_bytes=-1"), "{err}");
+        let c = resolve(r#"{"batch_size": 2, "lookahead_bytes": 0}"#).unwrap();
+        let err = c.check().unwrap_err().to_string();
+        assert!(err.contains("lookahead_bytes must be at least 1"), "{err}");
     }
 
     #[test]

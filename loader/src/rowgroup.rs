@@ -66,9 +66,22 @@ pub(crate) fn needed_columns(
     cols
 }
 
-/// Pick and check the columns of a freshly read row group. With `skip_corrupt`, a row whose
-/// tensor values do not decode is recorded in [`RowGroupData::bad_rows`] instead of failing the
-/// row group.
+/// The error of a value at batch row `r`, naming row `rows[r]` of the row group where the batch
+/// holds only those rows.
+fn in_row_group(e: StoreError, rows: Option<&[usize]>) -> StoreError {
+    let row = match (&e, rows) {
+        (StoreError::BadValue { row: Some(r), .. }, Some(rows)) => rows.get(*r).copied(),
+        _ => None,
+    };
+    match row {
+        Some(r) => e.in_row(r),
+        None => e,
+    }
+}
+
+/// Pick and check the columns of a freshly read row group, or of `rows` of it (the batch's row
+/// `i` being row `rows[i]`, as errors name it). With `skip_corrupt`, a row whose tensor values
+/// do not decode is recorded in [`RowGroupData::bad_rows`] instead of failing the row group.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn from_batch(
     batch: &RecordBatch,
@@ -79,6 +92,7 @@ pub(crate) fn from_batch(
     aux: &[CapturePoint],
     target: CapturePoint,
     skip_corrupt: bool,
+    rows: Option<&[usize]>,
 ) -> Result<RowGroupData, LoaderError> {
     let bad = |message: String| LoaderError::Shard {
         path: path.to_string(),
@@ -143,7 +157,9 @@ pub(crate) fn from_batch(
             })?;
         Ok(match skip_corrupt {
             true => col.decode_chunk_skipping(&offsets, &mut bad_rows)?,
-            false => col.decode_chunk(&offsets)?,
+            false => col
+                .decode_chunk(&offsets)
+                .map_err(|e| in_row_group(e, rows))?,
         })
     };
     let aux = aux
@@ -151,6 +167,10 @@ pub(crate) fn from_batch(
         .map(|&p| tensor(p))
         .collect::<Result<Vec<_>, _>>()?;
     let target = tensor(target)?;
+    let bad_rows = bad_rows
+        .into_iter()
+        .map(|(r, e)| (r, in_row_group(e, rows)))
+        .collect();
     Ok(RowGroupData {
         sample_ids,
         offsets,

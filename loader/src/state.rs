@@ -1,7 +1,7 @@
 //! The loader's resume point: a few numbers, serialisable as JSON.
 use serde::{Deserialize, Serialize};
 
-use crate::{LoaderConfig, LoaderError, Remainder};
+use crate::{LoaderConfig, LoaderError, Remainder, ShuffleMode};
 
 /// Where a loader is in its stream, plus the settings that fix the order, so that resuming
 /// under different settings is refused instead of silently repeating or skipping samples.
@@ -24,6 +24,9 @@ pub struct LoaderState {
     pub shuffle: bool,
     /// Row groups per shuffle window.
     pub shuffle_window: usize,
+    /// Window or per-sample shuffle (states saved before the mode existed are window).
+    #[serde(default)]
+    pub shuffle_mode: ShuffleMode,
     /// Rank.
     pub rank: usize,
     /// World size.
@@ -51,6 +54,7 @@ impl LoaderState {
             seed: config.seed,
             shuffle: config.shuffle,
             shuffle_window: config.shuffle_window,
+            shuffle_mode: config.shuffle_mode,
             rank: config.rank,
             world_size: config.world_size,
             worker: config.worker,
@@ -97,7 +101,11 @@ impl LoaderState {
         differ("dataset_version", self.dataset_version, version)?;
         differ("seed", self.seed, config.seed)?;
         differ("shuffle", self.shuffle, config.shuffle)?;
-        differ("shuffle_window", self.shuffle_window, config.shuffle_window)?;
+        differ("shuffle_mode", self.shuffle_mode, config.shuffle_mode)?;
+        // The window shapes only the window shuffle's order.
+        if self.shuffle && self.shuffle_mode == ShuffleMode::Window {
+            differ("shuffle_window", self.shuffle_window, config.shuffle_window)?;
+        }
         differ("rank", self.rank, config.rank)?;
         differ("world_size", self.world_size, config.world_size)?;
         differ("worker", self.worker, config.worker)?;
@@ -149,6 +157,44 @@ mod tests {
         assert!(s.check_matches(&other, 1).is_err());
         assert!(s.check_matches(&c, 2).is_err(), "another pinned version");
         assert!(s.check_matches(&c, 1).is_ok());
+    }
+
+    #[test]
+    fn a_state_of_the_other_shuffle_mode_is_refused_and_the_window_matters_only_to_its_mode() {
+        let sample = LoaderConfig {
+            shuffle_mode: ShuffleMode::Sample,
+            ..Default::default()
+        };
+        let s = LoaderState::start(&sample, 1, 0);
+        let err = s
+            .check_matches(&LoaderConfig::default(), 1)
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            err,
+            "cannot resume: the saved state has shuffle_mode = Sample, but this loader has Window"
+        );
+        let other_window = LoaderConfig {
+            shuffle_window: 3,
+            ..sample.clone()
+        };
+        assert!(s.check_matches(&other_window, 1).is_ok());
+        let w = LoaderState::start(&LoaderConfig::default(), 1, 0);
+        let other_window = LoaderConfig {
+            shuffle_window: 3,
+            ..Default::default()
+        };
+        assert!(w.check_matches(&other_window, 1).is_err());
+    }
+
+    #[test]
+    fn a_state_saved_before_shuffle_modes_reads_as_window() {
+        let mut json: serde_json::Value =
+            serde_json::from_str(&LoaderState::start(&LoaderConfig::default(), 1, 0).to_json())
+                .unwrap();
+        json.as_object_mut().unwrap().remove("shuffle_mode");
+        let s = LoaderState::from_json(&json.to_string()).unwrap();
+        assert_eq!(s.shuffle_mode, ShuffleMode::Window);
     }
 
     #[test]

@@ -101,15 +101,19 @@ class Loader(torch.utils.data.IterableDataset):
     the dataset's layer count (see ``hslake.preset_points``) in place of ``aux_layers`` and
     ``target``; a dataset lacking one of them is refused with what is missing.
 
-    Order: a shuffle fixed by (seed, epoch) on every machine; rank r of ``world_size`` reads
+    Order: a shuffle fixed by (seed, epoch) on every machine: the window shuffle (default;
+    row groups permuted, samples permuted within ``shuffle_window`` row groups), or with
+    ``shuffle_mode="sample"`` a full per-sample permutation, read in lookaheads of
+    ``lookahead_bytes`` (memory holds about one lookahead); rank r of ``world_size`` reads
     a disjoint part; the remainder is padded by repeating samples (``drop_last=False``, as
     torch's DistributedSampler) or dropped. Iterating runs one epoch from the current state;
     the next ``iter()`` continues (the next epoch after a full pass).
 
     Other keyword arguments (``rank``, ``world_size``, ``seed``, ``shuffle``, ``aux_layers``,
     ``target``, ``preset``, ``version``, ``packed``, ``max_seq_len``, ``pad_to_multiple_of``,
-    ``pad_token_id``, ``drop_last``, ``drop_last_batch``, ``shuffle_window``,
-    ``prefetch_row_groups``, ``prefetch_batches``, ``decode_threads``, ``on_corrupt``,
+    ``pad_token_id``, ``drop_last``, ``drop_last_batch``, ``shuffle_window``, ``shuffle_mode``,
+    ``lookahead_bytes``, ``prefetch_row_groups``, ``prefetch_batches``, ``decode_threads``,
+    ``on_corrupt``,
     ``follow``, ``poll_interval``, ``follow_idle_timeout``, ``timeout``) are the native
     loader's options (``hslake_loader::LoaderOptions``), which also hold their defaults;
     an unknown name is refused.

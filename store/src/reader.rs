@@ -8,7 +8,7 @@ use arrow_array::RecordBatch;
 use futures::stream::{self, BoxStream};
 use futures::{StreamExt, TryStreamExt};
 use hslake_schemas::{DatasetSchema, Sample};
-use parquet::arrow::arrow_reader::{ArrowReaderMetadata, ArrowReaderOptions};
+use parquet::arrow::arrow_reader::{ArrowReaderMetadata, ArrowReaderOptions, RowSelection};
 use parquet::arrow::{ParquetRecordBatchStreamBuilder, ProjectionMask};
 use parquet::file::metadata::{PageIndexPolicy, ParquetMetaData};
 use parquet::file::statistics::Statistics;
@@ -104,7 +104,11 @@ impl DatasetReader {
         let mut r = self.object_reader(shard)?;
         let m = ArrowReaderMetadata::load_async(
             &mut r,
-            ArrowReaderOptions::new().with_page_index_policy(PageIndexPolicy::Skip),
+            // The offset index locates each page, so that reading some rows of a row group
+            // fetches only their pages; page statistics (the column index) are not used.
+            ArrowReaderOptions::new()
+                .with_column_index_policy(PageIndexPolicy::Skip)
+                .with_offset_index_policy(PageIndexPolicy::Optional),
         )
         .await
         .map_err(|e| StoreError::pq(self.shown(shard), e))?;
@@ -126,6 +130,36 @@ impl DatasetReader {
         row_group: usize,
         columns: Option<&[String]>,
     ) -> Result<RecordBatch> {
+        self.read(shard, row_group, None, columns).await
+    }
+
+    /// Read only `rows` (ascending, distinct) of one row group, optionally only some columns,
+    /// as one batch whose row `i` is row `rows[i]` of the row group. Unselected rows are
+    /// skipped by Parquet before any of their values are decoded; errors name rows of the row
+    /// group, not of the batch.
+    pub async fn read_rows(
+        &self,
+        shard: usize,
+        row_group: usize,
+        rows: &[usize],
+        columns: Option<&[String]>,
+    ) -> Result<RecordBatch> {
+        if rows.windows(2).any(|w| w[0] >= w[1]) {
+            return Err(StoreError::Usage(format!(
+                "{}: rows to read must be ascending and distinct",
+                self.shown(shard)
+            )));
+        }
+        self.read(shard, row_group, Some(rows), columns).await
+    }
+
+    async fn read(
+        &self,
+        shard: usize,
+        row_group: usize,
+        rows: Option<&[usize]>,
+        columns: Option<&[String]>,
+    ) -> Result<RecordBatch> {
         let meta = self.arrow_metadata(shard).await?;
         let shown = self.shown(shard);
         let rg_count = meta.metadata().num_row_groups();
@@ -135,7 +169,22 @@ impl DatasetReader {
                 format!("row group {row_group} out of range: file has {rg_count}"),
             ));
         }
-        let rows = meta.metadata().row_group(row_group).num_rows().max(1) as usize;
+        let rg_rows = meta.metadata().row_group(row_group).num_rows().max(0) as usize;
+        let selection = match rows {
+            None => None,
+            Some(rows) => {
+                if let Some(&last) = rows.last().filter(|&&r| r >= rg_rows) {
+                    return Err(StoreError::Usage(format!(
+                        "{shown}: row {last} of row group {row_group} is out of range: it has \
+                         {rg_rows} rows"
+                    )));
+                }
+                Some(RowSelection::from_consecutive_ranges(
+                    rows.iter().map(|&r| r..r + 1),
+                    rg_rows,
+                ))
+            }
+        };
         let arrow = meta.schema().clone();
         let file_meta = arrow.metadata().clone();
         let mask =
@@ -166,13 +215,15 @@ impl DatasetReader {
                     ProjectionMask::roots(meta.parquet_schema(), idx)
                 }
             };
-        let stream =
+        let mut builder =
             ParquetRecordBatchStreamBuilder::new_with_metadata(self.object_reader(shard)?, meta)
                 .with_row_groups(vec![row_group])
                 .with_projection(mask)
-                .with_batch_size(rows)
-                .build()
-                .map_err(|e| StoreError::pq(&shown, e))?;
+                .with_batch_size(rg_rows.max(1));
+        if let Some(sel) = selection {
+            builder = builder.with_row_selection(sel);
+        }
+        let stream = builder.build().map_err(|e| StoreError::pq(&shown, e))?;
         let batches: Vec<RecordBatch> = stream
             .try_collect()
             .await
@@ -190,7 +241,14 @@ impl DatasetReader {
         }?;
         let batch = with_file_metadata(batch, &file_meta);
         if let Some(tokens) = TokenRows::from_batch(&batch, &shown, Some(row_group))? {
-            tokens.check()?;
+            match rows {
+                None => tokens.check()?,
+                Some(rows) => {
+                    for (i, &r) in rows.iter().enumerate() {
+                        tokens.check_row(i).map_err(|e| e.in_row(r))?;
+                    }
+                }
+            }
         }
         Ok(batch)
     }

@@ -347,6 +347,63 @@ async fn one_sample_takes_one_ranged_read_once_the_footer_is_cached(b: Backend) 
     assert!(req1 - req0 <= 2, "{} requests", req1 - req0);
 }
 
+async fn read_rows_returns_only_the_selected_rows_of_a_row_group(b: Backend) {
+    let Some(url) = fresh_url(b) else { return };
+    let ds = Dataset::create(
+        &url,
+        schema(DType::Bf16, 16, &[2, 30]),
+        Provenance::default(),
+    )
+    .await
+    .unwrap();
+    write_synth(&ds, 0..40, 1, 100).await;
+    let r = DatasetReader::open(&ds, None).await.unwrap();
+    let (shard, rg) = r
+        .manifest()
+        .shards
+        .iter()
+        .enumerate()
+        .find_map(|(i, s)| s.row_groups.iter().position(|&n| n >= 3).map(|g| (i, g)))
+        .expect("a row group of at least 3 rows");
+    let whole = r.read_row_group(shard, rg, None).await.unwrap();
+    let n = whole.num_rows();
+    for rows in [vec![0], vec![n - 1], vec![0, 2], (1..n).collect::<Vec<_>>()] {
+        let got = r.read_rows(shard, rg, &rows, None).await.unwrap();
+        assert_eq!(got.num_rows(), rows.len(), "{rows:?}");
+        for (i, &row) in rows.iter().enumerate() {
+            assert_eq!(got.slice(i, 1), whole.slice(row, 1), "{rows:?} row {row}");
+        }
+    }
+    let cols = ["sample_id".to_string(), "layer_30".to_string()];
+    let got = r.read_rows(shard, rg, &[1], Some(&cols)).await.unwrap();
+    assert_eq!(
+        got.column_by_name("sample_id").unwrap(),
+        &whole.column_by_name("sample_id").unwrap().slice(1, 1)
+    );
+    // With the footer cached, one row costs its own pages (located by the offset index), not
+    // the row group's.
+    let (b0, _) = r.io();
+    r.read_row_group(shard, rg, None).await.unwrap();
+    let (b1, _) = r.io();
+    r.read_rows(shard, rg, &[1], None).await.unwrap();
+    let (b2, _) = r.io();
+    assert!(
+        2 * (b2 - b1) < b1 - b0,
+        "one of {n} rows read {} bytes, the row group {}",
+        b2 - b1,
+        b1 - b0
+    );
+    let err = r.read_rows(shard, rg, &[n], None).await.unwrap_err();
+    assert!(
+        err.to_string().contains(&format!(
+            "row {n} of row group {rg} is out of range: it has {n} rows"
+        )),
+        "{err}"
+    );
+    let err = r.read_rows(shard, rg, &[2, 1], None).await.unwrap_err();
+    assert!(err.to_string().contains("ascending and distinct"), "{err}");
+}
+
 async fn copy_round_trips_to_another_store(b: Backend) {
     let Some(url) = fresh_url(b) else { return };
     let ds = Dataset::create(&url, schema(DType::Bf16, 16, &[2]), Provenance::default())
@@ -917,6 +974,7 @@ suite!(
     crash_before_commit_leaves_previous_version_and_vacuum_removes_orphan,
     readers_pin_a_version,
     one_sample_takes_one_ranged_read_once_the_footer_is_cached,
+    read_rows_returns_only_the_selected_rows_of_a_row_group,
     copy_round_trips_to_another_store,
     bad_input_gets_named_errors,
     commit_refuses_sample_ids_the_head_holds,

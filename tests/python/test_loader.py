@@ -212,6 +212,53 @@ def test_follow_mode_reads_versions_committed_while_iterating(tmp_path):
 
 # --- bad input -------------------------------------------------------------------------------
 
+# A lookahead of about ten of these samples (3 points + final_norm, hidden 16, 4-24 tokens), so
+# that an epoch of 60 spans several lookaheads.
+SAMPLE_MODE = dict(shuffle_mode="sample", lookahead_bytes=20_000)
+
+
+def check_sample_mode(url: str):
+    whole = [b["sample_ids"].tolist() for b in hslake.Loader(url, max_tokens=60, seed=5, **SAMPLE_MODE)]
+    flat = [i for b in whole for i in b]
+    assert sorted(flat) == list(range(SAMPLES))
+    window = all_ids(hslake.Loader(url, max_tokens=60, seed=5))
+    assert flat != window, "another order than the window shuffle's"
+    for k in (1, 4):
+        first = hslake.Loader(url, max_tokens=60, seed=5, **SAMPLE_MODE)
+        it = iter(first)
+        head = [next(it)["sample_ids"].tolist() for _ in range(k)]
+        second = hslake.Loader(url, max_tokens=60, seed=5, **SAMPLE_MODE)
+        second.load_state_dict(json.loads(json.dumps(first.state_dict())))
+        assert head + [b["sample_ids"].tolist() for b in second] == whole, f"k={k}"
+    for drop_last in (True, False):
+        parts = [all_ids(hslake.Loader(url, batch_size=4, rank=r, world_size=7, drop_last=drop_last, **SAMPLE_MODE))
+                 for r in range(7)]
+        flat = [i for p in parts for i in p]
+        if drop_last:
+            assert len(set(flat)) == len(flat) == 56
+        else:
+            assert {len(p) for p in parts} == {9} and set(flat) == set(range(SAMPLES))
+
+
+def test_sample_shuffle_reads_every_sample_once_resumes_exactly_and_partitions_ranks(local_ds):
+    check_sample_mode(url_of(local_ds))
+    check_values_equal_store(url_of(local_ds), local_ds, **SAMPLE_MODE)
+
+
+def test_sample_shuffle_state_is_refused_by_a_window_loader(local_ds):
+    a = hslake.Loader(url_of(local_ds), batch_size=4, **SAMPLE_MODE)
+    b = hslake.Loader(url_of(local_ds), batch_size=4)
+    with pytest.raises(hslake.ConfigError, match="shuffle_mode = Sample"):
+        b.load_state_dict(a.state_dict())
+
+
+def test_bad_shuffle_mode_and_lookahead_are_named(local_ds):
+    with pytest.raises(hslake.ConfigError, match='shuffle_mode="global".*expected `window` or `sample`'):
+        hslake.Loader(url_of(local_ds), batch_size=2, shuffle_mode="global")
+    with pytest.raises(hslake.ConfigError, match="lookahead_bytes must be at least 1"):
+        hslake.Loader(url_of(local_ds), batch_size=2, shuffle_mode="sample", lookahead_bytes=0)
+
+
 def test_rank_not_below_world_size_is_a_clear_error(local_ds):
     with pytest.raises(hslake.ConfigError, match="rank 2 is out of range for world_size 2"):
         hslake.Loader(url_of(local_ds), batch_size=2, rank=2, world_size=2)
@@ -382,6 +429,13 @@ def test_s3_resume_equals_uninterrupted(s3_ds):
     second = hslake.Loader(s3_ds, max_tokens=60, seed=5)
     second.load_state_dict(first.state_dict())
     assert head + [b["sample_ids"].tolist() for b in second] == whole
+
+
+def test_s3_sample_shuffle_matches_local_resumes_exactly_and_partitions_ranks(s3_ds, local_ds):
+    remote = all_ids(hslake.Loader(s3_ds, batch_size=6, seed=4, **SAMPLE_MODE))
+    assert remote == all_ids(hslake.Loader(url_of(local_ds), batch_size=6, seed=4, **SAMPLE_MODE))
+    check_sample_mode(s3_ds)
+    check_values_equal_store(s3_ds, local_ds, **SAMPLE_MODE)
 
 
 def batch_digests(loader) -> list[str]:

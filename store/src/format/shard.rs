@@ -55,6 +55,8 @@ pub fn writer_properties(
     );
     // Tensor and scale values are opaque byte strings: min/max statistics of them are useless
     // bytes. They arrive compressed (plane_zstd), so Parquet must not compress them again.
+    // Each value is its own data page, so that a reader of some rows (the loader's sample
+    // shuffle) fetches and parses only those rows' values, found through the offset index.
     for p in &schema.points {
         let scale = schema.dtype.has_scales().then(|| p.scale_column());
         for col in std::iter::once(p.column()).chain(scale) {
@@ -63,6 +65,7 @@ pub fn writer_properties(
                     ColumnPath::from(col.clone()),
                     EnabledStatistics::None,
                 )
+                .set_column_data_page_size_limit(ColumnPath::from(col.clone()), 1)
                 .set_column_compression(ColumnPath::from(col), Compression::UNCOMPRESSED);
         }
     }
@@ -92,6 +95,7 @@ mod tests {
             let path = ColumnPath::from(col);
             assert_eq!(props.compression(&path), Compression::UNCOMPRESSED, "{col}");
             assert_eq!(props.statistics_enabled(&path), EnabledStatistics::None);
+            assert_eq!(props.column_data_page_size_limit(&path), 1, "{col}");
         }
         let ids = ColumnPath::from("sample_id");
         assert!(matches!(props.compression(&ids), Compression::ZSTD(_)));
