@@ -9,6 +9,7 @@ use crate::conversation::{Conversation, Role};
 use crate::encode::{EncodePath, Encoder};
 use crate::error::{PrepareError, RecordError, Result};
 use crate::mask::{token_mask, turn_spans, MaskMethod};
+use crate::skeleton::Skeletons;
 use crate::template::{read_template_source, ChatTemplate};
 
 /// Which tokens the loss applies to.
@@ -50,6 +51,7 @@ pub struct ChatTokenizer {
     encoder: Encoder,
     end_of_turn: Vec<String>,
     loss_on: LossOn,
+    skeletons: Skeletons,
 }
 
 /// The variables a template gets beyond the conversation (e.g. `enable_thinking`).
@@ -140,7 +142,21 @@ impl ChatTokenizer {
             encoder,
             end_of_turn,
             loss_on,
+            skeletons: Skeletons::default(),
         })
+    }
+
+    /// How the turn-by-turn mask gets the renderings of each conversation's prefixes: from
+    /// skeletons, or by rendering every prefix and why ([`crate::skeleton`]).
+    pub fn prefix_renderings(&self) -> String {
+        if self.mask_method() == MaskMethod::GenerationMarkers {
+            return "none ({% generation %} markers)".into();
+        }
+        match (self.template.skeleton_support(), self.skeletons.disabled()) {
+            (Ok(()), None) => "filled skeletons (one rendering per role sequence)".into(),
+            (Err(why), _) => format!("every prefix rendered ({why})"),
+            (Ok(()), Some(why)) => format!("every prefix rendered ({why})"),
+        }
     }
 
     /// How the loss mask is found for this template.
@@ -194,7 +210,7 @@ impl ChatTokenizer {
                 std::mem::take(&mut rendered.generation_spans)
             }
             (LossOn::Assistant, MaskMethod::TurnByTurn) => {
-                self.turn_spans(&rendered.text, conv, &values)?
+                self.turn_spans(&rendered.text, conv, &values, true)?
             }
         };
         // transformers: tokenizer(rendered, add_special_tokens=False). Offsets and spans are
@@ -216,18 +232,20 @@ impl ChatTokenizer {
         &self.tokenizer
     }
 
-    /// Byte spans of the assistant's text in `full`, the rendering of `conv` (`values`).
+    /// Byte spans of the assistant's text in `full`, the rendering of `conv` (`values`);
+    /// `skeletons`: whether the turn-by-turn method may fill skeletons.
     pub(crate) fn assistant_spans(
         &self,
         full: &str,
         conv: &Conversation,
         values: &[Value],
+        skeletons: bool,
     ) -> Result<Vec<(usize, usize)>, RecordError> {
         match self.mask_method() {
             MaskMethod::GenerationMarkers => {
                 Ok(self.template.render(values, false)?.generation_spans)
             }
-            MaskMethod::TurnByTurn => self.turn_spans(full, conv, values),
+            MaskMethod::TurnByTurn => self.turn_spans(full, conv, values, skeletons),
         }
     }
 
@@ -236,9 +254,25 @@ impl ChatTokenizer {
         full: &str,
         conv: &Conversation,
         values: &[Value],
+        skeletons: bool,
     ) -> Result<Vec<(usize, usize)>, RecordError> {
         let roles: Vec<Role> = conv.messages.iter().map(|m| m.role).collect();
+        let skeleton = self
+            .template
+            .skeleton_support()
+            .ok()
+            .filter(|()| skeletons)
+            .and_then(|()| {
+                self.skeletons
+                    .for_conversation(&self.template, &conv.messages, full)
+            });
         turn_spans(full, &roles, &self.end_of_turn, |i, prompt| {
+            if let Some(text) = skeleton
+                .as_ref()
+                .and_then(|s| s.prefix(&conv.messages, i, prompt))
+            {
+                return Ok(text);
+            }
             match (i, prompt) {
                 // No history: nothing rendered (transformers refuses to render an empty conversation).
                 (0, false) => Ok(String::new()),
@@ -342,6 +376,98 @@ mod tests {
         assert_eq!(
             a.loss_mask,
             [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 0, 0, 0, 0, 0, 0, 1]
+        );
+    }
+
+    // Every tokenization of `convs`, with skeletons and with every prefix rendered.
+    fn both_ways(
+        tok: &ChatTokenizer,
+        convs: &[Conversation],
+    ) -> (Vec<Vec<(usize, usize)>>, Vec<Vec<(usize, usize)>>) {
+        let spans = |skeletons| {
+            convs
+                .iter()
+                .map(|c| {
+                    let values = ChatTemplate::message_values(&c.messages).unwrap();
+                    let full = tok.template.render(&values, false).unwrap().text;
+                    tok.assistant_spans(&full, c, &values, skeletons).unwrap()
+                })
+                .collect::<Vec<_>>()
+        };
+        let rendered = spans(false);
+        (spans(true), rendered)
+    }
+
+    fn varied() -> Vec<Conversation> {
+        let mut out = vec![];
+        for (q, a) in [("q", "hello there"), ("hi", ""), ("q q", "a \u{10FFFB}")] {
+            out.push(conv(&[(Role::User, q), (Role::Assistant, a)]));
+            out.push(conv(&[
+                (Role::System, "hi"),
+                (Role::User, q),
+                (Role::Assistant, a),
+                (Role::User, a),
+                (Role::Assistant, q),
+            ]));
+        }
+        out
+    }
+
+    #[test]
+    fn fills_one_skeleton_per_role_sequence_with_the_spans_of_rendering_every_prefix() {
+        let (_d, tok) = tokenizer(test_model::CHATML, LossOn::Assistant);
+        assert_eq!(
+            tok.prefix_renderings(),
+            "filled skeletons (one rendering per role sequence)"
+        );
+        let convs = varied();
+        let (filled, rendered) = both_ways(&tok, &convs);
+        assert_eq!(filled, rendered);
+        // Two role sequences; the conversations holding the sentinel character rendered theirs.
+        assert_eq!(tok.skeletons.len(), 2);
+        assert!(filled[1].len() == 2 && filled[0].len() == 1);
+    }
+
+    #[test]
+    fn renders_every_prefix_for_templates_that_inspect_texts() {
+        // Qwen3-like: an earlier turn's reasoning is dropped, which depends on its text.
+        let qwen_like = "{% for m in messages %}{% if m.role == 'assistant' and not loop.last %}{{ '<|im_start|>assistant\n' + m.content.split('</think>')[-1] + '<|im_end|>\n' }}{% else %}{{ '<|im_start|>' + m.role + '\n' + m.content + '<|im_end|>\n' }}{% endif %}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}";
+        let (_d, tok) = tokenizer(qwen_like, LossOn::Assistant);
+        assert!(
+            tok.prefix_renderings().starts_with(
+                "every prefix rendered (line 2: a message's content is used other than printed"
+            ),
+            "{}",
+            tok.prefix_renderings()
+        );
+        let (filled, rendered) = both_ways(&tok, &varied());
+        assert_eq!(filled, rendered);
+        assert!(tok.skeletons.is_empty());
+    }
+
+    #[test]
+    fn stops_filling_skeletons_once_a_rendering_lists_a_message() {
+        // The syntax tree cannot tell that `items` reaches the text; the skeleton's message can.
+        let listing = "{% for m in messages %}{{ '<|im_start|>' + m.role + '\n' + m.content + '<|im_end|>\n' }}{% if m | items | list | length > 9 %}!{% endif %}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}";
+        let (_d, tok) = tokenizer(listing, LossOn::Assistant);
+        assert_eq!(
+            tok.prefix_renderings(),
+            "filled skeletons (one rendering per role sequence)"
+        );
+        let (filled, rendered) = both_ways(&tok, &varied());
+        assert_eq!(filled, rendered);
+        assert_eq!(
+            tok.prefix_renderings(),
+            "every prefix rendered (a message's fields are listed (items(), tojson, iteration))"
+        );
+        assert!(tok.skeletons.is_empty());
+        // A computed name reaches the text too.
+        let computed = listing.replace("m | items | list | length > 9", "m['con' ~ 'tent'] == 'x'");
+        let (_d, tok) = tokenizer(&computed, LossOn::Assistant);
+        assert_eq!(both_ways(&tok, &varied()).0, both_ways(&tok, &varied()).1);
+        assert_eq!(
+            tok.prefix_renderings(),
+            "every prefix rendered (a message's content is read by a computed name)"
         );
     }
 
