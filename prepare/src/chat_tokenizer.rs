@@ -446,6 +446,21 @@ mod tests {
     }
 
     #[test]
+    fn reads_fields_of_template_data_named_like_message_texts_as_they_are() {
+        // `sys.content` is the template's own text, printed only after the generation prompt:
+        // a skeleton that read it as a message's would get every prompted prefix wrong.
+        let data = "{% set sys = {'content': 'hello'} %}{% for m in messages %}{{ '<|im_start|>' + m.role + '\\n' + m.content + '<|im_end|>\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' + sys['content'] }}{% endif %}";
+        let (_d, tok) = tokenizer(data, LossOn::Assistant);
+        assert_eq!(
+            tok.prefix_renderings(),
+            "filled skeletons (one rendering per role sequence)"
+        );
+        let (filled, rendered) = both_ways(&tok, &varied());
+        assert_eq!(filled, rendered);
+        assert_eq!(tok.skeletons.len(), 2);
+    }
+
+    #[test]
     fn stops_filling_skeletons_once_a_rendering_lists_a_message() {
         // The syntax tree cannot tell that `items` reaches the text; the skeleton's message can.
         let listing = "{% for m in messages %}{{ '<|im_start|>' + m.role + '\n' + m.content + '<|im_end|>\n' }}{% if m | items | list | length > 9 %}!{% endif %}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}";

@@ -9,8 +9,11 @@
 //! - **statically** ([`analyze`]): in the template's syntax tree, every read of a message's
 //!   `content`, `reasoning_content` or `thinking` by a constant name is printed directly
 //!   (`{{ … }}`, possibly joined by `+` or `~` or chosen by an `if` that does not read a text),
-//!   never tested, filtered, compared, assigned, passed to a call or captured by a block, macro
-//!   or filter. Those reads are renamed in the skeleton's copy of the template.
+//!   never tested (beyond `is defined`, `undefined`, `none`, `string`), filtered, compared,
+//!   assigned, passed to a call or captured by a block, macro or filter. In the skeleton's copy
+//!   of the template each such read becomes a read of the sentinel when its object is a skeleton
+//!   message, and stays as written otherwise (a namespace's or a literal map's field of that name
+//!   is the template's own data); a read from a computed object (a call, a filter) is refused.
 //! - **while rendering skeletons**: the skeleton's messages answer the renamed reads with the
 //!   sentinel, and any other read of a text (by a computed name, `attr`, `map(attribute=…)`,
 //!   `items()`, `tojson`, comparing or iterating a message) marks the template as unsuited.
@@ -54,7 +57,11 @@ pub fn analyze(source: &str, syntax: SyntaxConfig) -> Result<String, String> {
     }
     let tree = minijinja::machinery::parse(source, "chat_template", syntax)
         .map_err(|e| format!("cannot parse the template: {e}"))?;
-    let mut walk = Walk::default();
+    let mut walk = Walk {
+        src: source,
+        edits: vec![],
+        refused: None,
+    };
     walk.stmt(&tree, false);
     if let Some(reason) = walk.refused {
         return Err(reason);
@@ -76,45 +83,42 @@ pub fn analyze(source: &str, syntax: SyntaxConfig) -> Result<String, String> {
 
 // The template's reads of message texts: where each printed one sits in the source, or the first
 // that is used otherwise.
-#[derive(Default)]
-struct Walk {
+struct Walk<'s> {
+    src: &'s str,
     edits: Vec<(Range<usize>, String)>,
     refused: Option<String>,
 }
 
-// A read of a text field by a constant name: the field, and the source range to rename with
-// what replaces it.
-fn text_read(e: &Expr<'_>) -> Option<(&'static str, Range<usize>, String)> {
-    let renamed = |name: &str| {
-        TEXT_KEYS
-            .iter()
-            .find(|(k, _)| *k == name)
-            .map(|&(k, r)| (k, r))
-    };
+// A read of a text field by a constant name: the field and the object it is read from.
+fn text_read<'e, 's>(e: &'e Expr<'s>) -> Option<(&'static str, &'e Expr<'s>)> {
+    let key = |name: &str| TEXT_KEYS.iter().find(|(k, _)| *k == name).map(|&(k, _)| k);
     match e {
-        Expr::GetAttr(g) => {
-            let (key, new) = renamed(g.name)?;
-            // `.content` after the object (spaces allowed around the dot).
-            let range = g.expr.span().end_offset as usize..g.span().end_offset as usize;
-            Some((key, range, format!(".{new}")))
-        }
-        Expr::GetItem(g) => {
-            let Expr::Const(c) = &g.subscript_expr else {
-                return None;
-            };
-            let (key, new) = renamed(c.value.as_str()?)?;
-            let span = c.span();
-            Some((
-                key,
-                span.start_offset as usize..span.end_offset as usize,
-                format!("'{new}'"),
-            ))
-        }
+        Expr::GetAttr(g) => Some((key(g.name)?, &g.expr)),
+        Expr::GetItem(g) => match &g.subscript_expr {
+            Expr::Const(c) => Some((key(c.value.as_str()?)?, &g.expr)),
+            _ => None,
+        },
         _ => None,
     }
 }
 
-impl Walk {
+// Whether evaluating an expression twice gives the same value: variables, constants and
+// attributes or items of those (no calls, filters or operators).
+fn plain(e: &Expr<'_>) -> bool {
+    match e {
+        Expr::Var(_) | Expr::Const(_) => true,
+        Expr::GetAttr(g) => plain(&g.expr),
+        Expr::GetItem(g) => plain(&g.expr) && plain(&g.subscript_expr),
+        _ => false,
+    }
+}
+
+fn source_of<'s>(src: &'s str, e: &Expr<'_>) -> &'s str {
+    let span = e.span();
+    &src[span.start_offset as usize..span.end_offset as usize]
+}
+
+impl Walk<'_> {
     fn refuse(&mut self, line: u16, what: String) {
         if self.refused.is_none() {
             self.refused = Some(format!("line {line}: {what}"));
@@ -212,20 +216,37 @@ impl Walk {
         }
     }
 
-    // The object a text read reads from.
-    fn read_through(&mut self, read: &Expr<'_>) {
-        match read {
-            Expr::GetAttr(g) => self.expr(&g.expr),
-            Expr::GetItem(g) => self.expr(&g.expr),
-            _ => {}
+    // Renames a text read in the skeleton's copy: a skeleton message answers with its sentinel,
+    // any other object (a namespace, a literal map: data of the template, not of a message)
+    // with its own field as before.
+    fn rename(&mut self, read: &Expr<'_>, key: &str, object: &Expr<'_>) {
+        if !plain(object) {
+            self.refuse(
+                read.span().start_line,
+                format!("a message's {key} is read from a computed object"),
+            );
+            return;
         }
+        self.expr(object);
+        let x = source_of(self.src, object);
+        let renamed = TEXT_KEYS
+            .iter()
+            .find(|(k, _)| *k == key)
+            .map_or(key, |&(_, r)| r);
+        let span = read.span();
+        self.edits.push((
+            span.start_offset as usize..span.end_offset as usize,
+            format!(
+                "({x}.{renamed} if {x} is hslake_skeleton_message else {})",
+                source_of(self.src, read)
+            ),
+        ));
     }
 
     // An expression whose value is printed as it is.
     fn printed(&mut self, e: &Expr<'_>) {
-        if let Some((_, range, new)) = text_read(e) {
-            self.read_through(e);
-            self.edits.push((range, new));
+        if let Some((key, object)) = text_read(e) {
+            self.rename(e, key, object);
             return;
         }
         match e {
@@ -249,14 +270,13 @@ impl Walk {
         // Whether a text is there: the same for every text, and part of a skeleton's key.
         if let Expr::Test(t) = e {
             if t.args.is_empty() && ["defined", "undefined", "none", "string"].contains(&t.name) {
-                if let Some((_, range, new)) = text_read(&t.expr) {
-                    self.read_through(&t.expr);
-                    self.edits.push((range, new));
+                if let Some((key, object)) = text_read(&t.expr) {
+                    self.rename(&t.expr, key, object);
                     return;
                 }
             }
         }
-        if let Some((key, _, _)) = text_read(e) {
+        if let Some((key, _)) = text_read(e) {
             self.refuse(
                 e.span().start_line,
                 format!("a message's {key} is used other than printed as it is"),
@@ -501,6 +521,11 @@ fn shape(messages: &[Message]) -> Vec<u8> {
         .collect()
 }
 
+/// The test the skeleton's copy tells skeleton messages from other objects by.
+pub fn is_skeleton_message(v: &Value) -> bool {
+    v.downcast_object_ref::<SkeletonMessage>().is_some()
+}
+
 /// Renders a template's skeleton copy: `messages` and the generation prompt flag.
 pub trait SkeletonRenderer {
     /// The skeleton template rendered for `messages`.
@@ -653,7 +678,7 @@ mod tests {
         let src = "{% for m in messages %}{{ '<' + m['role'] + '>' + m['content'] }}{{ m . content ~ (m.thinking if m.thinking is defined else '') }}{% endfor %}";
         assert_eq!(
             analyze(src, syntax()).unwrap(),
-            "{% for m in messages %}{{ '<' + m['role'] + '>' + m['hslake_skeleton_content'] }}{{ m.hslake_skeleton_content ~ (m.hslake_skeleton_thinking if m.hslake_skeleton_thinking is defined else '') }}{% endfor %}"
+            "{% for m in messages %}{{ '<' + m['role'] + '>' + (m.hslake_skeleton_content if m is hslake_skeleton_message else m['content']) }}{{ (m.hslake_skeleton_content if m is hslake_skeleton_message else m . content) ~ ((m.hslake_skeleton_thinking if m is hslake_skeleton_message else m.thinking) if (m.hslake_skeleton_thinking if m is hslake_skeleton_message else m.thinking) is defined else '') }}{% endfor %}"
         );
     }
 
@@ -693,6 +718,10 @@ mod tests {
                 "content is used other than printed",
             ),
             ("{% include 'x' %}", "includes a template"),
+            (
+                "{{ (messages | last).content }}",
+                "content is read from a computed object",
+            ),
             ("{{ m.role }}", "never prints a message's text"),
         ] {
             let e = refusal(src);

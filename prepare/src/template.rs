@@ -322,6 +322,9 @@ impl ChatTemplate {
         env.add_filter("tojson", tojson);
         env.add_function("raise_exception", raise_exception);
         env.add_function("strftime_now", strftime_now);
+        env.add_test("hslake_skeleton_message", |v: Value| {
+            crate::skeleton::is_skeleton_message(&v)
+        });
         // Only the turn-by-turn mask renders prefixes; generation markers need none.
         let skeleton = if has_generation {
             Err("the template has {% generation %} markers".to_string())
