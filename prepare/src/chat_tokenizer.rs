@@ -1,6 +1,7 @@
 //! One model's chat template and tokenizer, turning a conversation into `input_ids` and a loss
 //! mask equal to transformers' `apply_chat_template(..., tokenize=True)`.
 use std::path::Path;
+use std::sync::Arc;
 
 use minijinja::value::Value;
 use tokenizers::Tokenizer;
@@ -9,7 +10,7 @@ use crate::conversation::{Conversation, Role};
 use crate::encode::{EncodePath, Encoder};
 use crate::error::{PrepareError, RecordError, Result};
 use crate::mask::{token_mask, turn_spans, MaskMethod};
-use crate::skeleton::Skeletons;
+use crate::skeleton::{Skeleton, Skeletons};
 use crate::template::{read_template_source, ChatTemplate};
 
 /// Which tokens the loss applies to.
@@ -203,6 +204,14 @@ impl ChatTokenizer {
             return Err(RecordError::NoAssistant);
         }
         let values = ChatTemplate::message_values(&conv.messages)?;
+        if let Some(skeleton) = self.skeleton(conv, true) {
+            let (text, usable) = self.skeletons.full_text(&skeleton, &conv.messages, || {
+                Ok(self.template.render(&values, false)?.text)
+            })?;
+            let spans =
+                self.spans_from(&text, conv, &values, Some(&*skeleton).filter(|_| usable))?;
+            return self.encode(&text, &spans);
+        }
         let mut rendered = self.template.render(&values, false)?;
         let spans = match (self.loss_on, self.mask_method()) {
             (LossOn::All, _) => vec![],
@@ -213,13 +222,16 @@ impl ChatTokenizer {
                 self.turn_spans(&rendered.text, conv, &values, true)?
             }
         };
-        // transformers: tokenizer(rendered, add_special_tokens=False). Offsets and spans are
-        // both in bytes on character boundaries, so overlaps are those of transformers'
-        // character offsets.
-        let enc = self.encoder.encode(&self.tokenizer, &rendered.text)?;
+        self.encode(&rendered.text, &spans)
+    }
+
+    // transformers: tokenizer(rendered, add_special_tokens=False). Offsets and spans are both in
+    // bytes on character boundaries, so overlaps are those of transformers' character offsets.
+    fn encode(&self, text: &str, spans: &[(usize, usize)]) -> Result<Tokenized, RecordError> {
+        let enc = self.encoder.encode(&self.tokenizer, text)?;
         let loss_mask = match self.loss_on {
             LossOn::All => vec![1; enc.ids.len()],
-            LossOn::Assistant => token_mask(&enc.offsets, &spans),
+            LossOn::Assistant => token_mask(&enc.offsets, spans),
         };
         Ok(Tokenized {
             input_ids: enc.ids,
@@ -256,21 +268,36 @@ impl ChatTokenizer {
         values: &[Value],
         skeletons: bool,
     ) -> Result<Vec<(usize, usize)>, RecordError> {
+        let skeleton = self.skeleton(conv, skeletons).and_then(|_| {
+            self.skeletons
+                .for_conversation(&self.template, &conv.messages, full)
+        });
+        self.spans_from(full, conv, values, skeleton.as_deref())
+    }
+
+    // The skeleton for the turn-by-turn mask of `conv`, if `wanted` and one applies.
+    fn skeleton(&self, conv: &Conversation, wanted: bool) -> Option<Arc<Skeleton>> {
+        if !wanted
+            || self.loss_on != LossOn::Assistant
+            || self.mask_method() != MaskMethod::TurnByTurn
+            || self.template.skeleton_support().is_err()
+        {
+            return None;
+        }
+        self.skeletons.get(&self.template, &conv.messages)
+    }
+
+    // Turn-by-turn spans with the prefixes from `skeleton`, or rendered.
+    fn spans_from(
+        &self,
+        full: &str,
+        conv: &Conversation,
+        values: &[Value],
+        skeleton: Option<&Skeleton>,
+    ) -> Result<Vec<(usize, usize)>, RecordError> {
         let roles: Vec<Role> = conv.messages.iter().map(|m| m.role).collect();
-        let skeleton = self
-            .template
-            .skeleton_support()
-            .ok()
-            .filter(|()| skeletons)
-            .and_then(|()| {
-                self.skeletons
-                    .for_conversation(&self.template, &conv.messages, full)
-            });
         turn_spans(full, &roles, &self.end_of_turn, |i, prompt| {
-            if let Some(text) = skeleton
-                .as_ref()
-                .and_then(|s| s.prefix(&conv.messages, i, prompt))
-            {
+            if let Some(text) = skeleton.and_then(|s| s.prefix(&conv.messages, i, prompt)) {
                 return Ok(text);
             }
             match (i, prompt) {
@@ -426,6 +453,38 @@ mod tests {
         // Two role sequences; the conversations holding the sentinel character rendered theirs.
         assert_eq!(tok.skeletons.len(), 2);
         assert!(filled[1].len() == 2 && filled[0].len() == 1);
+    }
+
+    #[test]
+    fn fills_the_rendering_itself_once_a_skeleton_reproduced_its_first_conversations() {
+        let (_d1, plain) = tokenizer(test_model::CHATML, LossOn::Assistant);
+        let (_d2, marked) = tokenizer(test_model::CHATML_MARKED, LossOn::Assistant);
+        let words = ["hi", "hello", "there", "q", "a", ""];
+        for i in 0..40 {
+            let (q, a) = (words[i % 6], words[(i / 6) % 6]);
+            let c = conv(&[
+                (Role::System, a),
+                (Role::User, q),
+                (Role::Assistant, a),
+                (Role::User, a),
+                (Role::Assistant, q),
+            ]);
+            assert_eq!(
+                plain.tokenize(&c).unwrap(),
+                marked.tokenize(&c).unwrap(),
+                "conversation {i}"
+            );
+        }
+        let c = conv(&[
+            (Role::System, ""),
+            (Role::User, ""),
+            (Role::Assistant, ""),
+            (Role::User, ""),
+            (Role::Assistant, ""),
+        ]);
+        let skeleton = plain.skeleton(&c, true).unwrap();
+        assert_eq!(skeleton.checked(), 16);
+        assert_eq!(plain.skeletons.len(), 1);
     }
 
     #[test]

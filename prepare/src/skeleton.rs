@@ -23,6 +23,7 @@
 //! message's text. Every conversation is still rendered once for real, and a skeleton that does
 //! not reproduce that rendering byte for byte sends the conversation down the per-prefix path.
 use std::ops::Range;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, RwLock};
 
 use minijinja::machinery::ast::{self, BinOpKind, CallArg, Expr, Stmt};
@@ -47,6 +48,9 @@ pub(crate) const SENTINEL: char = '\u{10FFFB}';
 const FIELD_BASE: u32 = 0xF0000;
 /// Messages a skeleton can name (the private-use plane after `FIELD_BASE`).
 pub const MAX_MESSAGES: usize = 32_000;
+/// Conversations per skeleton whose real rendering is compared with the filled skeleton before
+/// the filled skeleton stands for the rendering: a check on the reasoning above, not part of it.
+const CHECKED_CONVERSATIONS: u32 = 16;
 /// Role sequences whose skeletons are kept; beyond that, conversations render every prefix.
 const MAX_SKELETONS: usize = 4096;
 
@@ -284,6 +288,11 @@ impl Walk<'_> {
             return;
         }
         match e {
+            Expr::Const(c) if c.value.as_str().is_some_and(|t| t.contains(SENTINEL)) => self
+                .refuse(
+                    c.span().start_line,
+                    "a string holds hslake's sentinel character U+10FFFB".into(),
+                ),
             Expr::Var(_) | Expr::Const(_) => {}
             Expr::Slice(s) => {
                 self.expr(&s.expr);
@@ -492,12 +501,19 @@ impl Pattern {
 #[derive(Debug)]
 pub struct Skeleton {
     full: Pattern,
+    // Conversations whose real rendering this skeleton reproduced.
+    checked: AtomicU32,
     // By message index, for assistant messages: the first `i` messages with and without the
     // generation prompt.
     prefixes: Vec<Option<(Pattern, Pattern)>>,
 }
 
 impl Skeleton {
+    /// Conversations whose real rendering this skeleton reproduced (at most the number checked).
+    pub fn checked(&self) -> u32 {
+        self.checked.load(Ordering::Relaxed)
+    }
+
     /// The first `i` messages of `messages` rendered, with or without the generation prompt;
     /// `None` where the skeleton has no such rendering (not an assistant message).
     pub fn prefix(&self, messages: &[Message], i: usize, prompt: bool) -> Option<String> {
@@ -567,6 +583,53 @@ impl Skeletons {
         messages: &[Message],
         rendered: &str,
     ) -> Option<Arc<Skeleton>> {
+        let skeleton = self.get(renderer, messages)?;
+        if skeleton.full.reproduces(messages, rendered) {
+            Some(skeleton)
+        } else {
+            self.disable("a skeleton did not reproduce a conversation's rendering");
+            None
+        }
+    }
+
+    /// The rendering of all of `messages` without the generation prompt, by `skeleton` once it
+    /// has reproduced the real rendering (`render`) of its first conversations, and whether
+    /// the skeleton may stand for the conversation's prefixes (not when it failed to reproduce a
+    /// rendering; skeletons are then no longer used).
+    pub fn full_text(
+        &self,
+        skeleton: &Skeleton,
+        messages: &[Message],
+        render: impl FnOnce() -> Result<String, RecordError>,
+    ) -> Result<(String, bool), RecordError> {
+        if skeleton.checked.load(Ordering::Relaxed) >= CHECKED_CONVERSATIONS {
+            return Ok((skeleton.full.fill(messages), true));
+        }
+        let real = render()?;
+        if skeleton.full.reproduces(messages, &real) {
+            skeleton.checked.fetch_add(1, Ordering::Relaxed);
+            Ok((real, true))
+        } else {
+            self.disable("a skeleton did not reproduce a conversation's rendering");
+            Ok((real, false))
+        }
+    }
+
+    fn disable(&self, how: &'static str) {
+        if self.disabled.set(how).is_ok() {
+            tracing::warn!(
+                reason = how,
+                "turn-by-turn mask: rendering every prefix from now on"
+            );
+        }
+    }
+
+    /// The skeleton for `messages`' role sequence, if one applies.
+    pub fn get(
+        &self,
+        renderer: &impl SkeletonRenderer,
+        messages: &[Message],
+    ) -> Option<Arc<Skeleton>> {
         if self.disabled.get().is_some()
             || messages.len() > MAX_MESSAGES
             || messages.iter().any(|m| {
@@ -594,14 +657,7 @@ impl Skeletons {
                 built
             }
         }?;
-        if skeleton.full.reproduces(messages, rendered) {
-            Some(skeleton)
-        } else {
-            tracing::debug!(
-                "a skeleton does not reproduce a conversation's rendering; rendering its prefixes"
-            );
-            None
-        }
+        Some(skeleton)
     }
 
     // The skeleton of `messages`' roles: `Some(None)` when its renderings fail (those
@@ -645,12 +701,14 @@ impl Skeletons {
                     None
                 });
             }
-            Some(Arc::new(Skeleton { full, prefixes }))
+            Some(Arc::new(Skeleton {
+                full,
+                checked: AtomicU32::new(0),
+                prefixes,
+            }))
         })();
         if let Some(how) = leak.first() {
-            if self.disabled.set(how).is_ok() {
-                tracing::info!(reason = how, "turn-by-turn mask: the template reads message texts in ways a skeleton cannot stand for; rendering every prefix");
-            }
+            self.disable(how);
             return None;
         }
         Some(skeleton)
@@ -727,6 +785,58 @@ mod tests {
             let e = refusal(src);
             assert!(e.contains(what), "{src}: {e}");
         }
+    }
+
+    // Renders the skeleton of a fixed ChatML-like template by hand.
+    struct FakeRenderer;
+
+    impl SkeletonRenderer for FakeRenderer {
+        fn render_skeleton(&self, messages: &[Value], prompt: bool) -> Result<String, RecordError> {
+            let mut out = String::new();
+            for m in messages {
+                let role = m.get_attr("role").unwrap();
+                let text = m.get_attr("hslake_skeleton_content").unwrap();
+                out.push_str(&format!("<{role}>{text}</e>"));
+            }
+            if prompt {
+                out.push_str("<assistant>");
+            }
+            Ok(out)
+        }
+    }
+
+    #[test]
+    fn stops_using_skeletons_when_one_does_not_reproduce_a_rendering() {
+        let skeletons = Skeletons::default();
+        let messages = [
+            Message::new(Role::User, "q"),
+            Message::new(Role::Assistant, "a"),
+        ];
+        let skeleton = skeletons.get(&FakeRenderer, &messages).unwrap();
+        assert_eq!(
+            skeleton.prefix(&messages, 1, true).unwrap(),
+            "<user>q</e><assistant>"
+        );
+        let (text, usable) = skeletons
+            .full_text(&skeleton, &messages, || {
+                Ok("<user>q</e><assistant>a</e>".into())
+            })
+            .unwrap();
+        assert_eq!(
+            (text.as_str(), usable),
+            ("<user>q</e><assistant>a</e>", true)
+        );
+        assert_eq!(skeleton.checked(), 1);
+        // The real rendering differs: it is used, and skeletons no longer are.
+        let (text, usable) = skeletons
+            .full_text(&skeleton, &messages, || Ok("<user>q</e>!".into()))
+            .unwrap();
+        assert_eq!((text.as_str(), usable), ("<user>q</e>!", false));
+        assert_eq!(
+            skeletons.disabled(),
+            Some("a skeleton did not reproduce a conversation's rendering")
+        );
+        assert!(skeletons.get(&FakeRenderer, &messages).is_none());
     }
 
     #[test]
