@@ -203,15 +203,17 @@ impl ChatTokenizer {
         if self.loss_on == LossOn::Assistant && !conv.has_assistant() {
             return Err(RecordError::NoAssistant);
         }
-        let values = ChatTemplate::message_values(&conv.messages)?;
         if let Some(skeleton) = self.skeleton(conv, true) {
+            // The template's values of the messages only where something is rendered for real.
+            ChatTemplate::check_messages(&conv.messages)?;
             let (text, usable) = self.skeletons.full_text(&skeleton, &conv.messages, || {
+                let values = ChatTemplate::message_values(&conv.messages)?;
                 Ok(self.template.render(&values, false)?.text)
             })?;
-            let spans =
-                self.spans_from(&text, conv, &values, Some(&*skeleton).filter(|_| usable))?;
+            let spans = self.spans_from(&text, conv, None, Some(&*skeleton).filter(|_| usable))?;
             return self.encode(&text, &spans);
         }
+        let values = ChatTemplate::message_values(&conv.messages)?;
         let mut rendered = self.template.render(&values, false)?;
         let spans = match (self.loss_on, self.mask_method()) {
             (LossOn::All, _) => vec![],
@@ -272,7 +274,7 @@ impl ChatTokenizer {
             self.skeletons
                 .for_conversation(&self.template, &conv.messages, full)
         });
-        self.spans_from(full, conv, values, skeleton.as_deref())
+        self.spans_from(full, conv, Some(values), skeleton.as_deref())
     }
 
     // The skeleton for the turn-by-turn mask of `conv`, if `wanted` and one applies.
@@ -287,15 +289,17 @@ impl ChatTokenizer {
         self.skeletons.get(&self.template, &conv.messages)
     }
 
-    // Turn-by-turn spans with the prefixes from `skeleton`, or rendered.
+    // Turn-by-turn spans with the prefixes from `skeleton`, or rendered (from `values`, the
+    // messages' template values, built here if not given).
     fn spans_from(
         &self,
         full: &str,
         conv: &Conversation,
-        values: &[Value],
+        values: Option<&[Value]>,
         skeleton: Option<&Skeleton>,
     ) -> Result<Vec<(usize, usize)>, RecordError> {
         let roles: Vec<Role> = conv.messages.iter().map(|m| m.role).collect();
+        let mut built = None;
         turn_spans(full, &roles, &self.end_of_turn, |i, prompt| {
             if let Some(text) = skeleton.and_then(|s| s.prefix(&conv.messages, i, prompt)) {
                 return Ok(text);
@@ -303,7 +307,13 @@ impl ChatTokenizer {
             match (i, prompt) {
                 // No history: nothing rendered (transformers refuses to render an empty conversation).
                 (0, false) => Ok(String::new()),
-                _ => Ok(self.template.render(&values[..i], prompt)?.text),
+                _ => {
+                    let values = match values {
+                        Some(v) => v,
+                        None => built.insert(ChatTemplate::message_values(&conv.messages)?),
+                    };
+                    Ok(self.template.render(&values[..i], prompt)?.text)
+                }
             }
         })
     }

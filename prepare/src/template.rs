@@ -381,15 +381,31 @@ impl ChatTemplate {
         self.has_generation
     }
 
+    /// Refuses messages holding the characters that mark `{% generation %}` blocks.
+    pub fn check_messages(messages: &[Message]) -> Result<(), RecordError> {
+        let marked = |t: &str| t.contains([GEN_START, GEN_END]);
+        if messages
+            .iter()
+            .any(|m| marked(&m.content) || m.reasoning.as_deref().is_some_and(marked))
+        {
+            return Err(RecordError::Malformed(
+                "message contains U+10FFFC/U+10FFFD, which hslake reserves for generation markers"
+                    .into(),
+            ));
+        }
+        Ok(())
+    }
+
     /// The messages as the template sees them (reasoning under both names transformers uses).
     pub fn message_values(messages: &[Message]) -> Result<Vec<Value>, RecordError> {
+        Self::check_messages(messages)?;
         messages
             .iter()
             .map(|m| {
-                if m.content.contains([GEN_START, GEN_END]) || m.reasoning.as_deref().is_some_and(|r| r.contains([GEN_START, GEN_END])) {
-                    return Err(RecordError::Malformed("message contains U+10FFFC/U+10FFFD, which hslake reserves for generation markers".into()));
-                }
-                let mut pairs = vec![("role", Value::from(m.role.as_str())), ("content", Value::from(m.content.as_str()))];
+                let mut pairs = vec![
+                    ("role", Value::from(m.role.as_str())),
+                    ("content", Value::from(m.content.as_str())),
+                ];
                 if let Some(r) = &m.reasoning {
                     pairs.push(("reasoning_content", Value::from(r.as_str())));
                     pairs.push(("thinking", Value::from(r.as_str())));
