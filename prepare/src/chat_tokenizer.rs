@@ -416,11 +416,11 @@ mod tests {
         );
     }
 
-    // Every tokenization of `convs`, with skeletons and with every prefix rendered.
-    fn both_ways(
-        tok: &ChatTokenizer,
-        convs: &[Conversation],
-    ) -> (Vec<Vec<(usize, usize)>>, Vec<Vec<(usize, usize)>>) {
+    // Each conversation's assistant spans.
+    type Spans = Vec<Vec<(usize, usize)>>;
+
+    // The assistant spans of `convs`, with skeletons and with every prefix rendered.
+    fn both_ways(tok: &ChatTokenizer, convs: &[Conversation]) -> (Spans, Spans) {
         let spans = |skeletons| {
             convs
                 .iter()

@@ -460,7 +460,7 @@ impl Pattern {
         Some(Pattern { text, parts })
     }
 
-    fn field<'m>(messages: &'m [Message], message: usize, reasoning: bool) -> &'m str {
+    fn field(messages: &[Message], message: usize, reasoning: bool) -> &str {
         let m = &messages[message];
         if reasoning {
             m.reasoning.as_deref().unwrap_or_default()
