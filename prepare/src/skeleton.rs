@@ -51,7 +51,7 @@ pub const MAX_MESSAGES: usize = 32_000;
 /// Conversations per skeleton whose real rendering is compared with the filled skeleton before
 /// the filled skeleton stands for the rendering: a check on the reasoning above, not part of it.
 const CHECKED_CONVERSATIONS: u32 = 16;
-/// Role sequences whose skeletons are kept; beyond that, conversations render every prefix.
+/// Role sequences whose skeletons are kept; conversations of further ones render every prefix.
 const MAX_SKELETONS: usize = 4096;
 
 /// The skeleton's copy of a template source, or why the template does not qualify.
@@ -646,18 +646,19 @@ impl Skeletons {
             .unwrap_or_else(|e| e.into_inner())
             .get(&key)
             .cloned();
-        let skeleton = match cached {
+        match cached {
             Some(s) => s,
+            // A skeleton used once costs more than the renderings it replaces.
+            None if self.len() >= MAX_SKELETONS => None,
             None => {
                 let built = self.build(renderer, messages)?;
-                let mut map = self.by_shape.write().unwrap_or_else(|e| e.into_inner());
-                if map.len() < MAX_SKELETONS {
-                    map.insert(key, built.clone());
-                }
+                self.by_shape
+                    .write()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .insert(key, built.clone());
                 built
             }
-        }?;
-        Some(skeleton)
+        }
     }
 
     // The skeleton of `messages`' roles: `Some(None)` when its renderings fail (those
