@@ -71,18 +71,50 @@ pub fn bench_stages(model_dir: &Path, input: &Path, kwargs: &TemplateKwargs) -> 
         }
         Ok(())
     })?);
-    let mut spans = vec![];
+    let mut rendered_spans = vec![];
     out.push(timed(
-        &format!("assistant spans ({})", tok.mask_method()),
+        &format!(
+            "assistant spans ({}, every prefix rendered)",
+            tok.mask_method()
+        ),
         n,
         || {
             for (c, text) in convs.iter().zip(&texts) {
                 let values = ChatTemplate::message_values(&c.messages).map_err(record_err)?;
-                spans.push(tok.assistant_spans(text, c, &values).map_err(record_err)?);
+                rendered_spans.push(
+                    tok.assistant_spans(text, c, &values, false)
+                        .map_err(record_err)?,
+                );
             }
             Ok(())
         },
     )?);
+    let mut spans = vec![];
+    out.push(timed(
+        &format!(
+            "assistant spans ({}, {})",
+            tok.mask_method(),
+            tok.prefix_renderings()
+        ),
+        n,
+        || {
+            for (c, text) in convs.iter().zip(&texts) {
+                let values = ChatTemplate::message_values(&c.messages).map_err(record_err)?;
+                spans.push(
+                    tok.assistant_spans(text, c, &values, true)
+                        .map_err(record_err)?,
+                );
+            }
+            Ok(())
+        },
+    )?);
+    // The two ways must agree on every conversation.
+    if let Some(i) = (0..n).find(|&i| spans[i] != rendered_spans[i]) {
+        return Err(PrepareError::Input {
+            path: input.to_path_buf(),
+            message: format!("conversation {i}: filled skeletons give assistant spans {:?}, rendering every prefix {:?}", spans[i], rendered_spans[i]),
+        });
+    }
     let tokenizer = tok.tokenizer();
     let tk_err =
         |e: tokenizers::Error| record_err(crate::error::RecordError::Tokenize(e.to_string()));

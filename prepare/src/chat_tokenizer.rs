@@ -1,6 +1,7 @@
 //! One model's chat template and tokenizer, turning a conversation into `input_ids` and a loss
 //! mask equal to transformers' `apply_chat_template(..., tokenize=True)`.
 use std::path::Path;
+use std::sync::Arc;
 
 use minijinja::value::Value;
 use tokenizers::Tokenizer;
@@ -9,6 +10,7 @@ use crate::conversation::{Conversation, Role};
 use crate::encode::{EncodePath, Encoder};
 use crate::error::{PrepareError, RecordError, Result};
 use crate::mask::{token_mask, turn_spans, MaskMethod};
+use crate::skeleton::{Skeleton, Skeletons};
 use crate::template::{read_template_source, ChatTemplate};
 
 /// Which tokens the loss applies to.
@@ -50,6 +52,7 @@ pub struct ChatTokenizer {
     encoder: Encoder,
     end_of_turn: Vec<String>,
     loss_on: LossOn,
+    skeletons: Skeletons,
 }
 
 /// The variables a template gets beyond the conversation (e.g. `enable_thinking`).
@@ -140,7 +143,21 @@ impl ChatTokenizer {
             encoder,
             end_of_turn,
             loss_on,
+            skeletons: Skeletons::default(),
         })
+    }
+
+    /// How the turn-by-turn mask gets the renderings of each conversation's prefixes: from
+    /// skeletons, or by rendering every prefix and why ([`crate::skeleton`]).
+    pub fn prefix_renderings(&self) -> String {
+        if self.mask_method() == MaskMethod::GenerationMarkers {
+            return "none ({% generation %} markers)".into();
+        }
+        match (self.template.skeleton_support(), self.skeletons.disabled()) {
+            (Ok(()), None) => "filled skeletons (one rendering per role sequence)".into(),
+            (Err(why), _) => format!("every prefix rendered ({why})"),
+            (Ok(()), Some(why)) => format!("every prefix rendered ({why})"),
+        }
     }
 
     /// How the loss mask is found for this template.
@@ -186,6 +203,16 @@ impl ChatTokenizer {
         if self.loss_on == LossOn::Assistant && !conv.has_assistant() {
             return Err(RecordError::NoAssistant);
         }
+        if let Some(skeleton) = self.skeleton(conv, true) {
+            // The template's values of the messages only where something is rendered for real.
+            ChatTemplate::check_messages(&conv.messages)?;
+            let (text, usable) = self.skeletons.full_text(&skeleton, &conv.messages, || {
+                let values = ChatTemplate::message_values(&conv.messages)?;
+                Ok(self.template.render(&values, false)?.text)
+            })?;
+            let spans = self.spans_from(&text, conv, None, Some(&*skeleton).filter(|_| usable))?;
+            return self.encode(&text, &spans);
+        }
         let values = ChatTemplate::message_values(&conv.messages)?;
         let mut rendered = self.template.render(&values, false)?;
         let spans = match (self.loss_on, self.mask_method()) {
@@ -194,16 +221,19 @@ impl ChatTokenizer {
                 std::mem::take(&mut rendered.generation_spans)
             }
             (LossOn::Assistant, MaskMethod::TurnByTurn) => {
-                self.turn_spans(&rendered.text, conv, &values)?
+                self.turn_spans(&rendered.text, conv, &values, true)?
             }
         };
-        // transformers: tokenizer(rendered, add_special_tokens=False). Offsets and spans are
-        // both in bytes on character boundaries, so overlaps are those of transformers'
-        // character offsets.
-        let enc = self.encoder.encode(&self.tokenizer, &rendered.text)?;
+        self.encode(&rendered.text, &spans)
+    }
+
+    // transformers: tokenizer(rendered, add_special_tokens=False). Offsets and spans are both in
+    // bytes on character boundaries, so overlaps are those of transformers' character offsets.
+    fn encode(&self, text: &str, spans: &[(usize, usize)]) -> Result<Tokenized, RecordError> {
+        let enc = self.encoder.encode(&self.tokenizer, text)?;
         let loss_mask = match self.loss_on {
             LossOn::All => vec![1; enc.ids.len()],
-            LossOn::Assistant => token_mask(&enc.offsets, &spans),
+            LossOn::Assistant => token_mask(&enc.offsets, spans),
         };
         Ok(Tokenized {
             input_ids: enc.ids,
@@ -216,18 +246,20 @@ impl ChatTokenizer {
         &self.tokenizer
     }
 
-    /// Byte spans of the assistant's text in `full`, the rendering of `conv` (`values`).
+    /// Byte spans of the assistant's text in `full`, the rendering of `conv` (`values`);
+    /// `skeletons`: whether the turn-by-turn method may fill skeletons.
     pub(crate) fn assistant_spans(
         &self,
         full: &str,
         conv: &Conversation,
         values: &[Value],
+        skeletons: bool,
     ) -> Result<Vec<(usize, usize)>, RecordError> {
         match self.mask_method() {
             MaskMethod::GenerationMarkers => {
                 Ok(self.template.render(values, false)?.generation_spans)
             }
-            MaskMethod::TurnByTurn => self.turn_spans(full, conv, values),
+            MaskMethod::TurnByTurn => self.turn_spans(full, conv, values, skeletons),
         }
     }
 
@@ -236,13 +268,52 @@ impl ChatTokenizer {
         full: &str,
         conv: &Conversation,
         values: &[Value],
+        skeletons: bool,
+    ) -> Result<Vec<(usize, usize)>, RecordError> {
+        let skeleton = self.skeleton(conv, skeletons).and_then(|_| {
+            self.skeletons
+                .for_conversation(&self.template, &conv.messages, full)
+        });
+        self.spans_from(full, conv, Some(values), skeleton.as_deref())
+    }
+
+    // The skeleton for the turn-by-turn mask of `conv`, if `wanted` and one applies.
+    fn skeleton(&self, conv: &Conversation, wanted: bool) -> Option<Arc<Skeleton>> {
+        if !wanted
+            || self.loss_on != LossOn::Assistant
+            || self.mask_method() != MaskMethod::TurnByTurn
+            || self.template.skeleton_support().is_err()
+        {
+            return None;
+        }
+        self.skeletons.get(&self.template, &conv.messages)
+    }
+
+    // Turn-by-turn spans with the prefixes from `skeleton`, or rendered (from `values`, the
+    // messages' template values, built here if not given).
+    fn spans_from(
+        &self,
+        full: &str,
+        conv: &Conversation,
+        values: Option<&[Value]>,
+        skeleton: Option<&Skeleton>,
     ) -> Result<Vec<(usize, usize)>, RecordError> {
         let roles: Vec<Role> = conv.messages.iter().map(|m| m.role).collect();
+        let mut built = None;
         turn_spans(full, &roles, &self.end_of_turn, |i, prompt| {
+            if let Some(text) = skeleton.and_then(|s| s.prefix(&conv.messages, i, prompt)) {
+                return Ok(text);
+            }
             match (i, prompt) {
                 // No history: nothing rendered (transformers refuses to render an empty conversation).
                 (0, false) => Ok(String::new()),
-                _ => Ok(self.template.render(&values[..i], prompt)?.text),
+                _ => {
+                    let values = match values {
+                        Some(v) => v,
+                        None => built.insert(ChatTemplate::message_values(&conv.messages)?),
+                    };
+                    Ok(self.template.render(&values[..i], prompt)?.text)
+                }
             }
         })
     }
@@ -342,6 +413,145 @@ mod tests {
         assert_eq!(
             a.loss_mask,
             [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 0, 0, 0, 0, 0, 0, 1]
+        );
+    }
+
+    // Each conversation's assistant spans.
+    type Spans = Vec<Vec<(usize, usize)>>;
+
+    // The assistant spans of `convs`, with skeletons and with every prefix rendered.
+    fn both_ways(tok: &ChatTokenizer, convs: &[Conversation]) -> (Spans, Spans) {
+        let spans = |skeletons| {
+            convs
+                .iter()
+                .map(|c| {
+                    let values = ChatTemplate::message_values(&c.messages).unwrap();
+                    let full = tok.template.render(&values, false).unwrap().text;
+                    tok.assistant_spans(&full, c, &values, skeletons).unwrap()
+                })
+                .collect::<Vec<_>>()
+        };
+        let rendered = spans(false);
+        (spans(true), rendered)
+    }
+
+    fn varied() -> Vec<Conversation> {
+        let mut out = vec![];
+        for (q, a) in [("q", "hello there"), ("hi", ""), ("q q", "a \u{10FFFB}")] {
+            out.push(conv(&[(Role::User, q), (Role::Assistant, a)]));
+            out.push(conv(&[
+                (Role::System, "hi"),
+                (Role::User, q),
+                (Role::Assistant, a),
+                (Role::User, a),
+                (Role::Assistant, q),
+            ]));
+        }
+        out
+    }
+
+    #[test]
+    fn fills_one_skeleton_per_role_sequence_with_the_spans_of_rendering_every_prefix() {
+        let (_d, tok) = tokenizer(test_model::CHATML, LossOn::Assistant);
+        assert_eq!(
+            tok.prefix_renderings(),
+            "filled skeletons (one rendering per role sequence)"
+        );
+        let convs = varied();
+        let (filled, rendered) = both_ways(&tok, &convs);
+        assert_eq!(filled, rendered);
+        // Two role sequences; the conversations holding the sentinel character rendered theirs.
+        assert_eq!(tok.skeletons.len(), 2);
+        assert!(filled[1].len() == 2 && filled[0].len() == 1);
+    }
+
+    #[test]
+    fn fills_the_rendering_itself_once_a_skeleton_reproduced_its_first_conversations() {
+        let (_d1, plain) = tokenizer(test_model::CHATML, LossOn::Assistant);
+        let (_d2, marked) = tokenizer(test_model::CHATML_MARKED, LossOn::Assistant);
+        let words = ["hi", "hello", "there", "q", "a", ""];
+        for i in 0..40 {
+            let (q, a) = (words[i % 6], words[(i / 6) % 6]);
+            let c = conv(&[
+                (Role::System, a),
+                (Role::User, q),
+                (Role::Assistant, a),
+                (Role::User, a),
+                (Role::Assistant, q),
+            ]);
+            assert_eq!(
+                plain.tokenize(&c).unwrap(),
+                marked.tokenize(&c).unwrap(),
+                "conversation {i}"
+            );
+        }
+        let c = conv(&[
+            (Role::System, ""),
+            (Role::User, ""),
+            (Role::Assistant, ""),
+            (Role::User, ""),
+            (Role::Assistant, ""),
+        ]);
+        let skeleton = plain.skeleton(&c, true).unwrap();
+        assert_eq!(skeleton.checked(), 16);
+        assert_eq!(plain.skeletons.len(), 1);
+    }
+
+    #[test]
+    fn renders_every_prefix_for_templates_that_inspect_texts() {
+        // Qwen3-like: an earlier turn's reasoning is dropped, which depends on its text.
+        let qwen_like = "{% for m in messages %}{% if m.role == 'assistant' and not loop.last %}{{ '<|im_start|>assistant\n' + m.content.split('</think>')[-1] + '<|im_end|>\n' }}{% else %}{{ '<|im_start|>' + m.role + '\n' + m.content + '<|im_end|>\n' }}{% endif %}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}";
+        let (_d, tok) = tokenizer(qwen_like, LossOn::Assistant);
+        assert!(
+            tok.prefix_renderings().starts_with(
+                "every prefix rendered (line 2: a message's content is used other than printed"
+            ),
+            "{}",
+            tok.prefix_renderings()
+        );
+        let (filled, rendered) = both_ways(&tok, &varied());
+        assert_eq!(filled, rendered);
+        assert!(tok.skeletons.is_empty());
+    }
+
+    #[test]
+    fn reads_fields_of_template_data_named_like_message_texts_as_they_are() {
+        // `sys.content` is the template's own text, printed only after the generation prompt:
+        // a skeleton that read it as a message's would get every prompted prefix wrong.
+        let data = "{% set sys = {'content': 'hello'} %}{% for m in messages %}{{ '<|im_start|>' + m.role + '\\n' + m.content + '<|im_end|>\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' + sys['content'] }}{% endif %}";
+        let (_d, tok) = tokenizer(data, LossOn::Assistant);
+        assert_eq!(
+            tok.prefix_renderings(),
+            "filled skeletons (one rendering per role sequence)"
+        );
+        let (filled, rendered) = both_ways(&tok, &varied());
+        assert_eq!(filled, rendered);
+        assert_eq!(tok.skeletons.len(), 2);
+    }
+
+    #[test]
+    fn stops_filling_skeletons_once_a_rendering_lists_a_message() {
+        // The syntax tree cannot tell that `items` reaches the text; the skeleton's message can.
+        let listing = "{% for m in messages %}{{ '<|im_start|>' + m.role + '\n' + m.content + '<|im_end|>\n' }}{% if m | items | list | length > 9 %}!{% endif %}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}";
+        let (_d, tok) = tokenizer(listing, LossOn::Assistant);
+        assert_eq!(
+            tok.prefix_renderings(),
+            "filled skeletons (one rendering per role sequence)"
+        );
+        let (filled, rendered) = both_ways(&tok, &varied());
+        assert_eq!(filled, rendered);
+        assert_eq!(
+            tok.prefix_renderings(),
+            "every prefix rendered (a message's fields are listed (items(), tojson, iteration))"
+        );
+        assert!(tok.skeletons.is_empty());
+        // A computed name reaches the text too.
+        let computed = listing.replace("m | items | list | length > 9", "m['con' ~ 'tent'] == 'x'");
+        let (_d, tok) = tokenizer(&computed, LossOn::Assistant);
+        assert_eq!(both_ways(&tok, &varied()).0, both_ways(&tok, &varied()).1);
+        assert_eq!(
+            tok.prefix_renderings(),
+            "every prefix rendered (a message's content is read by a computed name)"
         );
     }
 

@@ -23,6 +23,7 @@ pub mod mask;
 pub mod output;
 pub mod pipeline;
 pub mod regenerate;
+pub mod skeleton;
 pub mod source;
 pub mod template;
 

@@ -24,7 +24,11 @@ pub struct ChatTemplate {
     pub source_path: PathBuf,
     has_generation: bool,
     globals: Arc<[(String, Value)]>,
+    // Whether the skeleton copy (`SKELETON`) was compiled, or why the template does not qualify.
+    skeleton: Result<(), String>,
 }
+
+const SKELETON: &str = "chat_template_skeleton";
 
 // The variables of one rendering, looked up by name: the turn-by-turn mask renders several
 // times per conversation, and building a map of every variable each time was a measurable part.
@@ -313,11 +317,23 @@ impl ChatTemplate {
                 path: source.path.clone(),
                 message: e.to_string(),
             })?;
-        env.set_syntax(syntax);
+        env.set_syntax(syntax.clone());
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
         env.add_filter("tojson", tojson);
         env.add_function("raise_exception", raise_exception);
         env.add_function("strftime_now", strftime_now);
+        env.add_test("hslake_skeleton_message", |v: Value| {
+            crate::skeleton::is_skeleton_message(&v)
+        });
+        // Only the turn-by-turn mask renders prefixes; generation markers need none.
+        let skeleton = if has_generation {
+            Err("the template has {% generation %} markers".to_string())
+        } else {
+            crate::skeleton::analyze(&text, syntax.clone()).and_then(|copy| {
+                env.add_template_owned(SKELETON, copy)
+                    .map_err(|e| format!("the skeleton copy does not compile: {e:#}"))
+            })
+        };
         env.add_template_owned("chat_template", text).map_err(|e| {
             PrepareError::TemplateSyntax {
                 path: source.path.clone(),
@@ -333,12 +349,31 @@ impl ChatTemplate {
             globals.retain(|(g, _)| g != k);
             globals.push((k.clone(), json_value(v)));
         }
+        // A sentinel printed by the template itself would be taken for a message's text.
+        let skeleton = skeleton.and_then(|()| {
+            match globals
+                .iter()
+                .find(|(_, v)| v.to_string().contains(crate::skeleton::SENTINEL))
+            {
+                Some((k, _)) => Err(format!(
+                    "the template variable {k} contains hslake's sentinel character U+10FFFB"
+                )),
+                None => Ok(()),
+            }
+        });
         Ok(ChatTemplate {
             env,
             source_path: source.path.clone(),
             has_generation,
             globals: globals.into(),
+            skeleton,
         })
+    }
+
+    /// Whether the turn-by-turn mask may fill skeletons instead of rendering every prefix
+    /// ([`crate::skeleton`]), or why not.
+    pub fn skeleton_support(&self) -> Result<(), &str> {
+        self.skeleton.as_ref().map(|_| ()).map_err(String::as_str)
     }
 
     /// Whether the template marks the assistant's text with `{% generation %}`.
@@ -346,15 +381,31 @@ impl ChatTemplate {
         self.has_generation
     }
 
+    /// Refuses messages holding the characters that mark `{% generation %}` blocks.
+    pub fn check_messages(messages: &[Message]) -> Result<(), RecordError> {
+        let marked = |t: &str| t.contains([GEN_START, GEN_END]);
+        if messages
+            .iter()
+            .any(|m| marked(&m.content) || m.reasoning.as_deref().is_some_and(marked))
+        {
+            return Err(RecordError::Malformed(
+                "message contains U+10FFFC/U+10FFFD, which hslake reserves for generation markers"
+                    .into(),
+            ));
+        }
+        Ok(())
+    }
+
     /// The messages as the template sees them (reasoning under both names transformers uses).
     pub fn message_values(messages: &[Message]) -> Result<Vec<Value>, RecordError> {
+        Self::check_messages(messages)?;
         messages
             .iter()
             .map(|m| {
-                if m.content.contains([GEN_START, GEN_END]) || m.reasoning.as_deref().is_some_and(|r| r.contains([GEN_START, GEN_END])) {
-                    return Err(RecordError::Malformed("message contains U+10FFFC/U+10FFFD, which hslake reserves for generation markers".into()));
-                }
-                let mut pairs = vec![("role", Value::from(m.role.as_str())), ("content", Value::from(m.content.as_str()))];
+                let mut pairs = vec![
+                    ("role", Value::from(m.role.as_str())),
+                    ("content", Value::from(m.content.as_str())),
+                ];
                 if let Some(r) = &m.reasoning {
                     pairs.push(("reasoning_content", Value::from(r.as_str())));
                     pairs.push(("thinking", Value::from(r.as_str())));
@@ -370,18 +421,7 @@ impl ChatTemplate {
         messages: &[Value],
         add_generation_prompt: bool,
     ) -> Result<Rendered, RecordError> {
-        let tmpl = self
-            .env
-            .get_template("chat_template")
-            .map_err(|e| RecordError::Template(e.to_string()))?;
-        let vars = RenderVars {
-            globals: self.globals.clone(),
-            messages: Value::from(messages),
-            add_generation_prompt,
-        };
-        let raw = tmpl
-            .render(Value::from_object(vars))
-            .map_err(|e| RecordError::Template(template_error_text(&e)))?;
+        let raw = self.render_named("chat_template", messages, add_generation_prompt)?;
         if self.has_generation {
             split_markers(&raw)
         } else {
@@ -390,6 +430,33 @@ impl ChatTemplate {
                 generation_spans: vec![],
             })
         }
+    }
+}
+
+impl ChatTemplate {
+    fn render_named(
+        &self,
+        name: &str,
+        messages: &[Value],
+        add_generation_prompt: bool,
+    ) -> Result<String, RecordError> {
+        let tmpl = self
+            .env
+            .get_template(name)
+            .map_err(|e| RecordError::Template(e.to_string()))?;
+        let vars = RenderVars {
+            globals: self.globals.clone(),
+            messages: Value::from(messages),
+            add_generation_prompt,
+        };
+        tmpl.render(Value::from_object(vars))
+            .map_err(|e| RecordError::Template(template_error_text(&e)))
+    }
+}
+
+impl crate::skeleton::SkeletonRenderer for ChatTemplate {
+    fn render_skeleton(&self, messages: &[Value], prompt: bool) -> Result<String, RecordError> {
+        self.render_named(SKELETON, messages, prompt)
     }
 }
 

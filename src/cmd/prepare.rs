@@ -128,7 +128,7 @@ pub async fn run(a: Args) -> Result<std::process::ExitCode> {
         None => Default::default(),
     };
     let tok = Arc::new(ChatTokenizer::from_model_dir(&a.model, a.loss_on, &kwargs)?);
-    tracing::info!(model = %a.model.display(), mask = %tok.mask_method(), encode = %tok.encode_path(), loss_on = ?a.loss_on, end_of_turn = ?tok.end_of_turn(), "loaded chat template and tokenizer");
+    tracing::info!(model = %a.model.display(), mask = %tok.mask_method(), prefixes = %tok.prefix_renderings(), encode = %tok.encode_path(), loss_on = ?a.loss_on, end_of_turn = ?tok.end_of_turn(), "loaded chat template and tokenizer");
     let format = a.format.unwrap_or_else(|| FileFormat::of_path(&a.output));
     let fetched = tempfile::tempdir().context("cannot create a temporary directory")?;
     let input = fetch_input(&a.input, fetched.path()).await?;
