@@ -20,8 +20,10 @@
 //!
 //! Given both, a real rendering takes the same path through the template as the skeleton
 //! rendering of the same roles and prints the same text with each sentinel replaced by the
-//! message's text. Every conversation is still rendered once for real, and a skeleton that does
-//! not reproduce that rendering byte for byte sends the conversation down the per-prefix path.
+//! message's text. As a check on that reasoning, the first conversations of each skeleton are
+//! also rendered for real; a skeleton that does not reproduce one byte for byte turns skeletons
+//! off for the run (warned), and one that reproduces them all stands for the real rendering of
+//! the conversations after them.
 use std::ops::Range;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, RwLock};

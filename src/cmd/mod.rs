@@ -102,6 +102,7 @@ pub fn human_bytes(b: u64) -> String {
 }
 
 /// The bearer token on the first line of `path`, trimmed; an empty one is refused.
+#[cfg(any(feature = "capture", feature = "sql"))]
 pub fn read_token_file(path: &Path) -> anyhow::Result<String> {
     let text = std::fs::read_to_string(path)
         .with_context(|| format!("reading token file {}", path.display()))?;
