@@ -22,10 +22,7 @@ pub mod synth;
 pub mod vacuum;
 pub mod verify;
 
-use std::path::Path;
 use std::time::Duration;
-
-use anyhow::{bail, Context};
 
 use indicatif::{ProgressBar, ProgressStyle};
 
@@ -103,7 +100,8 @@ pub fn human_bytes(b: u64) -> String {
 
 /// The bearer token on the first line of `path`, trimmed; an empty one is refused.
 #[cfg(any(feature = "capture", feature = "sql"))]
-pub fn read_token_file(path: &Path) -> anyhow::Result<String> {
+pub fn read_token_file(path: &std::path::Path) -> anyhow::Result<String> {
+    use anyhow::{bail, Context};
     let text = std::fs::read_to_string(path)
         .with_context(|| format!("reading token file {}", path.display()))?;
     let token = text.lines().next().unwrap_or("").trim().to_string();
