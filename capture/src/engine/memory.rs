@@ -48,9 +48,9 @@ impl MemoryNeed {
     /// layer runs (INT4 codes pass through int32 first), so `2 * largest * (8 + e)` bytes for
     /// the largest quantized matrix, doubled for a fused gate|up pair. With `grouped_experts`
     /// (`--moe-kernel grouped`) a layer's quantized experts are dequantized as one stack: the
-    /// largest layer's quantized expert values in the compute dtype, plus one dequantization
-    /// chunk's temporaries (int32 codes and the compute-dtype copy); the larger of the two
-    /// counts.
+    /// largest layer's quantized expert values in the compute dtype, plus the temporaries of one
+    /// dequantization chunk (or of the whole stack, if smaller) at `4 + e` bytes a value; the
+    /// larger of the two counts.
     pub fn estimate(
         specs: &[TensorSpec],
         tokens: usize,
@@ -85,8 +85,11 @@ impl MemoryNeed {
                 }
             }
         }
+        // A stack smaller than one chunk is dequantized in one go: its temporaries are its own size.
         let stack_scratch = match stacks.values().max() {
-            Some(&values) => values * e + crate::quant::DEQUANTIZE_CHUNK as u64 * (4 + e),
+            Some(&values) => {
+                values * e + values.min(crate::quant::DEQUANTIZE_CHUNK as u64) * (4 + e)
+            }
             None => 0,
         };
         let h = hidden as u64;
@@ -202,7 +205,7 @@ mod tests {
             name: name.into(),
             ..spec(local, kind, false)
         };
-        // Layer 1 has two INT4 experts of [2048, 512] (64 words a row), layer 2 one.
+        // Layer 1 has four INT4 experts of [2048, 512] (64 words a row), layer 2 one.
         let expert = |l: usize, j: usize| {
             named(
                 &format!("model.layers.{l}.mlp.experts.{j}.down_proj.weight_packed"),
@@ -210,14 +213,21 @@ mod tests {
                 Kind::Int,
             )
         };
-        let specs = [expert(1, 0), expert(1, 1), expert(2, 0)];
+        let specs = [
+            expert(1, 0),
+            expert(1, 1),
+            expert(1, 2),
+            expert(1, 3),
+            expert(2, 0),
+        ];
         let e = 2u64;
         let looped = MemoryNeed::estimate(&specs, 1, 1, 64, Kind::BFloat16, false);
         assert_eq!(looped.fixed, 2 * 2048 * 512 * (8 + e) + RESERVE_BYTES);
         let grouped = MemoryNeed::estimate(&specs, 1, 1, 64, Kind::BFloat16, true);
+        // Layer 1's stack (4 M values) is smaller than a chunk: its temporaries are its own size.
         assert_eq!(
             grouped.fixed,
-            2 * 2048 * 512 * e + crate::quant::DEQUANTIZE_CHUNK as u64 * (4 + e) + RESERVE_BYTES
+            4 * 2048 * 512 * e + 4 * 2048 * 512 * (4 + e) + RESERVE_BYTES
         );
     }
 
