@@ -263,6 +263,14 @@ mod tests {
         plan.picks_from(from).map(|p| off[p.unit] + p.row).collect()
     }
 
+    /// The whole epoch's order for `key` in `mode`: one rank, one worker, from the start.
+    fn whole_order(key: [u64; 3], mode: Mode) -> Vec<u64> {
+        ids(
+            &EpochPlan::new(units(&SIZES), Some(key), mode, one(0, 1), Remainder::Pad),
+            0,
+        )
+    }
+
     const SIZES: [u64; 7] = [5, 3, 8, 1, 6, 4, 6]; // 33 samples
 
     #[test]
@@ -279,36 +287,9 @@ mod tests {
 
     #[test]
     fn shuffled_epoch_is_a_permutation_that_changes_with_epoch_and_seed() {
-        let a = ids(
-            &EpochPlan::new(
-                units(&SIZES),
-                Some([1, 0, 0]),
-                Mode::Window(2),
-                one(0, 1),
-                Remainder::Pad,
-            ),
-            0,
-        );
-        let b = ids(
-            &EpochPlan::new(
-                units(&SIZES),
-                Some([1, 1, 0]),
-                Mode::Window(2),
-                one(0, 1),
-                Remainder::Pad,
-            ),
-            0,
-        );
-        let c = ids(
-            &EpochPlan::new(
-                units(&SIZES),
-                Some([2, 0, 0]),
-                Mode::Window(2),
-                one(0, 1),
-                Remainder::Pad,
-            ),
-            0,
-        );
+        let a = whole_order([1, 0, 0], Mode::Window(2));
+        let b = whole_order([1, 1, 0], Mode::Window(2));
+        let c = whole_order([2, 0, 0], Mode::Window(2));
         assert_eq!(a.iter().copied().collect::<BTreeSet<_>>().len(), 33);
         assert_eq!(a.len(), 33);
         assert_ne!(a, (0..33).collect::<Vec<_>>());
@@ -320,26 +301,8 @@ mod tests {
     fn shuffled_order_is_pinned_across_machines() {
         // The exact order for one key, computed once; a change here breaks resume across
         // versions of hslake and must be deliberate.
-        let a = ids(
-            &EpochPlan::new(
-                units(&SIZES),
-                Some([7, 0, 0]),
-                Mode::Window(2),
-                one(0, 1),
-                Remainder::Pad,
-            ),
-            0,
-        );
-        let again = ids(
-            &EpochPlan::new(
-                units(&SIZES),
-                Some([7, 0, 0]),
-                Mode::Window(2),
-                one(0, 1),
-                Remainder::Pad,
-            ),
-            0,
-        );
+        let a = whole_order([7, 0, 0], Mode::Window(2));
+        let again = whole_order([7, 0, 0], Mode::Window(2));
         assert_eq!(a, again);
         assert_eq!(&a[..8], &PINNED[..]);
     }
@@ -451,18 +414,7 @@ mod tests {
 
     #[test]
     fn sample_order_is_a_permutation_that_changes_with_epoch_seed_and_segment() {
-        let order = |key: [u64; 3]| {
-            ids(
-                &EpochPlan::new(
-                    units(&SIZES),
-                    Some(key),
-                    Mode::Sample,
-                    one(0, 1),
-                    Remainder::Pad,
-                ),
-                0,
-            )
-        };
+        let order = |key: [u64; 3]| whole_order(key, Mode::Sample);
         let a = order([1, 0, 0]);
         assert_eq!(a.iter().copied().collect::<BTreeSet<_>>().len(), 33);
         assert_eq!(a.len(), 33);
@@ -471,16 +423,7 @@ mod tests {
             assert_ne!(a, order(other), "{other:?}");
         }
         assert_eq!(a, order([1, 0, 0]));
-        let window = ids(
-            &EpochPlan::new(
-                units(&SIZES),
-                Some([1, 0, 0]),
-                Mode::Window(2),
-                one(0, 1),
-                Remainder::Pad,
-            ),
-            0,
-        );
+        let window = whole_order([1, 0, 0], Mode::Window(2));
         assert_ne!(a, window);
         let unkeyed = EpochPlan::new(units(&SIZES), None, Mode::Sample, one(0, 1), Remainder::Pad);
         assert_eq!(ids(&unkeyed, 0), (0..33).collect::<Vec<_>>());
@@ -489,16 +432,7 @@ mod tests {
     #[test]
     fn sample_order_is_pinned_across_machines() {
         // As for the window order: a change here breaks resume across versions of hslake.
-        let a = ids(
-            &EpochPlan::new(
-                units(&SIZES),
-                Some([7, 0, 0]),
-                Mode::Sample,
-                one(0, 1),
-                Remainder::Pad,
-            ),
-            0,
-        );
+        let a = whole_order([7, 0, 0], Mode::Sample);
         assert_eq!(&a[..8], &PINNED_SAMPLE[..]);
     }
     const PINNED_SAMPLE: [u64; 8] = [7, 26, 17, 9, 15, 30, 13, 21];
