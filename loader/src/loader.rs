@@ -228,9 +228,17 @@ impl Loader {
 
     /// Samples this reader visits per epoch of the pinned version (after padding or dropping).
     pub fn samples_per_epoch(&self) -> u64 {
-        self.inner
-            .plan(units_of(self.manifest(), None), 0, self.inner.version)
-            .len()
+        // The length does not depend on the order, and an unkeyed plan holds no permutation
+        // (a sample-shuffled one holds 8 bytes a sample).
+        let c = &self.inner.config;
+        EpochPlan::new(
+            units_of(self.manifest(), None),
+            None,
+            Mode::Window(1),
+            self.inner.part(),
+            c.remainder,
+        )
+        .len()
     }
 
     /// Start streaming batches from `state` (which must come from this configuration); must be
@@ -285,14 +293,20 @@ enum Msg {
 }
 
 impl Inner {
-    fn plan(&self, units: Vec<Unit>, epoch: u64, segment: u64) -> EpochPlan {
+    /// Who reads: this configuration's rank and worker.
+    fn part(&self) -> Part {
         let c = &self.config;
-        let part = Part {
+        Part {
             rank: c.rank,
             world_size: c.world_size,
             worker: c.worker,
             num_workers: c.num_workers,
-        };
+        }
+    }
+
+    fn plan(&self, units: Vec<Unit>, epoch: u64, segment: u64) -> EpochPlan {
+        let c = &self.config;
+        let part = self.part();
         let mode = match c.shuffle_mode {
             ShuffleMode::Window => Mode::Window(c.shuffle_window),
             ShuffleMode::Sample => Mode::Sample,
