@@ -199,15 +199,12 @@ fn flip_value(dir: &Path, column: &str, id: u64) -> (String, hslake_store::tools
     panic!("no shard holds sample {id}");
 }
 
-#[test]
-fn a_flipped_byte_in_a_tensor_value_is_named_by_sql_export_and_verify() {
-    let tmp = tempfile::tempdir().unwrap();
-    let dir = tmp.path().join("ds");
-    let url = format!("file://{}", dir.display());
-    // Layers 1, 3, 4 and 7 of 8: what the speculators preset takes.
+/// 12 samples with layers 1, 3, 4 and 7 of 8 (what the speculators preset takes), row groups
+/// as small as the writer makes them (`--row-group-mb 0`), for the corruption tests.
+fn synth_for_corruption(url: &str) {
     let o = hslake(&[
         "synth",
-        &url,
+        url,
         "--samples",
         "12",
         "--seq-len",
@@ -224,6 +221,14 @@ fn a_flipped_byte_in_a_tensor_value_is_named_by_sql_export_and_verify() {
         "0",
     ]);
     assert!(o.status.success(), "{}", stderr(&o));
+}
+
+#[test]
+fn a_flipped_byte_in_a_tensor_value_is_named_by_sql_export_and_verify() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("ds");
+    let url = format!("file://{}", dir.display());
+    synth_for_corruption(&url);
     let out = |name: &str| tmp.path().join(name).display().to_string();
     let norms = "SELECT sample_id, tensor_norm(layer_3) AS n FROM samples ORDER BY sample_id";
     let run_all = |tag: &str| {
@@ -308,25 +313,7 @@ fn a_flipped_byte_in_input_ids_is_named_by_sql_export_and_verify() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("ds");
     let url = format!("file://{}", dir.display());
-    let o = hslake(&[
-        "synth",
-        &url,
-        "--samples",
-        "12",
-        "--seq-len",
-        "4:20",
-        "--hidden",
-        "32",
-        "--layers",
-        "1,3,4,7",
-        "--num-layers",
-        "8",
-        "--seed",
-        "5",
-        "--row-group-mb",
-        "0",
-    ]);
-    assert!(o.status.success(), "{}", stderr(&o));
+    synth_for_corruption(&url);
     // A bit in the zstd-compressed input_ids pages that still decompresses, to other ids:
     // Parquet itself cannot see it.
     let shard = shards(&dir).remove(0);

@@ -1496,17 +1496,34 @@ mod tests {
         ]
     }
 
+    /// Every batch of one epoch in each of [`corrupt_cases`], read before anything is corrupted.
+    async fn clean_runs(url: &str) -> Vec<Vec<Batch>> {
+        let mut clean = vec![];
+        for c in corrupt_cases() {
+            let l = Loader::open(url, c).await.unwrap();
+            clean.push(collect(&l, &l.initial_state(), None).await.0);
+        }
+        clean
+    }
+
+    /// The first error an epoch streams, if any.
+    async fn first_error(l: &Loader) -> Option<String> {
+        let mut s = l.stream(&l.initial_state()).unwrap();
+        while let Some(b) = s.next().await {
+            if let Err(e) = b {
+                return Some(e.to_string());
+            }
+        }
+        None
+    }
+
     #[tokio::test]
     async fn a_flipped_byte_in_a_tensor_value_fails_naming_file_row_group_and_sample_or_is_skipped()
     {
         let dir = tempfile::tempdir().unwrap();
         let url = format!("file://{}", dir.path().display());
         make(&url, 30).await;
-        let mut clean = vec![];
-        for c in corrupt_cases() {
-            let l = Loader::open(&url, c.clone()).await.unwrap();
-            clean.push(collect(&l, &l.initial_state(), None).await.0);
-        }
+        let clean = clean_runs(&url).await;
         let l = Loader::open(&url, corrupt_cases()[0].clone())
             .await
             .unwrap();
@@ -1523,15 +1540,9 @@ mod tests {
             let mode = c.shuffle_mode;
             let l = Loader::open(&url, c.clone()).await.unwrap();
             // The file still parses; the value's checksum (or its frames) give it away.
-            let mut s = l.stream(&l.initial_state()).unwrap();
-            let mut err = None;
-            while let Some(b) = s.next().await {
-                if let Err(e) = b {
-                    err = Some(e.to_string());
-                    break;
-                }
-            }
-            let err = err.expect("a flipped value is an error by default");
+            let err = first_error(&l)
+                .await
+                .expect("a flipped value is an error by default");
             // The row of its row group, also where only some rows of it were read.
             let site = format!(
                 "{rel}: row group {}: row {} (sample {victim}) layer_1: ",
@@ -1586,11 +1597,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let url = format!("file://{}", dir.path().display());
         make(&url, 30).await;
-        let mut clean = vec![];
-        for c in corrupt_cases() {
-            let l = Loader::open(&url, c.clone()).await.unwrap();
-            clean.push(collect(&l, &l.initial_state(), None).await.0);
-        }
+        let clean = clean_runs(&url).await;
         let l = Loader::open(&url, corrupt_cases()[0].clone())
             .await
             .unwrap();
@@ -1600,15 +1607,9 @@ mod tests {
         for (c, clean) in corrupt_cases().into_iter().zip(clean) {
             let mode = c.shuffle_mode;
             let l = Loader::open(&url, c.clone()).await.unwrap();
-            let mut s = l.stream(&l.initial_state()).unwrap();
-            let mut err = None;
-            while let Some(b) = s.next().await {
-                if let Err(e) = b {
-                    err = Some(e.to_string());
-                    break;
-                }
-            }
-            let err = err.expect("a flipped token is an error by default");
+            let err = first_error(&l)
+                .await
+                .expect("a flipped token is an error by default");
             let site = format!(
                 "{rel}: row group {}: row {} (sample {}) input_ids/loss_mask: corrupt tokens: ",
                 flip.row_group, flip.row, flip.sample_id
