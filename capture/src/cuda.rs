@@ -34,7 +34,44 @@ extern "C" {
     fn cudaMemGetInfo(free: *mut usize, total: *mut usize) -> c_int;
     fn cudaHostRegister(ptr: *mut c_void, size: usize, flags: u32) -> c_int;
     fn cudaHostUnregister(ptr: *mut c_void) -> c_int;
+    fn cudaDeviceGetAttribute(value: *mut c_int, attr: c_int, device: c_int) -> c_int;
+    fn cudaLibraryLoadData(
+        library: *mut *mut c_void,
+        code: *const c_void,
+        jit_options: *mut c_int,
+        jit_values: *mut *mut c_void,
+        jit_count: u32,
+        library_options: *mut c_int,
+        library_values: *mut *mut c_void,
+        library_count: u32,
+    ) -> c_int;
+    fn cudaLibraryGetKernel(
+        kernel: *mut *mut c_void,
+        library: *mut c_void,
+        name: *const c_char,
+    ) -> c_int;
+    fn cudaLaunchKernel(
+        func: *const c_void,
+        grid: Dim3,
+        block: Dim3,
+        args: *mut *mut c_void,
+        shared_mem: usize,
+        stream: CudaStream,
+    ) -> c_int;
 }
+
+/// CUDA's `dim3`, passed by value to `cudaLaunchKernel`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct Dim3 {
+    x: u32,
+    y: u32,
+    z: u32,
+}
+
+const ATTR_COMPUTE_CAPABILITY_MAJOR: c_int = 75;
+const ATTR_COMPUTE_CAPABILITY_MINOR: c_int = 76;
+const ATTR_MULTIPROCESSOR_COUNT: c_int = 16;
 
 fn check(code: c_int, what: &str) -> Result<()> {
     if code == 0 {
@@ -64,6 +101,119 @@ pub fn free_memory(device: usize) -> Result<u64> {
         "cudaMemGetInfo",
     )?;
     Ok(free as u64)
+}
+
+fn attribute(device: usize, attr: c_int, what: &str) -> Result<i32> {
+    let mut v = 0;
+    // SAFETY: `v` is a valid out-pointer; the attribute code is one of the runtime's.
+    check(
+        unsafe { cudaDeviceGetAttribute(&mut v, attr, device as c_int) },
+        what,
+    )?;
+    Ok(v)
+}
+
+/// GPU `device`'s compute capability, e.g. `(9, 0)` for an H100/H200.
+pub fn compute_capability(device: usize) -> Result<(i32, i32)> {
+    let what = "cudaDeviceGetAttribute(compute capability)";
+    Ok((
+        attribute(device, ATTR_COMPUTE_CAPABILITY_MAJOR, what)?,
+        attribute(device, ATTR_COMPUTE_CAPABILITY_MINOR, what)?,
+    ))
+}
+
+/// How many streaming multiprocessors GPU `device` has.
+pub fn multiprocessors(device: usize) -> Result<u32> {
+    Ok(attribute(
+        device,
+        ATTR_MULTIPROCESSOR_COUNT,
+        "cudaDeviceGetAttribute(SM count)",
+    )? as u32)
+}
+
+/// Kernels compiled from PTX, loaded with the runtime's context-independent loading: one
+/// handle serves every GPU of the process (each loads the code when it first runs a kernel),
+/// and lives as long as the process.
+pub struct Library(*mut c_void);
+
+// SAFETY: a cudaLibrary_t is not tied to a thread or context; the runtime synchronises its use.
+unsafe impl Send for Library {}
+// SAFETY: as above; loading kernels from it and launching them are thread-safe runtime calls.
+unsafe impl Sync for Library {}
+
+impl Library {
+    /// Loads NUL-terminated PTX text.
+    pub fn load(ptx: &CStr) -> Result<Self> {
+        let mut lib = std::ptr::null_mut();
+        // SAFETY: `ptx` is NUL-terminated and outlives the call; no options are passed.
+        check(
+            unsafe {
+                cudaLibraryLoadData(
+                    &mut lib,
+                    ptx.as_ptr().cast(),
+                    std::ptr::null_mut(),
+                    std::ptr::null_mut(),
+                    0,
+                    std::ptr::null_mut(),
+                    std::ptr::null_mut(),
+                    0,
+                )
+            },
+            "cudaLibraryLoadData",
+        )?;
+        Ok(Library(lib))
+    }
+
+    /// The `extern "C"` kernel `name`.
+    pub fn kernel(&self, name: &CStr) -> Result<Kernel> {
+        let mut k = std::ptr::null_mut();
+        // SAFETY: `k` is a valid out-pointer, `self.0` a loaded library, `name` NUL-terminated.
+        check(
+            unsafe { cudaLibraryGetKernel(&mut k, self.0, name.as_ptr()) },
+            "cudaLibraryGetKernel",
+        )?;
+        Ok(Kernel(k))
+    }
+}
+
+/// One kernel of a [`Library`].
+pub struct Kernel(*mut c_void);
+
+// SAFETY: a cudaKernel_t is context-independent and may be launched from any thread.
+unsafe impl Send for Kernel {}
+// SAFETY: as above.
+unsafe impl Sync for Kernel {}
+
+impl Kernel {
+    /// Queues the kernel on GPU `device` on the legacy default stream, which libtorch computes
+    /// on, so it runs after the work that produced its inputs and before the work that reads its
+    /// outputs.
+    ///
+    /// # Safety
+    /// `args` must point at values of exactly the kernel's parameter types, in order, and every
+    /// device pointer among them must stay valid until the stream has run the kernel (tensors
+    /// the caching allocator only reuses for later work on this same stream are).
+    pub unsafe fn launch(
+        &self,
+        device: usize,
+        blocks: u32,
+        threads: u32,
+        args: &mut [*mut c_void],
+    ) -> Result<()> {
+        set_device(device)?;
+        let dim = |x| Dim3 { x, y: 1, z: 1 };
+        check(
+            cudaLaunchKernel(
+                self.0.cast_const(),
+                dim(blocks),
+                dim(threads),
+                args.as_mut_ptr(),
+                0,
+                std::ptr::null_mut(),
+            ),
+            "cudaLaunchKernel",
+        )
+    }
 }
 
 /// A CUDA event; owned by one thread (raw pointers keep it `!Send`).

@@ -181,6 +181,7 @@ fn run_rank(
         norm: e.norm,
         reduce: e.tp_reduce,
         moe: e.moe,
+        dequant: e.dequant,
     };
     let model = config.load(&ctx)?;
     sync(device);
@@ -282,4 +283,127 @@ mod tests {
         let e = prefill(&opts).unwrap_err().to_string();
         assert!(e.contains("got 0, 8, 1"), "{e}");
     }
+}
+
+/// One comparison of [`dequant_check`].
+#[derive(Debug, Clone)]
+pub struct DequantCase {
+    /// What was dequantized, e.g. `fp8 [16384, 7168] block 128x128 -> BFloat16`.
+    pub what: String,
+    /// Milliseconds per matrix, fused kernel.
+    pub fused_ms: f64,
+    /// Milliseconds per matrix, PyTorch operations.
+    pub torch_ms: f64,
+    /// Bytes read and written per matrix by an ideal single pass, over the fused time: GB/s.
+    pub fused_gb_per_s: f64,
+    /// Whether both gave the same bits.
+    pub identical: bool,
+}
+
+/// The fused dequantization kernels against the PyTorch formulation on GPU 0: same bits for
+/// every output dtype, FP8 with whole and partial tiles, INT4 with groups of 32 and 128, a
+/// stack of experts; and the time of each (`iters` timed runs after a warm-up).
+pub fn dequant_check(iters: usize) -> Result<Vec<DequantCase>> {
+    use crate::load::DequantKernel;
+    use crate::quant::Weight;
+    if !tch::Cuda::is_available() {
+        return Err(CaptureError::Cuda("CUDA is not available".into()));
+    }
+    let dev = Device::Cuda(0);
+    tch::manual_seed(7);
+    let fp8 = |shape: &[i64]| -> Result<Tensor> {
+        let codes =
+            Tensor::f_randint_low(0, 256, shape, (Kind::Int, dev))?.f_to_kind(Kind::Uint8)?;
+        // NaN codes (S.1111.111) would compare unequal to themselves; every other code is kept.
+        let nan = codes.f_bitwise_and(0x7f)?.f_eq(0x7f)?;
+        Ok(codes
+            .f_masked_fill(&nan, 0)?
+            .f_view_dtype(Kind::Float8e4m3fn)?)
+    };
+    let scales = |shape: &[i64]| -> Result<Tensor> {
+        Ok((Tensor::f_rand(shape, (Kind::Float, dev))? + 0.5) * 1e-2)
+    };
+    let mut cases = vec![];
+    for kind in [Kind::BFloat16, Kind::Half, Kind::Float] {
+        // (what, the fused kernel's weight, the PyTorch path's, values)
+        let mut weights: Vec<(String, Weight, Weight, i64)> = vec![];
+        for shape in [vec![16384i64, 7168], vec![576, 7168], vec![8, 4096, 7168]] {
+            let w = fp8(&shape)?;
+            let mut grid = shape.clone();
+            let n = grid.len();
+            grid[n - 2] = (grid[n - 2] + 127) / 128;
+            grid[n - 1] = (grid[n - 1] + 127) / 128;
+            let s = scales(&grid)?;
+            let values: i64 = shape.iter().product();
+            let make = |dequant| Weight::Fp8 {
+                weight: w.shallow_clone(),
+                scale_inv: s.shallow_clone(),
+                block: [128, 128],
+                kind,
+                dequant,
+            };
+            weights.push((
+                format!("fp8 {shape:?} block 128x128 -> {kind:?}"),
+                make(DequantKernel::Fused),
+                make(DequantKernel::Torch),
+                values,
+            ));
+        }
+        for (shape, group) in [([16384i64, 7168], 32), ([4096, 7168], 128)] {
+            let packed = Tensor::f_randint_low(
+                i32::MIN as i64,
+                i32::MAX as i64,
+                [shape[0], shape[1] / 8],
+                (Kind::Int, dev),
+            )?;
+            let s = scales(&[shape[0], shape[1] / group])?;
+            let make = |dequant| Weight::Int4 {
+                packed: packed.shallow_clone(),
+                scale: s.shallow_clone(),
+                group,
+                kind,
+                dequant,
+            };
+            weights.push((
+                format!("int4 {shape:?} group {group} -> {kind:?}"),
+                make(DequantKernel::Fused),
+                make(DequantKernel::Torch),
+                shape[0] * shape[1],
+            ));
+        }
+        for (what, fused, torch, values) in weights {
+            let bits = |t: &Tensor| {
+                t.f_view_dtype(if kind == Kind::Float {
+                    Kind::Int
+                } else {
+                    Kind::Int16
+                })
+            };
+            let a = fused.matrix()?;
+            let b = torch.matrix()?;
+            let identical = bool::try_from(bits(&a)?.f_eq_tensor(&bits(&b)?)?.f_all()?)?;
+            drop((a, b));
+            let time = |w: &Weight| -> Result<f64> {
+                drop(w.matrix()?);
+                sync(dev);
+                let t = Instant::now();
+                for _ in 0..iters {
+                    drop(w.matrix()?);
+                }
+                sync(dev);
+                Ok(t.elapsed().as_secs_f64() * 1e3 / iters as f64)
+            };
+            let (fused_ms, torch_ms) = (time(&fused)?, time(&torch)?);
+            let stored = if what.starts_with("fp8") { 1.0 } else { 0.5 };
+            let bytes = values as f64 * (stored + kind.elt_size_in_bytes() as f64);
+            cases.push(DequantCase {
+                what,
+                fused_ms,
+                torch_ms,
+                fused_gb_per_s: bytes / fused_ms / 1e6,
+                identical,
+            });
+        }
+    }
+    Ok(cases)
 }

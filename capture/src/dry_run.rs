@@ -10,7 +10,7 @@ use tch::{Device, Kind, Tensor};
 use crate::checkpoint::Checkpoint;
 use crate::comm::Communicator;
 use crate::error::{CaptureError, Result, TensorProblem};
-use crate::load::{LoadCtx, MoeKernel, NormKernel, Shard, TensorSource};
+use crate::load::{DequantKernel, LoadCtx, MoeKernel, NormKernel, Shard, TensorSource};
 use crate::models::ModelConfig;
 use crate::quant::Quantization;
 
@@ -120,6 +120,7 @@ impl DryRun<'_> {
             norm: NormKernel::Exact,
             // No data is read, so there is nothing to stack for grouped experts.
             moe: MoeKernel::Loop,
+            dequant: DequantKernel::Torch,
             reduce: Default::default(),
         };
         cfg.load(&ctx).map(drop)

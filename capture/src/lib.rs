@@ -39,6 +39,7 @@ mod engine;
 mod error;
 #[cfg(test)]
 mod fixtures;
+mod fused_dequant;
 mod input;
 mod layers;
 mod load;
@@ -56,5 +57,5 @@ pub use engine::{
 pub use error::{CaptureError, Result, TensorProblem};
 pub use hslake_schemas::Overlong;
 pub use input::{read_inputs, InputLimits, InputSample, Inputs};
-pub use load::{MoeKernel, NormKernel, TpReduce};
+pub use load::{DequantKernel, MoeKernel, NormKernel, TpReduce};
 pub use models::ModelInfo;

@@ -63,6 +63,31 @@ impl std::str::FromStr for MoeKernel {
     }
 }
 
+/// How FP8 and INT4 weights are dequantized on a GPU (on the CPU always with PyTorch
+/// operations). Both give the same bits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum DequantKernel {
+    /// One kernel of our own per weight, compiled at first use by NVRTC: reads each stored
+    /// byte once and writes the matrix once (falls back to `torch` where it does not apply).
+    #[default]
+    Fused,
+    /// PyTorch operations: two or three passes over memory.
+    Torch,
+}
+
+impl std::str::FromStr for DequantKernel {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s {
+            "fused" => Ok(DequantKernel::Fused),
+            "torch" => Ok(DequantKernel::Torch),
+            _ => Err(format!(
+                "unknown dequantization kernel {s:?}; expected fused or torch"
+            )),
+        }
+    }
+}
+
 /// What a row-parallel linear sums across tensor-parallel ranks (unused at TP 1, where there is
 /// nothing to sum and the GEMM rounds its output once, as transformers' does).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -212,6 +237,8 @@ pub(crate) struct LoadCtx<'a> {
     pub reduce: TpReduce,
     /// How MoE layers run their routed experts.
     pub moe: MoeKernel,
+    /// How quantized weights are dequantized.
+    pub dequant: DequantKernel,
 }
 
 impl LoadCtx<'_> {

@@ -625,6 +625,7 @@ impl Experts {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::load::DequantKernel;
 
     /// transformers' `DeepseekV3TopkRouter.forward` transcribed op for op with plain tensors.
     fn reference_grouped(logits: &Tensor, bias: &Tensor, p: GroupedTopK) -> (Tensor, Tensor) {
@@ -842,6 +843,7 @@ mod tests {
             scale: scattered(&[out, 1], salt + 100).abs() * 0.2,
             group: 8,
             kind: Kind::Float,
+            dequant: DequantKernel::Fused,
         };
         let all: Vec<Expert> = (0..6)
             .map(|j| Expert {

@@ -19,7 +19,8 @@ use regex::Regex;
 use tch::{Kind, Tensor};
 
 use crate::error::{CaptureError, Result};
-use crate::load::{LoadCtx, Shard};
+use crate::fused_dequant;
+use crate::load::{DequantKernel, LoadCtx, Shard};
 
 /// How a checkpoint's linear weights are stored, from `config.json`'s `quantization_config`.
 #[derive(Debug, Clone, Default)]
@@ -262,6 +263,8 @@ pub(crate) enum Weight {
         block: [i64; 2],
         /// The compute dtype the matrix is produced in.
         kind: Kind,
+        /// How the matrix is produced.
+        dequant: DequantKernel,
     },
     /// Eight 4-bit codes per int32 and their f32 group scales.
     Int4 {
@@ -273,6 +276,8 @@ pub(crate) enum Weight {
         group: i64,
         /// The compute dtype the matrix is produced in.
         kind: Kind,
+        /// How the matrix is produced.
+        dequant: DequantKernel,
     },
 }
 
@@ -305,6 +310,7 @@ impl Weight {
                     scale_inv,
                     block: [block[0] as i64, block[1] as i64],
                     kind: ctx.kind,
+                    dequant: ctx.dequant,
                 })
             }
             q @ Quantization::Int4Group { group_size, .. } if q.int4_module(prefix) => {
@@ -356,6 +362,7 @@ impl Weight {
                     scale,
                     group: g as i64,
                     kind: ctx.kind,
+                    dequant: ctx.dequant,
                 })
             }
             _ => Ok(Weight::Dense(source.tensor(
@@ -419,6 +426,7 @@ impl Weight {
                     scale_inv: ctx.concat(ss)?,
                     block,
                     kind,
+                    dequant: ctx.dequant,
                 })
             }
             Weight::Int4 { group, kind: k, .. } => {
@@ -436,6 +444,7 @@ impl Weight {
                     scale: ctx.concat(ss)?,
                     group,
                     kind,
+                    dequant: ctx.dequant,
                 })
             }
         }
@@ -469,6 +478,24 @@ impl Weight {
         };
         let shape = self.shape();
         let product = Tensor::f_empty(shape.as_slice(), (self.kind(), values.device()))?;
+        // The fused kernel has no temporaries: a stack goes in one launch, as one matrix of
+        // its stacked rows (whole FP8 tiles, checked when the stack was made, keep each value's
+        // scale in place).
+        let as_matrix = |t: &Tensor| {
+            if shape.len() == 3 {
+                t.f_flatten(0, 1)
+            } else {
+                Ok(t.shallow_clone())
+            }
+        };
+        let whole = self
+            .tensors()
+            .into_iter()
+            .map(as_matrix)
+            .collect::<std::result::Result<Vec<_>, _>>()?;
+        if self.dequantize_fused(whole.iter().collect(), &as_matrix(&product)?)? {
+            return Ok(product);
+        }
         if shape.len() == 2 {
             self.dequantize_into(self.tensors(), &product)?;
             return Ok(product);
@@ -494,8 +521,32 @@ impl Weight {
         Ok(product)
     }
 
+    /// [`Weight::dequantize_into`] in one fused GPU kernel where this weight asks for it and
+    /// the kernel applies; `false`, nothing written, otherwise.
+    fn dequantize_fused(&self, parts: Vec<&Tensor>, product: &Tensor) -> Result<bool> {
+        match (self, parts.as_slice()) {
+            (
+                Weight::Fp8 {
+                    block,
+                    dequant: DequantKernel::Fused,
+                    ..
+                },
+                [weight, scale_inv],
+            ) => fused_dequant::fp8(weight, scale_inv, *block, product),
+            (
+                Weight::Int4 {
+                    group,
+                    dequant: DequantKernel::Fused,
+                    ..
+                },
+                [packed, scale],
+            ) => fused_dequant::int4(packed, scale, *group, product),
+            _ => Ok(false),
+        }
+    }
+
     /// Dequantizes `parts` (this weight's [`Weight::tensors`], or 2-D slices of them) into the
-    /// 2-D `product`.
+    /// 2-D `product` with PyTorch operations.
     fn dequantize_into(&self, parts: Vec<&Tensor>, product: &Tensor) -> Result<()> {
         match (self, parts.as_slice()) {
             (Weight::Fp8 { block, .. }, [weight, scale_inv]) => {
@@ -568,22 +619,26 @@ impl Weight {
                 scale_inv,
                 block,
                 kind,
+                dequant,
             } => Weight::Fp8 {
                 weight: stack(weight)?,
                 scale_inv: stack(scale_inv)?,
                 block: *block,
                 kind: *kind,
+                dequant: *dequant,
             },
             Weight::Int4 {
                 packed,
                 scale,
                 group,
                 kind,
+                dequant,
             } => Weight::Int4 {
                 packed: stack(packed)?,
                 scale: stack(scale)?,
                 group: *group,
                 kind: *kind,
+                dequant: *dequant,
             },
         }))
     }
@@ -751,6 +806,7 @@ mod tests {
             scale_inv: scale_inv.shallow_clone(),
             block,
             kind,
+            dequant: DequantKernel::Fused,
         }
     }
 
@@ -764,6 +820,7 @@ mod tests {
             scale: scale.shallow_clone(),
             group,
             kind,
+            dequant: DequantKernel::Fused,
         }
     }
 

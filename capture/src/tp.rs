@@ -315,6 +315,7 @@ mod tests {
             norm: Default::default(),
             reduce: TpReduce::F32,
             moe: Default::default(),
+            dequant: Default::default(),
         }
     }
 

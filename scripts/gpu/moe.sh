@@ -25,7 +25,11 @@
 #
 # Knobs: MODELS (the steps in order, default "ds ds8 qw"; ds4 is the INT4 step), MOE_KERNEL (our --moe-kernel:
 # loop, grouped, or both as "loop grouped" for one prefill each, side by side, the capture running the last;
-# unset, the binary's default), SAMPLES (default 32), ITERS
+# unset, the binary's default), DEQUANT (our --dequant-kernel for the FP8/INT4 steps: fused, torch, or both as
+# "torch fused", one prefill each after the MoE kernels', the capture running the last; unset, the binary's
+# default), SAMPLES (default 32; SAMPLES_<step>, e.g. SAMPLES_ds8=160, for one step: a longer capture shows the
+# steady state, where the first batches' warm-up no longer counts), CAPTURE_ALSO (more captures per step, ';'-separated,
+# each "disk|shm [capture flags]", e.g. "shm;disk --writers 8": /dev/shm shows the writers without the disk; CAPTURE_ALSO_<step> for one step), ITERS
 # (default 3), WORK (scratch, default /tmp/hslake-moe),
 # DEVICE=cpu TINY=1 for a dry run of the whole flow at toy sizes on a CPU (no GPU, minutes).
 set -uo pipefail
@@ -52,47 +56,78 @@ ours() {
   local m=$1 label=$2 step=$3
   local layers
   layers=$(python3 "$HERE/moe_bench.py" layers "$m")
-  # One prefill per kernel named in MOE_KERNEL (side by side in this call); the capture uses the last.
-  local k tps kernels=${MOE_KERNEL:-default}
-  for k in $kernels; do
-    local flag= tag=
-    [ "$k" != default ] && { flag="--moe-kernel $k"; tag=" ($k)"; }
+  # One prefill per kernel named in MOE_KERNEL (side by side in this call); the capture uses the last. Quantized
+  # steps with DEQUANT set run one prefill per dequantization kernel instead (with the last MoE kernel).
+  local tps kernels=${MOE_KERNEL:-default} variants=() v
+  local last=${kernels##* } capflag=
+  [ "$last" != default ] && capflag="--moe-kernel $last"
+  if [ -n "${DEQUANT:-}" ] && [ "$step" != ds ] && [ "$step" != qw ]; then
+    for v in $DEQUANT; do variants+=("dequant $v|$capflag --dequant-kernel $v"); done
+    capflag="$capflag --dequant-kernel ${DEQUANT##* }"
+  else
+    for v in $kernels; do
+      if [ "$v" = default ]; then variants+=("default|"); else variants+=("$v|--moe-kernel $v"); fi
+    done
+  fi
+  local tag flag file
+  for v in "${variants[@]}"; do
+    tag=${v%%|*} flag=${v#*|}
+    file="moe_${step}_prefill_${tag// /_}.txt"
+    [ "$tag" = default ] && tag= || tag=" ($tag)"
     stage "$label: our prefill$tag"
     "$BIN" debug prefill --model "$m" --batch 8 --seq "$SEQ" --iters "$ITERS" --layers "$layers" --device "$DEVICE" \
-      --dtype bf16 $flag > "$OUT/moe_${step}_prefill_$k.txt" 2>&1
-    tps=$(grep -oP 'prefill tokens/s \K[0-9]+' "$OUT/moe_${step}_prefill_$k.txt")
+      --dtype bf16 $flag > "$OUT/$file" 2>&1
+    tps=$(grep -oP 'prefill tokens/s \K[0-9]+' "$OUT/$file")
     if [ -n "$tps" ]; then
       row "$label" "ours prefill$tag" "{\"tokens_per_sec\": $tps, \"mfu\": $(python3 "$HERE/moe_bench.py" mfu "$step" "$tps" $TINYFLAG)}"
     else
-      row "$label" "ours prefill$tag FAILED (see moe_${step}_prefill_$k.txt)" '{}'
+      row "$label" "ours prefill$tag FAILED (see $file)" '{}'
     fi
   done
-  local last=${kernels##* }
-  local capflag=
-  [ "$last" != default ] && capflag="--moe-kernel $last"
-  stage "$label: our capture + write of $SAMPLES x $SEQ tokens"
-  rm -rf "$m-out"
+  capture "$m" "$m-out" "$label" "$step" "$layers" "$capflag" ""
+  # More captures of the same inputs, to tell the writers' limits from the disk's and the forward's.
+  local extra i=0 where dest also=CAPTURE_ALSO_$step
+  IFS=';' read -ra extra <<< "${!also:-${CAPTURE_ALSO:-}}"
+  for v in "${extra[@]}"; do
+    read -r where flag <<< "$v"
+    i=$((i + 1))
+    case $where in
+    shm) dest=/dev/shm/hslake-capture ;;
+    disk) dest=$m-out ;;
+    *) echo "CAPTURE_ALSO: $where is neither disk nor shm" >&2; continue ;;
+    esac
+    capture "$m" "$dest" "$label" "${step}_also$i" "$layers" "$capflag $flag" " to $where${flag:+ $flag}"
+  done
+}
+
+# capture MODEL_DIR DEST LABEL FILE_TAG LAYERS FLAGS WHERE: our capture + write, its rows, the cosine of what it wrote
+capture() {
+  local m=$1 dest=$2 label=$3 tag=$4 layers=$5 flags=$6 where=$7
+  stage "$label: our capture + write of $SAMPLES x $SEQ tokens$where"
+  rm -rf "$dest"
   local t=$(date +%s.%N)
-  "$BIN" capture --model "$m" --input "$m.jsonl" --output "file://$m-out" --layers "$layers" --device "$DEVICE" \
-    --dtype bf16 --max-tokens-per-batch $((8 * SEQ)) $capflag --no-progress \
-    > "$OUT/moe_${step}_capture.txt" 2>&1
+  "$BIN" capture --model "$m" --input "$m.jsonl" --output "file://$dest" --layers "$layers" --device "$DEVICE" \
+    --dtype bf16 --max-tokens-per-batch $((8 * SEQ)) $flags --no-progress \
+    > "$OUT/moe_${tag}_capture.txt" 2>&1
   local rc=$? secs
   secs=$(python3 -c "import time; print(round(time.time() - $t, 1))")
   if [ $rc = 0 ]; then
     local ctps
-    ctps=$(grep -oP '\([0-9]+ tokens, \K[0-9]+(?= tokens/s over)' "$OUT/moe_${step}_capture.txt" | tail -1)
-    row "$label" "ours capture + write (run, excl. load)" "{\"tokens_per_sec\": ${ctps:-0}}"
-    row "$label" "ours capture wall clock incl. load" "{\"seconds\": $secs}"
-    bench cosine "$m" "$m-out" "$label"
+    ctps=$(grep -oP '\([0-9]+ tokens, \K[0-9]+(?= tokens/s over)' "$OUT/moe_${tag}_capture.txt" | tail -1)
+    row "$label" "ours capture + write$where (run, excl. load)" "{\"tokens_per_sec\": ${ctps:-0}}"
+    row "$label" "ours capture$where wall clock incl. load" "{\"seconds\": $secs}"
+    [ -z "$where" ] && bench cosine "$m" "$dest" "$label"
   else
-    row "$label" "ours capture FAILED rc=$rc (see moe_${step}_capture.txt)" '{}'
+    row "$label" "ours capture$where FAILED rc=$rc (see moe_${tag}_capture.txt)" '{}'
   fi
-  rm -rf "$m-out"
+  rm -rf "$dest"
 }
 
 # A model's step: STEP KIND MODEL LABEL DESCRIPTION
 model() {
   local step=$1 kind=$2 name=$3 label=$4
+  local per_step=SAMPLES_$step
+  local SAMPLES=${!per_step:-$SAMPLES}
   stage "$label: $5"
   bench "$kind" "$name" "$W/$step" 2>&1 | tail -12 | tee "$OUT/moe_${step}_make.txt"
   ours "$W/$step" "$label" "$step"

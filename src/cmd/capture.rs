@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use hslake_capture::{
-    capture_with, CancelToken, CaptureJob, CaptureOptions, CommitPolicy, DeviceKind, EngineOptions,
-    InputShard, MoeKernel, NormKernel, Overlong, ProgressSink, TpReduce,
+    capture_with, CancelToken, CaptureJob, CaptureOptions, CommitPolicy, DequantKernel, DeviceKind,
+    EngineOptions, InputShard, MoeKernel, NormKernel, Overlong, ProgressSink, TpReduce,
 };
 use hslake_schemas::{CapturePoint, DType};
 use hslake_store::WriterOptions;
@@ -78,6 +78,12 @@ pub struct ForwardArgs {
     /// experts dequantized one at a time).
     #[arg(long, default_value = "grouped")]
     pub moe_kernel: MoeKernel,
+    /// How FP8/INT4 weights are dequantized on cuda, a layer at a time as it runs: fused (one
+    /// kernel of ours, compiled at first use by NVRTC from the torch wheel: each stored byte
+    /// read once, the matrix written once) or torch (PyTorch operations, two or three passes).
+    /// Both give the same bits.
+    #[arg(long, default_value = "fused")]
+    pub dequant_kernel: DequantKernel,
     /// With --tp > 1, what the row-parallel layers sum across ranks: f32 (f32 partial products
     /// and sums, rounded to the dtype once, as at TP 1) or bf16 (partials rounded and summed in
     /// the compute dtype: half the all-reduce bytes, two more roundings per layer).
@@ -94,6 +100,7 @@ impl ForwardArgs {
         o.dtype = self.dtype;
         o.norm = self.norm;
         o.moe = self.moe_kernel;
+        o.dequant = self.dequant_kernel;
         o.tp_reduce = self.tp_reduce;
         o
     }

@@ -3,7 +3,7 @@
 use std::process::ExitCode;
 
 use anyhow::bail;
-use hslake_capture::debug::{nccl_check, prefill, PrefillOptions};
+use hslake_capture::debug::{dequant_check, nccl_check, prefill, PrefillOptions};
 use hslake_capture::DeviceKind;
 use hslake_schemas::CapturePoint;
 
@@ -17,6 +17,13 @@ pub enum Debug {
     /// Prefill-only throughput of our forward on random token ids (no write); --profile adds
     /// each rank's compute / all-reduce split and rank 0's copy to host memory.
     Prefill(PrefillArgs),
+    /// The fused FP8/INT4 dequantization kernels against PyTorch operations on GPU 0: same
+    /// bits, and the time of each.
+    Dequant {
+        /// Timed runs per matrix.
+        #[arg(long, default_value_t = 20)]
+        iters: usize,
+    },
 }
 
 /// Arguments of `hslake debug prefill`.
@@ -59,6 +66,23 @@ pub fn run(d: Debug) -> anyhow::Result<ExitCode> {
             }
             if let Some((kind, _)) = report.identity.iter().find(|(_, same)| !same) {
                 bail!("all-reduce over one rank changed the values ({kind})");
+            }
+        }
+        Debug::Dequant { iters } => {
+            let cases = dequant_check(iters)?;
+            for c in &cases {
+                println!(
+                    "dequant {}: fused {:.3} ms ({:.0} GB/s), torch {:.3} ms, {:.1}x, identical = {}",
+                    c.what,
+                    c.fused_ms,
+                    c.fused_gb_per_s,
+                    c.torch_ms,
+                    c.torch_ms / c.fused_ms,
+                    c.identical
+                );
+            }
+            if let Some(c) = cases.iter().find(|c| !c.identical) {
+                bail!("the fused kernel and PyTorch disagree on {}", c.what);
             }
         }
         Debug::Prefill(a) => {

@@ -107,6 +107,7 @@ impl Engine {
                 kind: checked.kind,
                 norm: checked.options.norm,
                 moe: checked.options.moe,
+                dequant: checked.options.dequant,
                 reduce: checked.options.tp_reduce,
             };
             let (jobs_tx, jobs_rx) = mpsc::channel();

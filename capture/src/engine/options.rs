@@ -8,7 +8,7 @@ use tch::Kind;
 
 use super::commit::CommitPolicy;
 use crate::error::{CaptureError, Result};
-use crate::load::{MoeKernel, NormKernel, TpReduce};
+use crate::load::{DequantKernel, MoeKernel, NormKernel, TpReduce};
 use hslake_schemas::Overlong;
 
 /// Where the forward runs.
@@ -46,6 +46,8 @@ pub struct EngineOptions {
     pub norm: NormKernel,
     /// How MoE layers run their routed experts.
     pub moe: MoeKernel,
+    /// How FP8/INT4 weights are dequantized on a GPU.
+    pub dequant: DequantKernel,
     /// What row-parallel linears sum across ranks when `tp > 1`.
     pub tp_reduce: TpReduce,
     /// Memory per GPU the pre-flight assumes free, in GiB, instead of asking the driver
@@ -64,6 +66,7 @@ impl EngineOptions {
             dtype: DType::Bf16,
             norm: NormKernel::Fast,
             moe: MoeKernel::Grouped,
+            dequant: DequantKernel::Fused,
             tp_reduce: TpReduce::F32,
             gpu_memory_gib: None,
         }

@@ -17,7 +17,7 @@ use crate::checkpoint::Checkpoint;
 use crate::comm::Communicator;
 use crate::cuda::{CopyStream, PendingCopy, PinnedBuffer};
 use crate::error::{CaptureError, Result};
-use crate::load::{LoadCtx, MoeKernel, NormKernel, TpReduce};
+use crate::load::{DequantKernel, LoadCtx, MoeKernel, NormKernel, TpReduce};
 use crate::models::{DecoderModel, ModelConfig};
 
 /// Joins the rank's group; runs on the rank's own thread (NCCL communicators stay there).
@@ -39,6 +39,8 @@ pub(super) struct RankSetup {
     pub norm: NormKernel,
     /// How MoE layers run their routed experts.
     pub moe: MoeKernel,
+    /// How quantized weights are dequantized.
+    pub dequant: DequantKernel,
     /// What row-parallel linears sum across ranks.
     pub reduce: TpReduce,
 }
@@ -172,6 +174,7 @@ fn load(
         kind: setup.kind,
         norm: setup.norm,
         moe: setup.moe,
+        dequant: setup.dequant,
         reduce: setup.reduce,
     };
     let model = setup.config.load(&ctx)?;
