@@ -362,7 +362,11 @@ def storage_order(url: str, layers: list[int]):
     """(sample_id, input_ids, loss_mask, aux [T, 3H], target [T, H]) in storage order."""
     import hslake
 
-    for b in hslake.Loader(url, batch_size=64, shuffle=False, aux_layers=layers, target="final_norm"):
+    # Batches pad every sample to the longest: at EAGLE-3 sizes (~75 MB a sample) 64 of them
+    # padded took 24 GB, so a batch is at most ~64 MiB of average samples.
+    counts = hslake.Dataset(url).counts()
+    batch = max(1, min(64, (64 << 20) * counts["num_samples"] // max(counts["raw_bytes"], 1)))
+    for b in hslake.Loader(url, batch_size=batch, shuffle=False, aux_layers=layers, target="final_norm"):
         lens = b["attention_mask"].sum(1).tolist()
         for i, sid in enumerate(b["sample_ids"].tolist()):
             n = lens[i]
@@ -413,11 +417,14 @@ def write_lance(url: str, layers: list[int], d: Path) -> None:
                         ("target", pa.large_binary())])
 
     def batches():
-        rows = []
+        rows, size = [], 0
         for sid, ids, mask, aux, tgt in storage_order(url, layers):
             rows.append((sid, ids.tolist(), mask.tolist(), aux.contiguous().view(torch.int16).numpy().tobytes(),
                          tgt.contiguous().view(torch.int16).numpy().tobytes()))
-            if len(rows) == 256:
+            size += len(rows[-1][3]) + len(rows[-1][4])
+            # By count for small samples, by bytes for EAGLE-3-sized ones (~75 MB each).
+            if len(rows) == 256 or size >= 256 << 20:
+                size = 0
                 yield pa.RecordBatch.from_arrays([pa.array(list(col), t) for col, t in
                                                   zip(zip(*rows), schema.types)], schema=schema)
                 rows = []
@@ -425,8 +432,11 @@ def write_lance(url: str, layers: list[int], d: Path) -> None:
             yield pa.RecordBatch.from_arrays([pa.array(list(col), t) for col, t in zip(zip(*rows), schema.types)],
                                              schema=schema)
 
-    # Several fragments, so that LanceDataset spreads them over the DataLoader workers.
-    lance.write_dataset(pa.RecordBatchReader.from_batches(schema, batches()), str(d), max_rows_per_file=2048)
+    # Several fragments (at least 8), so that LanceDataset spreads them over the DataLoader workers.
+    import hslake
+
+    per_file = max(1, min(2048, hslake.Dataset(url).counts()["num_samples"] // 8))
+    lance.write_dataset(pa.RecordBatchReader.from_batches(schema, batches()), str(d), max_rows_per_file=per_file)
 
 
 def write_mds(url: str, layers: list[int], d: Path) -> None:
