@@ -65,7 +65,8 @@ readers+=,hslake,hslake_sample
 
 rm -rf "$DATA"
 set +e
-PYTHON=$PY OUT=$DATA JSON_OUT=$OUT/loader_real.json SAMPLES=${SAMPLES:-32} SEQ_LEN=${SEQ_LEN:-512:4096} \
+json=$OUT/loader_real.json  # before the prefix below, where OUT becomes the data folder
+PYTHON=$PY OUT=$DATA JSON_OUT=$json SAMPLES=${SAMPLES:-32} SEQ_LEN=${SEQ_LEN:-512:4096} \
   WORKERS=${WORKERS:-1,2,4,8} READERS=${READERS:-$readers} \
   timeout "${BUDGET_S:-480}" bash "$STAGE/scripts/bench_loader_real.sh" --max-seconds "${MAX_S:-120}" \
   2>&1 | tee "$OUT/loader_real.txt"
