@@ -16,7 +16,9 @@ subprocess:
   lance take   pylance: `take()` of shuffled indices, one batch per call, DataLoader workers;
   lance ds     pylance's own `lance.torch.data.LanceDataset` (contiguous batches, the same
                order every epoch: no shuffle, shown as its upper bound);
-  mosaicml     mosaicml-streaming MDS shards (zstd), `StreamingDataset(shuffle=True)`;
+  mosaicml     mosaicml-streaming MDS shards (zstd), `StreamingDataset(shuffle=True)`; each read is
+               a first epoch (StreamingDataset keeps the shards it decompresses beside the zstd
+               ones and reads those in later epochs: they are removed before each read);
   hslake       `hslake.Loader` from local disk, window shuffle (and from a loopback S3 server
                with --s3);
   hslake_all   the same with one window of every row group: a per-sample permutation whose
@@ -287,6 +289,13 @@ def child_lance_dataset(c: dict):
                                        multiprocessing_context="spawn" if c["workers"] else None)
 
 
+def drop_mds_raw(d: Path) -> None:
+    """Remove the decompressed shard copies StreamingDataset keeps beside the zstd shards of a
+    local dataset, so that each read is a first epoch and "on disk" is the dataset as written."""
+    for z in d.glob("*.mds.zstd"):
+        z.with_suffix("").unlink(missing_ok=True)
+
+
 def child_mosaicml(c: dict):
     import numpy as np
     import torch
@@ -294,6 +303,7 @@ def child_mosaicml(c: dict):
     from streaming.base.util import clean_stale_shared_memory
 
     clean_stale_shared_memory()
+    drop_mds_raw(Path(c["dir"]))
     hidden, k = c["hidden"], c["k"]
 
     class Mds(StreamingDataset):
@@ -695,6 +705,8 @@ def main() -> None:
     finally:
         if moto:
             moto.terminate()
+        if dirs["mosaicml"].exists():
+            drop_mds_raw(dirs["mosaicml"])
 
     print(f"\n{n} samples, {counts['num_tokens']} tokens, seq_len {a.seq_len}, hidden {a.hidden}, "
           f"aux layers {layers} + final_norm, bf16 ({state_bytes} bytes of states a token); batch {a.batch_size}; "

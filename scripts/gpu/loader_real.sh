@@ -11,7 +11,7 @@
 #   notes.txt         readers left out and why
 #   OUT=/tmp/x bash gpu-run/loader/loader_real.sh              # on the device
 #   OUT=/tmp/x SAMPLES=4 SEQ_LEN=16:64 bash scripts/gpu/loader_real.sh   # a quick check here
-# SAMPLES (32), SEQ_LEN (512:4096), WORKERS (1,2,4,8), MAX_S (a reader's limit, 120 s) and
+# SAMPLES (48), SEQ_LEN (512:4096), WORKERS (1,2,4,8), MAX_S (a reader's limit, 120 s) and
 # BUDGET_S (the whole benchmark's, 480 s) size it to fit one device call.
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
@@ -66,7 +66,7 @@ readers+=,hslake,hslake_sample
 rm -rf "$DATA"
 set +e
 json=$OUT/loader_real.json  # before the prefix below, where OUT becomes the data folder
-PYTHON=$PY OUT=$DATA JSON_OUT=$json SAMPLES=${SAMPLES:-32} SEQ_LEN=${SEQ_LEN:-512:4096} \
+PYTHON=$PY OUT=$DATA JSON_OUT=$json SAMPLES=${SAMPLES:-48} SEQ_LEN=${SEQ_LEN:-512:4096} \
   WORKERS=${WORKERS:-1,2,4,8} READERS=${READERS:-$readers} \
   timeout "${BUDGET_S:-480}" bash "$STAGE/scripts/bench_loader_real.sh" --max-seconds "${MAX_S:-120}" \
   2>&1 | tee "$OUT/loader_real.txt"
