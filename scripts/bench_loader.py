@@ -27,8 +27,9 @@ subprocess:
                of --lookahead-mb (one row per value given; memory bounded by the lookahead;
                also from S3 with --s3, the first value).
 Peers use `--workers` DataLoader worker processes, hslake `--workers` decode threads; a comma
-list (`--workers 1,2,4`) reads one epoch per reader and value. Every reader delivers the same padded batch (input_ids, loss_mask, attention_mask [B, T],
-aux_hidden_states [B, T, 3H] and target_hidden_states [B, T, H] in bf16, sample_ids [B]).
+list (`--workers 1,2,4`) reads one epoch per reader and value. Every reader delivers the same
+padded batch (input_ids, loss_mask, attention_mask [B, T], aux_hidden_states [B, T, 3H] and
+target_hidden_states [B, T, H] in bf16, sample_ids [B]).
 
 Correctness (the run fails, exit 1, if any reader is wrong): every sample exactly once per
 epoch, and one probe sample's tensors bit-equal to what hslake wrote (sha256 of its
@@ -70,7 +71,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 RUN = 64  # storage-order run length of the mixing metric
 READERS = ["torch", "safetensors", "lance_take", "lance_dataset", "mosaicml", "hslake", "hslake_all", "hslake_sample"]
-CHILD_IMPORTS = {"safetensors": ["safetensors.torch", "pyarrow"], "lance_take": ["lance"], "lance_dataset": ["lance", "lance.torch.data"], "mosaicml": ["streaming"],
+CHILD_IMPORTS = {"safetensors": ["safetensors.torch", "pyarrow"], "lance_take": ["lance"],
+                 "lance_dataset": ["lance", "lance.torch.data"], "mosaicml": ["streaming"],
                  "hslake": ["hslake"], "hslake_all": ["hslake"], "hslake_sample": ["hslake"]}
 
 # The modules each peer reader needs beyond torch (installed by ensure_peers when missing).
@@ -591,7 +593,8 @@ def main() -> None:
     out = Path(a.out)
     dirs = {"hslake": out / "hslake", "torch": out / "pt", "safetensors": out / "st", "lance": out / "lance",
             "mosaicml": out / "mds"}
-    fmt_of = {"torch": "torch", "safetensors": "safetensors", "lance_take": "lance", "lance_dataset": "lance", "mosaicml": "mosaicml",
+    fmt_of = {"torch": "torch", "safetensors": "safetensors", "lance_take": "lance", "lance_dataset": "lance",
+              "mosaicml": "mosaicml",
               "hslake": "hslake", "hslake_all": "hslake", "hslake_sample": "hslake"}
     writers = {"torch": write_pt, "safetensors": write_st, "lance": write_lance, "mosaicml": write_mds}
     times_file = out / "write_seconds.json"
@@ -717,9 +720,11 @@ def main() -> None:
         print(f"WARNING: {build['benchmark_warning']}")
     print(f"raw tensors {counts['raw_bytes'] / 1e6:.1f} MB\n")
     draft = f"cores for {a.draft_tokens_per_s:,.0f} tokens/s" if a.draft_tokens_per_s else None
-    print(f"| reader | workers | tokens/s | decoded GB/s | epoch CPU s | GB per CPU s |{f' {draft} |' if draft else ''} "
-          f"first batch | process CPU s | peak PSS | on disk | write | mixing (of {a.batch_size}) |")
-    print(f"| --- | ---: | ---: | ---: | ---: | ---: |{' ---: |' if draft else ''} ---: | ---: | ---: | ---: | ---: | ---: |")
+    cores_col = f" {draft} |" if draft else ""
+    print(f"| reader | workers | tokens/s | decoded GB/s | epoch CPU s | GB per CPU s |{cores_col} first batch "
+          f"| process CPU s | peak PSS | on disk | write | mixing (of {a.batch_size}) |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: |" + (" ---: |" if draft else "")
+          + " ---: | ---: | ---: | ---: | ---: | ---: |")
     for r in results.values():
         f = r["format"]
         if "error" in r:

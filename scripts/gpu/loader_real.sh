@@ -45,7 +45,9 @@ trap 'rm -rf "$site" "$DATA"' EXIT
 : > "$OUT/notes.txt"
 if ls "$STAGE"/wheels/*.whl >/dev/null 2>&1; then
   "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$site" \
-    "$STAGE"/wheels/*.whl || echo "NOTE: installing the staged peer wheels failed; readers that need them are left out" | tee -a "$OUT/notes.txt"
+    "$STAGE"/wheels/*.whl ||
+    echo "NOTE: installing the staged peer wheels failed; readers that need them are left out" |
+    tee -a "$OUT/notes.txt"
 fi
 export PYTHONPATH=$STAGE/python:$site${PYTHONPATH:+:$PYTHONPATH}
 "$PY" -c 'import hslake; print("hslake", hslake.__file__, hslake.build_info())'
@@ -59,7 +61,8 @@ fi
 if "$PY" -c 'import lance' >/dev/null 2>&1; then
   readers+=,lance_take,lance_dataset
 else
-  echo "NOTE: Lance left out: pylance's wheel (85 MB) is over what one device call carries (64 MiB)" | tee -a "$OUT/notes.txt"
+  echo "NOTE: Lance left out: pylance's wheel (85 MB) is over what one device call carries (64 MiB)" |
+    tee -a "$OUT/notes.txt"
 fi
 readers+=,hslake,hslake_sample
 

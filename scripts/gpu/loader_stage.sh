@@ -20,12 +20,16 @@ LIMIT_MIB=60
 
 rm -rf "$DEST"
 mkdir -p "$DEST/python/hslake" "$DEST/scripts" "$DEST/wheels"
-so=$("$PY" -c 'import glob, os, hslake; print(*glob.glob(os.path.join(os.path.dirname(hslake.__file__), "_hslake*.so")))')
+so=$("$PY" -c 'import glob, os, hslake
+print(*glob.glob(os.path.join(os.path.dirname(hslake.__file__), "_hslake*.so")))')
 if [ -z "$so" ] || [ "$(echo "$so" | wc -w)" != 1 ]; then
   echo "expected one installed _hslake*.so next to the hslake package of $PY, found: '$so'" >&2
   exit 1
 fi
-"$PY" -c 'import hslake, sys; b = hslake.build_info(); print("staging hslake", b["describe"]); sys.exit(1 if b["benchmark_warning"] else 0)' || {
+"$PY" -c 'import hslake, sys
+b = hslake.build_info()
+print("staging hslake", b["describe"])
+sys.exit(1 if b["benchmark_warning"] else 0)' || {
   echo "the installed hslake module is not an optimised build: run scripts/setup.sh's build first" >&2
   exit 1
 }
@@ -51,4 +55,4 @@ if [ "$mib" -gt "$LIMIT_MIB" ]; then
   echo "$DEST is $mib MiB, over the $LIMIT_MIB MiB budget of one device call" >&2
   exit 1
 fi
-echo "device call: carry [\"$DEST\"]; OUT=\$OUT bash $DEST/loader_real.sh"
+echo "device call (nvidia-h200): carry [\"$DEST\"]; command: bash $DEST/loader_real.sh"
