@@ -594,8 +594,7 @@ def main() -> None:
     dirs = {"hslake": out / "hslake", "torch": out / "pt", "safetensors": out / "st", "lance": out / "lance",
             "mosaicml": out / "mds"}
     fmt_of = {"torch": "torch", "safetensors": "safetensors", "lance_take": "lance", "lance_dataset": "lance",
-              "mosaicml": "mosaicml",
-              "hslake": "hslake", "hslake_all": "hslake", "hslake_sample": "hslake"}
+              "mosaicml": "mosaicml", "hslake": "hslake", "hslake_all": "hslake", "hslake_sample": "hslake"}
     writers = {"torch": write_pt, "safetensors": write_st, "lance": write_lance, "mosaicml": write_mds}
     times_file = out / "write_seconds.json"
     if not a.keep:
