@@ -4,11 +4,21 @@
 Writes one synthetic dataset with hslake, then the same samples (read back in storage order)
 in each peer's format, and reads one full shuffled epoch with every reader, each in a fresh
 subprocess:
-  torch.load   one torch.save file per sample (SpecForge's layout), torch DataLoader, shuffle;
+  torch.load   one torch.save file per sample in SpecForge's offline layout
+               (rows_*/data_{id}.ckpt: input_ids, loss_mask, hidden_state [1, T, H],
+               aux_hidden_state [1, T, 3H]), loaded as SpecForge's load_feature_file does
+               (torch.load, mmap=True), torch DataLoader, shuffle;
+  safetensors  one safetensors file per sample in speculators' offline layout
+               (hidden_states/hs_{i}.safetensors: hidden_states [T, 4, H] = aux layers then the
+               target, token_ids [T]; input_ids and loss_mask in an Arrow index as its datasets
+               directory), loaded with safetensors.torch.load_file as speculators' FileTransfer
+               does, token ids checked against the index as its ArrowDataset does, DataLoader;
   lance take   pylance: `take()` of shuffled indices, one batch per call, DataLoader workers;
   lance ds     pylance's own `lance.torch.data.LanceDataset` (contiguous batches, the same
                order every epoch: no shuffle, shown as its upper bound);
-  mosaicml     mosaicml-streaming MDS shards (zstd), `StreamingDataset(shuffle=True)`;
+  mosaicml     mosaicml-streaming MDS shards (zstd), `StreamingDataset(shuffle=True)`; each read is
+               a first epoch (StreamingDataset keeps the shards it decompresses beside the zstd
+               ones and reads those in later epochs: they are removed before each read);
   hslake       `hslake.Loader` from local disk, window shuffle (and from a loopback S3 server
                with --s3);
   hslake_all   the same with one window of every row group: a per-sample permutation whose
@@ -16,16 +26,21 @@ subprocess:
   hslake_sample  `shuffle_mode="sample"`: a full per-sample permutation read in lookaheads
                of --lookahead-mb (one row per value given; memory bounded by the lookahead;
                also from S3 with --s3, the first value).
-Peers use `--workers` DataLoader worker processes, hslake `--workers` decode threads. Every
-reader delivers the same padded batch (input_ids, loss_mask, attention_mask [B, T],
-aux_hidden_states [B, T, 3H] and target_hidden_states [B, T, H] in bf16, sample_ids [B]).
+Peers use `--workers` DataLoader worker processes, hslake `--workers` decode threads; a comma
+list (`--workers 1,2,4`) reads one epoch per reader and value. Every reader delivers the same
+padded batch (input_ids, loss_mask, attention_mask [B, T], aux_hidden_states [B, T, 3H] and
+target_hidden_states [B, T, H] in bf16, sample_ids [B]).
 
 Correctness (the run fails, exit 1, if any reader is wrong): every sample exactly once per
 epoch, and one probe sample's tensors bit-equal to what hslake wrote (sha256 of its
 unpadded input_ids, loss_mask, aux and target bits).
 
-Reported per reader: tokens/s over the epoch, time to the first batch (from building the
-reader), CPU seconds (user+system of the reader's process tree), peak proportional set size
+Reported per reader: tokens/s over the epoch, decoded GB/s (the hidden states of the tokens
+delivered: aux layers + target, bf16), epoch CPU seconds (user+system from building the reader
+to the end of the epoch, its worker processes included, imports not) and from them GB per CPU
+second (= per core) and, with --draft-tokens-per-s, the cores that draft step's rate needs,
+time to the first batch (from building the reader), CPU seconds of the reader's whole process
+tree (imports included), peak proportional set size
 (PSS, summed over the tree, sampled every 50 ms: shared pages counted once), bytes on disk
 and write time of its format, and the shuffle-mixing metric: distinct runs of 64
 consecutive storage-order samples in a batch, averaged over full batches (a full per-sample
@@ -41,6 +56,7 @@ Usage: .venv/bin/python scripts/bench_loader.py --samples 20000 --hidden 64 --ou
 from __future__ import annotations
 
 import argparse
+import gc
 import hashlib
 import json
 import os
@@ -54,9 +70,17 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 RUN = 64  # storage-order run length of the mixing metric
-READERS = ["torch", "lance_take", "lance_dataset", "mosaicml", "hslake", "hslake_all", "hslake_sample"]
-CHILD_IMPORTS = {"lance_take": ["lance"], "lance_dataset": ["lance", "lance.torch.data"], "mosaicml": ["streaming"],
+READERS = ["torch", "safetensors", "lance_take", "lance_dataset", "mosaicml", "hslake", "hslake_all", "hslake_sample"]
+CHILD_IMPORTS = {"safetensors": ["safetensors.torch", "pyarrow"], "lance_take": ["lance"],
+                 "lance_dataset": ["lance", "lance.torch.data"], "mosaicml": ["streaming"],
                  "hslake": ["hslake"], "hslake_all": ["hslake"], "hslake_sample": ["hslake"]}
+
+# The modules each peer reader needs beyond torch (installed by ensure_peers when missing).
+PEER_MODULES = {"lance_take": "lance", "lance_dataset": "lance", "mosaicml": "streaming"}
+# Samples per rows_* folder: `hslake export --format specforge`'s default (--rows-per-dir).
+SPECFORGE_ROWS_PER_DIR = 5000
+# speculators' datasets directory keeps its rows in this one Arrow stream file.
+SPECULATORS_INDEX = "data-00000-of-00001.arrow"
 
 
 def tree_pids(pid: int) -> list[int]:
@@ -173,19 +197,54 @@ def sample_digest(input_ids, loss_mask, aux, target) -> str:
 def child_torch(c: dict):
     import torch
 
-    files = sorted(Path(c["dir"]).glob("*.pt"))
+    # SpecForge's offline reader walks the tree for *.ckpt and loads each file with its
+    # load_feature_file: torch.load(path, weights_only=False, mmap=True).
+    files = sorted(Path(c["dir"]).glob("rows_*/data_*.ckpt"))
 
     class PtFiles(torch.utils.data.Dataset):
         def __len__(self):
             return len(files)
 
         def __getitem__(self, i):
-            x = torch.load(files[i])
-            return {"sample_id": int(files[i].stem), "input_ids": x["input_ids"], "loss_mask": x["loss_mask"],
-                    "aux": x["aux_hidden_state"][0], "target": x["hidden_state"][0]}
+            x = torch.load(files[i], weights_only=False, mmap=True)
+            return {"sample_id": int(files[i].stem.removeprefix("data_")), "input_ids": x["input_ids"],
+                    "loss_mask": x["loss_mask"], "aux": x["aux_hidden_state"][0], "target": x["hidden_state"][0]}
 
     g = torch.Generator().manual_seed(0)
     return torch.utils.data.DataLoader(PtFiles(), batch_size=c["batch_size"], shuffle=True,
+                                       num_workers=c["workers"], collate_fn=pad_collate, generator=g)
+
+
+def child_safetensors(c: dict):
+    import pyarrow as pa
+    import torch
+    from safetensors.torch import load_file
+
+    d = Path(c["dir"])
+
+    class HsFiles(torch.utils.data.Dataset):
+        def __init__(self):
+            self.rows = None  # memory-mapped in each worker, as `datasets.load_from_disk` maps it
+
+        def __len__(self):
+            return c["samples"]
+
+        def __getitem__(self, i):
+            if self.rows is None:
+                self.rows = pa.ipc.open_stream(pa.memory_map(str(d / SPECULATORS_INDEX))).read_all()
+            x = load_file(d / "hidden_states" / f"hs_{i}.safetensors")
+            ids = torch.from_numpy(self.rows.column("input_ids")[i].values.to_numpy(zero_copy_only=False))
+            # speculators' ArrowDataset drops a sample whose file's token ids differ from its row.
+            if not torch.equal(x["token_ids"], ids):
+                raise ValueError(f"hs_{i}.safetensors: token_ids differ from row {i} of {SPECULATORS_INDEX}")
+            hs = x["hidden_states"]
+            return {"sample_id": self.rows.column("sample_id")[i].as_py(), "input_ids": x["token_ids"],
+                    "loss_mask": torch.from_numpy(
+                        self.rows.column("loss_mask")[i].values.to_numpy(zero_copy_only=False)),
+                    "aux": hs[:, :-1].flatten(1), "target": hs[:, -1]}
+
+    g = torch.Generator().manual_seed(0)
+    return torch.utils.data.DataLoader(HsFiles(), batch_size=c["batch_size"], shuffle=True,
                                        num_workers=c["workers"], collate_fn=pad_collate, generator=g)
 
 
@@ -232,6 +291,13 @@ def child_lance_dataset(c: dict):
                                        multiprocessing_context="spawn" if c["workers"] else None)
 
 
+def drop_mds_raw(d: Path) -> None:
+    """Remove the decompressed shard copies StreamingDataset keeps beside the zstd shards of a
+    local dataset, so that each read is a first epoch and "on disk" is the dataset as written."""
+    for z in d.glob("*.mds.zstd"):
+        z.with_suffix("").unlink(missing_ok=True)
+
+
 def child_mosaicml(c: dict):
     import numpy as np
     import torch
@@ -239,6 +305,7 @@ def child_mosaicml(c: dict):
     from streaming.base.util import clean_stale_shared_memory
 
     clean_stale_shared_memory()
+    drop_mds_raw(Path(c["dir"]))
     hidden, k = c["hidden"], c["k"]
 
     class Mds(StreamingDataset):
@@ -307,7 +374,11 @@ def storage_order(url: str, layers: list[int]):
     """(sample_id, input_ids, loss_mask, aux [T, 3H], target [T, H]) in storage order."""
     import hslake
 
-    for b in hslake.Loader(url, batch_size=64, shuffle=False, aux_layers=layers, target="final_norm"):
+    # Batches pad every sample to the longest: at EAGLE-3 sizes (~75 MB a sample) 64 of them
+    # padded took 24 GB, so a batch is at most ~64 MiB of average samples.
+    counts = hslake.Dataset(url).counts()
+    batch = max(1, min(64, (64 << 20) * counts["num_samples"] // max(counts["raw_bytes"], 1)))
+    for b in hslake.Loader(url, batch_size=batch, shuffle=False, aux_layers=layers, target="final_norm"):
         lens = b["attention_mask"].sum(1).tolist()
         for i, sid in enumerate(b["sample_ids"].tolist()):
             n = lens[i]
@@ -318,11 +389,34 @@ def storage_order(url: str, layers: list[int]):
 def write_pt(url: str, layers: list[int], d: Path) -> None:
     import torch
 
-    d.mkdir(parents=True)
-    for sid, ids, mask, aux, tgt in storage_order(url, layers):
-        torch.save({"input_ids": ids.clone(), "loss_mask": mask.clone(),
-                    "aux_hidden_state": aux.clone().unsqueeze(0), "hidden_state": tgt.clone().unsqueeze(0)},
-                   d / f"{sid:08d}.pt")
+    for i, (sid, ids, mask, aux, tgt) in enumerate(storage_order(url, layers)):
+        first = i // SPECFORGE_ROWS_PER_DIR * SPECFORGE_ROWS_PER_DIR
+        folder = d / f"rows_{first}-{first + SPECFORGE_ROWS_PER_DIR}"
+        folder.mkdir(parents=True, exist_ok=True)
+        torch.save({"input_ids": ids.clone(), "loss_mask": mask.clone(), "hidden_state": tgt.clone().unsqueeze(0),
+                    "aux_hidden_state": aux.clone().unsqueeze(0)}, folder / f"data_{sid}.ckpt")
+
+
+def write_st(url: str, layers: list[int], d: Path) -> None:
+    import pyarrow as pa
+    import torch
+    from safetensors.torch import save_file
+
+    (d / "hidden_states").mkdir(parents=True)
+    sids, ids_rows, mask_rows = [], [], []
+    for i, (sid, ids, mask, aux, tgt) in enumerate(storage_order(url, layers)):
+        t, h = tgt.shape
+        # Per token: the aux layers, then the target ([T, k + 1, H]), as speculators stores them.
+        hs = torch.cat([aux.reshape(t, -1, h), tgt.reshape(t, 1, h)], dim=1)
+        save_file({"hidden_states": hs, "token_ids": ids.clone()}, str(d / "hidden_states" / f"hs_{i}.safetensors"))
+        sids.append(sid)
+        ids_rows.append(ids.numpy())
+        mask_rows.append(mask.numpy())
+    rows = pa.table({"sample_id": pa.array(sids, pa.int64()), "input_ids": pa.array(ids_rows, pa.list_(pa.int64())),
+                     "loss_mask": pa.array(mask_rows, pa.list_(pa.int64())),
+                     "seq_len": pa.array([len(x) for x in ids_rows], pa.int64())})
+    with pa.OSFile(str(d / SPECULATORS_INDEX), "wb") as f, pa.ipc.new_stream(f, rows.schema) as w:
+        w.write_table(rows)
 
 
 def write_lance(url: str, layers: list[int], d: Path) -> None:
@@ -335,11 +429,14 @@ def write_lance(url: str, layers: list[int], d: Path) -> None:
                         ("target", pa.large_binary())])
 
     def batches():
-        rows = []
+        rows, size = [], 0
         for sid, ids, mask, aux, tgt in storage_order(url, layers):
             rows.append((sid, ids.tolist(), mask.tolist(), aux.contiguous().view(torch.int16).numpy().tobytes(),
                          tgt.contiguous().view(torch.int16).numpy().tobytes()))
-            if len(rows) == 256:
+            size += len(rows[-1][3]) + len(rows[-1][4])
+            # By count for small samples, by bytes for EAGLE-3-sized ones (~75 MB each).
+            if len(rows) == 256 or size >= 256 << 20:
+                size = 0
                 yield pa.RecordBatch.from_arrays([pa.array(list(col), t) for col, t in
                                                   zip(zip(*rows), schema.types)], schema=schema)
                 rows = []
@@ -347,8 +444,11 @@ def write_lance(url: str, layers: list[int], d: Path) -> None:
             yield pa.RecordBatch.from_arrays([pa.array(list(col), t) for col, t in zip(zip(*rows), schema.types)],
                                              schema=schema)
 
-    # Several fragments, so that LanceDataset spreads them over the DataLoader workers.
-    lance.write_dataset(pa.RecordBatchReader.from_batches(schema, batches()), str(d), max_rows_per_file=2048)
+    # Several fragments (at least 8), so that LanceDataset spreads them over the DataLoader workers.
+    import hslake
+
+    per_file = max(1, min(2048, hslake.Dataset(url).counts()["num_samples"] // 8))
+    lance.write_dataset(pa.RecordBatchReader.from_batches(schema, batches()), str(d), max_rows_per_file=per_file)
 
 
 def write_mds(url: str, layers: list[int], d: Path) -> None:
@@ -371,12 +471,11 @@ def probe_digest(url: str, layers: list[int], probe: int) -> str:
     raise SystemExit(f"FAILED: sample {probe} is not in {url}")
 
 
-def ensure_peers() -> None:
+def ensure_peers(modules: set[str]) -> None:
     """Install the peer readers on first use, without touching torch or numpy."""
-    try:
-        import lance  # noqa: F401
-        import streaming  # noqa: F401
-    except ImportError:
+    import importlib.util
+
+    if any(importlib.util.find_spec(m) is None for m in modules):
         print("installing the peer readers (requirements-peers.txt, --no-deps)", file=sys.stderr)
         subprocess.check_call([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "-r",
                                str(ROOT / "requirements-peers.txt")])
@@ -423,7 +522,12 @@ def main() -> None:
     ap.add_argument("--hidden", type=int, default=64)
     ap.add_argument("--aux-layers", default="1,2,3", help="captured aux layers (plus final_norm as target)")
     ap.add_argument("--batch-size", type=int, default=32)
-    ap.add_argument("--workers", type=int, default=2, help="DataLoader workers of peers = hslake decode threads")
+    ap.add_argument("--workers", default="2",
+                    help="DataLoader workers of peers = hslake decode threads; a comma list reads one epoch per "
+                         "reader and value (S3 and --checksum-rounds use the first)")
+    ap.add_argument("--draft-tokens-per-s", type=float,
+                    help="a draft training step's tokens/s (scripts/gpu/draft_step_bench.py): report the cores each "
+                         "reader needs to keep up with it, from its epoch CPU seconds per token")
     ap.add_argument("--row-group-mb", type=float, default=4.0)
     ap.add_argument("--shuffle-window", type=int, default=16)
     ap.add_argument("--prefetch-row-groups", type=int, default=4)
@@ -454,9 +558,15 @@ def main() -> None:
         # Imports are not the reader's time to first batch.
         for m in ["torch", *CHILD_IMPORTS.get(kind, [])]:
             importlib.import_module(m)
-        t0 = time.perf_counter()
+        t0, cpu0 = time.perf_counter(), os.times()
         reader = globals()[f"child_{kind}"](cfg)
-        print(json.dumps(drain(reader, t0, cfg)))
+        r = drain(reader, t0, cfg)
+        # Dropping the reader joins its worker processes, so that their CPU time is in os.times().
+        del reader
+        gc.collect()
+        cpu1 = os.times()
+        r["epoch_cpu_s"] = sum(cpu1[:4]) - sum(cpu0[:4])
+        print(json.dumps(r))
         return
 
     import hslake
@@ -471,16 +581,21 @@ def main() -> None:
     unknown = set(readers) - set(READERS)
     if unknown:
         raise SystemExit(f"unknown readers {sorted(unknown)}; expected some of {READERS}")
-    if {"lance_take", "lance_dataset", "mosaicml"} & set(readers):
-        ensure_peers()
+    peer_modules = {PEER_MODULES[r] for r in readers if r in PEER_MODULES}
+    if peer_modules:
+        ensure_peers(peer_modules)
+    workers = [int(x) for x in a.workers.split(",") if x]
+    if not workers or min(workers) < 1:
+        raise SystemExit(f"--workers {a.workers!r}: expected positive counts, e.g. 2 or 1,2,4")
 
     layers = [int(x) for x in a.aux_layers.split(",")]
     lo, hi = (int(x) for x in a.seq_len.split(":"))
     out = Path(a.out)
-    dirs = {"hslake": out / "hslake", "torch": out / "pt", "lance": out / "lance", "mosaicml": out / "mds"}
-    fmt_of = {"torch": "torch", "lance_take": "lance", "lance_dataset": "lance", "mosaicml": "mosaicml",
-              "hslake": "hslake", "hslake_all": "hslake", "hslake_sample": "hslake"}
-    writers = {"torch": write_pt, "lance": write_lance, "mosaicml": write_mds}
+    dirs = {"hslake": out / "hslake", "torch": out / "pt", "safetensors": out / "st", "lance": out / "lance",
+            "mosaicml": out / "mds"}
+    fmt_of = {"torch": "torch", "safetensors": "safetensors", "lance_take": "lance", "lance_dataset": "lance",
+              "mosaicml": "mosaicml", "hslake": "hslake", "hslake_all": "hslake", "hslake_sample": "hslake"}
+    writers = {"torch": write_pt, "safetensors": write_st, "lance": write_lance, "mosaicml": write_mds}
     times_file = out / "write_seconds.json"
     if not a.keep:
         shutil.rmtree(out, ignore_errors=True)
@@ -512,10 +627,10 @@ def main() -> None:
     n = counts["num_samples"]
     if n != a.samples:
         raise SystemExit(f"{dirs['hslake']} holds {n} samples, not --samples {a.samples}; drop --keep")
-    probe = n // 2 + 7
+    probe = (n // 2 + 7) % n  # any sample; the modulo keeps tiny test runs in range
     expected = probe_digest(url, layers, probe)
 
-    common = {"batch_size": a.batch_size, "workers": a.workers, "max_seconds": a.max_seconds, "samples": n,
+    common = {"batch_size": a.batch_size, "workers": workers[0], "max_seconds": a.max_seconds, "samples": n,
               "hidden": a.hidden, "k": len(layers), "layers": layers, "probe": probe}
     hs_opts = {"shuffle_window": a.shuffle_window, "prefetch_row_groups": a.prefetch_row_groups}
     lookaheads = [float(x) for x in a.lookahead_mb.split(",")]
@@ -524,24 +639,28 @@ def main() -> None:
         return {"prefetch_row_groups": a.prefetch_row_groups, "shuffle_mode": "sample",
                 "lookahead_bytes": int(mb * (1 << 20))}
     runs = []  # (name, reader kind, format, config, env)
-    names = {"torch": "torch.load files (DataLoader)", "lance_take": "Lance take() of shuffled indices",
+    names = {"torch": "torch.load files, SpecForge layout (DataLoader)",
+             "safetensors": "safetensors files, speculators layout (DataLoader)",
+             "lance_take": "Lance take() of shuffled indices",
              "lance_dataset": "Lance LanceDataset (contiguous, unshuffled)",
              "mosaicml": "MosaicML streaming (MDS, zstd)"}
-    for r in readers:
-        if r == "hslake":
-            runs.append((f"hslake, window shuffle ({a.shuffle_window} row groups)", "hslake", "hslake",
-                         {**common, "url": url, "options": hs_opts}, None))
-        elif r == "hslake_all":
-            # One window of every row group: a per-sample permutation of the epoch, but the loader
-            # then holds each row group from its first to its last use (most of the dataset).
-            runs.append(("hslake, one window of all row groups", "hslake_all", "hslake",
-                         {**common, "url": url, "options": {**hs_opts, "shuffle_window": 1 << 30}}, None))
-        elif r == "hslake_sample":
-            for mb in lookaheads:
-                runs.append((f"hslake, sample shuffle (lookahead {mb:g} MiB)", "hslake_sample", "hslake",
-                             {**common, "url": url, "options": sample_opts(mb)}, None))
-        else:
-            runs.append((names[r], r, fmt_of[r], {**common, "dir": str(dirs[fmt_of[r]])}, None))
+    for w in workers:
+        cw = {**common, "workers": w}
+        for r in readers:
+            if r == "hslake":
+                runs.append((f"hslake, window shuffle ({a.shuffle_window} row groups)", "hslake", "hslake",
+                             {**cw, "url": url, "options": hs_opts}, None))
+            elif r == "hslake_all":
+                # One window of every row group: a per-sample permutation of the epoch, but the loader
+                # then holds each row group from its first to its last use (most of the dataset).
+                runs.append(("hslake, one window of all row groups", "hslake_all", "hslake",
+                             {**cw, "url": url, "options": {**hs_opts, "shuffle_window": 1 << 30}}, None))
+            elif r == "hslake_sample":
+                for mb in lookaheads:
+                    runs.append((f"hslake, sample shuffle (lookahead {mb:g} MiB)", "hslake_sample", "hslake",
+                                 {**cw, "url": url, "options": sample_opts(mb)}, None))
+            else:
+                runs.append((names[r], r, fmt_of[r], {**cw, "dir": str(dirs[fmt_of[r]])}, None))
     # Alternating, so that a noisy machine slows both alike; reported as best / median / worst.
     for i in range(a.checksum_rounds):
         for kind, u in sum_urls.items():
@@ -564,34 +683,62 @@ def main() -> None:
                 runs.append((f"hslake, loopback S3 (moto), sample shuffle (lookahead {mb:g} MiB)", "hslake_sample",
                              "hslake", {**common, "url": f"s3://{bucket}/ds", "options": sample_opts(mb)}, env))
         results = {}
+        # Hidden-state bytes a token decodes to: the aux layers and the target, bf16.
+        state_bytes = (len(layers) + 1) * a.hidden * 2
         for name, kind, fmt, cfg, env in runs:
-            print(f"reading: {name}", file=sys.stderr)
-            r = run_child([kind, json.dumps(cfg)], env)
-            r["format"] = fmt
-            results[name] = r
+            print(f"reading: {name}, {cfg['workers']} workers", file=sys.stderr)
+            key = f"{name}, {cfg['workers']} workers"
+            try:
+                r = run_child([kind, json.dumps(cfg)], env)
+            except SystemExit as e:
+                # One reader's crash is reported as a failure; the others still run.
+                print(e, file=sys.stderr)
+                results[key] = {"format": fmt, "reader": name, "workers": cfg["workers"], "error": str(e)}
+                continue
+            r.update(format=fmt, reader=name, workers=cfg["workers"],
+                     decoded_gb_per_s=r["tokens"] * state_bytes / r["seconds"] / 1e9,
+                     gb_per_cpu_s=r["tokens"] * state_bytes / r["epoch_cpu_s"] / 1e9)
+            if a.draft_tokens_per_s:
+                r["cores_for_draft"] = a.draft_tokens_per_s * r["epoch_cpu_s"] / max(r["tokens"], 1)
+            results[key] = r
+            if a.json_out:  # so far, in case a later reader is stopped from outside
+                Path(a.json_out).write_text(json.dumps({"results": results, "write_seconds": write_s,
+                                                        "counts": counts, "build": build, "partial": True}))
     finally:
         if moto:
             moto.terminate()
+        if dirs["mosaicml"].exists():
+            drop_mds_raw(dirs["mosaicml"])
 
     print(f"\n{n} samples, {counts['num_tokens']} tokens, seq_len {a.seq_len}, hidden {a.hidden}, "
-          f"aux layers {layers} + final_norm, bf16; batch {a.batch_size}; {a.workers} DataLoader workers "
-          f"(peers) / decode threads (hslake); hslake row groups of {a.row_group_mb} MiB raw, "
-          f"prefetch_row_groups {a.prefetch_row_groups}; {os.cpu_count()} CPUs; hslake build: {build['describe']}")
+          f"aux layers {layers} + final_norm, bf16 ({state_bytes} bytes of states a token); batch {a.batch_size}; "
+          f"workers: DataLoader worker processes (peers) / decode threads (hslake); hslake row groups of "
+          f"{a.row_group_mb} MiB raw, prefetch_row_groups {a.prefetch_row_groups}; {os.cpu_count()} CPUs; "
+          f"load average {os.getloadavg()[0]:.2f}; hslake build: {build['describe']}")
     if build["benchmark_warning"]:
         print(f"WARNING: {build['benchmark_warning']}")
     print(f"raw tensors {counts['raw_bytes'] / 1e6:.1f} MB\n")
-    print("| reader | tokens/s | first batch | CPU s | peak PSS | on disk | write | mixing (of 32) |")
-    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
-    for name, r in results.items():
+    draft = f"cores for {a.draft_tokens_per_s:,.0f} tokens/s" if a.draft_tokens_per_s else None
+    cores_col = f" {draft} |" if draft else ""
+    print(f"| reader | workers | tokens/s | decoded GB/s | epoch CPU s | GB per CPU s |{cores_col} first batch "
+          f"| process CPU s | peak PSS | on disk | write | mixing (of {a.batch_size}) |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: |" + (" ---: |" if draft else "")
+          + " ---: | ---: | ---: | ---: | ---: | ---: |")
+    for r in results.values():
         f = r["format"]
-        print(f"| {name} | {r['tokens'] / r['seconds']:,.0f} | {r['first_batch_s']:.2f} s | {r['cpu_s']:.1f} "
-              f"| {r['peak_pss'] / 2**20:.0f} MiB | {dir_bytes(dirs[f]) / 1e6:.0f} MB "
+        if "error" in r:
+            print(f"| {r['reader']} | {r['workers']} | failed: {r['error'][:200]} |")
+            continue
+        cores = f" {r['cores_for_draft']:.1f} |" if draft else ""
+        print(f"| {r['reader']} | {r['workers']} | {r['tokens'] / r['seconds']:,.0f} | {r['decoded_gb_per_s']:.2f} "
+              f"| {r['epoch_cpu_s']:.1f} | {r['gb_per_cpu_s']:.2f} |{cores} {r['first_batch_s']:.2f} s "
+              f"| {r['cpu_s']:.1f} | {r['peak_pss'] / 2**20:.0f} MiB | {dir_bytes(dirs[f]) / 1e6:.0f} MB "
               f"| {write_s.get(f, float('nan')):.1f} s | {r['mixing']:.1f} |")
     if a.checksum_rounds:
         print(f"\nvalue checksums, {a.checksum_rounds} alternating rounds each (best / median / worst):")
         best = {}
         for kind in sum_urls:
-            rs = [r for name, r in results.items() if f"value checksums {kind}," in name]
+            rs = [r for name, r in results.items() if f"value checksums {kind}," in name and "error" not in r]
             tps = sorted(r["tokens"] / r["seconds"] for r in rs)
             cpu = sorted(r["tokens"] / r["cpu_s"] for r in rs)
             best[kind] = (tps[-1], cpu[-1])
@@ -602,6 +749,9 @@ def main() -> None:
                   f"tokens per CPU s {100 * (1 - best[kind][1] / best['off'][1]):+.1f} %")
     failures = []
     for name, r in results.items():
+        if "error" in r:
+            failures.append(f"{name}: {r['error']}")
+            continue
         if r["samples"] == 0 or r["missing"] or r["duplicates"] or r["foreign"]:
             failures.append(f"{name}: {r['samples']} samples read, {r['missing']} missing, {r['duplicates']} "
                             f"repeated, {r['foreign']} unknown ids (expected each of {n} exactly once)")
