@@ -362,30 +362,46 @@ fn output_index(kind: Kind) -> Option<usize> {
     OUTPUTS.iter().position(|(k, _)| *k == kind)
 }
 
-/// Launches `kernel` over `rows * cols / 16` units of 16 values with `args` after the three
-/// pointers `input`, `scale`, `product`.
-fn launch(
-    kernels: &Kernels,
-    kernel: &Kernel,
-    device: usize,
+/// Runs `family`'s kernel for `product`'s dtype over `[input, scale, product]`, passing
+/// `sizes` after the three pointers; `false`, nothing launched, where it does not apply: `fits`
+/// false (the caller's shape conditions), an output dtype it does not write, a scale that is not
+/// f32, tensors not all on one GPU, contiguous and 16-byte aligned, or kernels that did not
+/// compile.
+fn run(
+    family: fn(&Kernels) -> &[Kernel],
     [input, scale, product]: [&Tensor; 3],
-    mut sizes: Vec<u64>,
-) -> Result<()> {
+    fits: bool,
+    sizes: &[i64],
+) -> Result<bool> {
+    let Some(out) = output_index(product.kind()) else {
+        return Ok(false);
+    };
+    if !fits || scale.kind() != Kind::Float {
+        return Ok(false);
+    }
+    let Some(device) = one_gpu(&[input, scale, product]) else {
+        return Ok(false);
+    };
+    let Some(kernels) = kernels(device) else {
+        return Ok(false);
+    };
     let units = product.numel() as u64 / 16;
     let blocks = units
         .div_ceil(THREADS as u64)
         .clamp(1, kernels.max_blocks as u64) as u32;
     let mut pointers = [input.data_ptr(), scale.data_ptr(), product.data_ptr()];
+    let mut sizes: Vec<u64> = sizes.iter().map(|&s| s as u64).collect();
     let mut args: Vec<*mut c_void> = pointers
         .iter_mut()
         .map(|p| (p as *mut *mut c_void).cast())
         .collect();
     args.extend(sizes.iter_mut().map(|s| (s as *mut u64).cast()));
-    // SAFETY: the arguments match the kernels' parameters (three pointers, then u64 sizes the
-    // callers give in order); the tensors are contiguous, on `device`, of the sizes the kernel
-    // is told, and are owned by the caller until libtorch's stream, which the kernel is queued
-    // on, has moved past it.
-    unsafe { kernel.launch(device, blocks, THREADS, &mut args) }
+    // SAFETY: the arguments match the kernels' parameters (three pointers, then the u64 sizes
+    // the callers give in order); the tensors are contiguous, on `device`, of the sizes the
+    // kernel is told, and are owned by the caller until libtorch's stream, which the kernel is
+    // queued on, has moved past it.
+    unsafe { family(kernels)[out].launch(device, blocks, THREADS, &mut args)? };
+    Ok(true)
 }
 
 /// Writes `weight [rows, cols]` (float8_e4m3fn) times its `[ceil(rows/bo), ceil(cols/bi)]` f32
@@ -398,27 +414,12 @@ pub(crate) fn fp8(
     product: &Tensor,
 ) -> Result<bool> {
     let (rows, cols) = (weight.size()[0], weight.size()[1]);
-    let Some(out) = output_index(product.kind()) else {
-        return Ok(false);
-    };
-    let Some(device) = one_gpu(&[weight, scale_inv, product]) else {
-        return Ok(false);
-    };
-    if cols % 16 != 0 || bi % 16 != 0 || scale_inv.kind() != Kind::Float {
-        return Ok(false);
-    }
-    let Some(k) = kernels(device) else {
-        return Ok(false);
-    };
-    let sizes = [rows, cols, bo, bi, scale_inv.size()[1]];
-    launch(
-        k,
-        &k.fp8[out],
-        device,
+    run(
+        |k| &k.fp8,
         [weight, scale_inv, product],
-        sizes.map(|s| s as u64).to_vec(),
-    )?;
-    Ok(true)
+        cols % 16 == 0 && bi % 16 == 0,
+        &[rows, cols, bo, bi, scale_inv.size()[1]],
+    )
 }
 
 /// Writes `packed [rows, cols/8]` (int32, eight offset-by-8 codes each) times its
@@ -427,26 +428,12 @@ pub(crate) fn fp8(
 /// multiple of 16.
 pub(crate) fn int4(packed: &Tensor, scale: &Tensor, group: i64, product: &Tensor) -> Result<bool> {
     let (rows, cols) = (packed.size()[0], packed.size()[1] * 8);
-    let Some(out) = output_index(product.kind()) else {
-        return Ok(false);
-    };
-    let Some(device) = one_gpu(&[packed, scale, product]) else {
-        return Ok(false);
-    };
-    if cols % 16 != 0 || group % 16 != 0 || scale.kind() != Kind::Float {
-        return Ok(false);
-    }
-    let Some(k) = kernels(device) else {
-        return Ok(false);
-    };
-    launch(
-        k,
-        &k.int4[out],
-        device,
+    run(
+        |k| &k.int4,
         [packed, scale, product],
-        [rows, cols, group].map(|s| s as u64).to_vec(),
-    )?;
-    Ok(true)
+        cols % 16 == 0 && group % 16 == 0,
+        &[rows, cols, group],
+    )
 }
 
 #[cfg(test)]
