@@ -1,7 +1,6 @@
 //! EAGLE-3 batches: assembly of picked rows into padded or packed host tensors.
 use std::sync::Arc;
 
-use arrow_buffer::MutableBuffer;
 use hslake_schemas::{f32_to_bf16_bits, fp8_e4m3_to_f32, DType};
 
 use crate::rowgroup::RowGroupData;
@@ -61,28 +60,41 @@ pub struct HostTensor {
     pub dtype: ElemType,
     /// Shape.
     pub shape: Vec<usize>,
-    data: MutableBuffer,
+    /// Zeroed bytes with room to start the tensor at a 64-byte boundary.
+    data: Vec<u8>,
+    /// Where the tensor starts in `data`.
+    start: usize,
 }
 
+/// Alignment of a tensor's first byte.
+const ALIGN: usize = 64;
+
 impl HostTensor {
-    /// A tensor of zeros.
+    /// A tensor of zeros, in the store's cheaply faulting buffers (a batch's padded states
+    /// are hundreds of MB of fresh memory each time; an over-aligned zeroed allocation would
+    /// also memset them).
     pub fn zeros(dtype: ElemType, shape: Vec<usize>) -> Self {
-        let n: usize = shape.iter().product();
+        let n: usize = shape.iter().product::<usize>() * dtype.size();
+        let data = hslake_store::buffer::zeroed(n + ALIGN);
+        let start = data.as_ptr().align_offset(ALIGN);
         HostTensor {
             dtype,
-            data: MutableBuffer::from_len_zeroed(n * dtype.size()),
+            data,
+            start,
             shape,
         }
     }
 
     /// The raw bytes.
     pub fn bytes(&self) -> &[u8] {
-        self.data.as_slice()
+        let n = self.data.len() - ALIGN;
+        &self.data[self.start..self.start + n]
     }
 
     /// The raw bytes, writable.
     pub fn bytes_mut(&mut self) -> &mut [u8] {
-        self.data.as_slice_mut()
+        let n = self.data.len() - ALIGN;
+        &mut self.data[self.start..self.start + n]
     }
 
     /// Number of elements.

@@ -27,6 +27,7 @@
 //! - [`tools`]: synthetic data, the store benchmarks and `.npy` files, built on the above.
 #![deny(missing_docs)]
 
+pub mod buffer;
 pub mod build_info;
 pub mod format;
 pub mod io;

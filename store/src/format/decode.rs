@@ -496,14 +496,13 @@ impl TensorColumn {
                 refused[r] = true;
             }
         }
-        let mut decoded = vec![
-            0u8;
+        let mut decoded = crate::buffer::zeroed(
             offsets
                 .last()
                 .copied()
                 .unwrap_or(0)
-                .saturating_mul(row_bytes)
-        ];
+                .saturating_mul(row_bytes),
+        );
         for (r, w) in offsets.windows(2).enumerate() {
             if refused[r] {
                 continue;
