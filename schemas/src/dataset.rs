@@ -104,7 +104,7 @@ impl DatasetSchema {
     /// Validate one sample: lengths agree, each tensor is `[seq_len, hidden]` of the schema's
     /// dtype, scales present exactly for fp8, token ids inside the vocabulary.
     /// Finiteness is checked separately (it needs the statistics).
-    pub fn validate(&self, s: &Sample) -> Result<(), SchemaError> {
+    pub fn validate<D: AsRef<[u8]>>(&self, s: &Sample<D>) -> Result<(), SchemaError> {
         let n = s.input_ids.len();
         if n == 0 {
             return Err(SchemaError::Empty {

@@ -29,15 +29,17 @@ impl FromStr for Overlong {
     }
 }
 
-/// One tensor's values: little-endian element bytes in row-major order.
+/// One tensor's values: little-endian element bytes in row-major order. The bytes are owned
+/// (`Vec<u8>`) unless a producer lends them from its own buffer (`D`: capture encodes straight
+/// from the pinned host buffer the GPU copied into, instead of copying each sample out first).
 #[derive(Debug, Clone, PartialEq)]
-pub struct TensorData {
+pub struct TensorData<D = Vec<u8>> {
     /// Element type.
     pub dtype: DType,
     /// Shape, row-major; a stored tensor is `[seq_len, hidden]`.
     pub shape: Vec<usize>,
     /// `product(shape) * dtype.size()` bytes.
-    pub data: Vec<u8>,
+    pub data: D,
     /// One f32 scale per token, for fp8 only.
     pub scales: Option<Vec<f32>>,
 }
@@ -78,7 +80,9 @@ impl TensorData {
             scales: None,
         }
     }
+}
 
+impl<D: AsRef<[u8]>> TensorData<D> {
     /// Number of elements.
     pub fn numel(&self) -> usize {
         self.shape.iter().product()
@@ -86,7 +90,7 @@ impl TensorData {
 
     /// Element `i` as f32, with the fp8 scale of its token applied.
     pub fn value(&self, i: usize) -> f32 {
-        let v = self.dtype.to_f32(&self.data, i);
+        let v = self.dtype.to_f32(self.data.as_ref(), i);
         match (&self.scales, self.shape.get(1)) {
             (Some(s), Some(&h)) if h > 0 => v * s[i / h],
             _ => v,
@@ -101,11 +105,12 @@ impl TensorData {
     /// Check the byte length and scales against shape and dtype.
     pub fn check_bytes(&self, point: &str) -> Result<(), SchemaError> {
         let expected = self.numel() * self.dtype.size();
-        if self.data.len() != expected {
+        let got = self.data.as_ref().len();
+        if got != expected {
             return Err(SchemaError::ByteLength {
                 point: point.to_string(),
                 expected,
-                got: self.data.len(),
+                got,
                 shape: self.shape.clone(),
                 dtype: self.dtype,
             });
@@ -130,9 +135,10 @@ impl TensorData {
     }
 }
 
-/// One logical row of a dataset: a tokenized sample and its captured hidden states.
+/// One logical row of a dataset: a tokenized sample and its captured hidden states (their
+/// bytes owned, or lent as `D`: see [`TensorData`]).
 #[derive(Debug, Clone, PartialEq)]
-pub struct Sample {
+pub struct Sample<D = Vec<u8>> {
     /// Unique id within the dataset.
     pub sample_id: u64,
     /// Token ids, `[seq_len]`.
@@ -140,10 +146,10 @@ pub struct Sample {
     /// 1 where the token counts for the loss, `[seq_len]`.
     pub loss_mask: Vec<u8>,
     /// One tensor per capture point, in schema order, each `[seq_len, hidden]`.
-    pub tensors: Vec<TensorData>,
+    pub tensors: Vec<TensorData<D>>,
 }
 
-impl Sample {
+impl<D> Sample<D> {
     /// Tokens in the sample.
     pub fn seq_len(&self) -> usize {
         self.input_ids.len()

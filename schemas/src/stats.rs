@@ -14,7 +14,7 @@ pub struct TensorStats {
 }
 
 /// Compute the statistics of a `[tokens, hidden]` tensor in one pass.
-pub fn tensor_stats(t: &TensorData) -> TensorStats {
+pub fn tensor_stats<D: AsRef<[u8]>>(t: &TensorData<D>) -> TensorStats {
     let (tokens, hidden) = match t.shape.as_slice() {
         [a, b] => (*a, *b),
         _ => (1, t.numel()),
@@ -26,7 +26,7 @@ pub fn tensor_stats(t: &TensorData) -> TensorStats {
     // both loops are simple enough for the compiler to vectorise.
     let mut row = vec![0f32; hidden];
     for r in 0..tokens {
-        let bytes = &t.data[r * hidden * k..(r + 1) * hidden * k];
+        let bytes = &t.data.as_ref()[r * hidden * k..(r + 1) * hidden * k];
         widen(t.dtype, bytes, &mut row);
         if let Some(s) = &t.scales {
             row.iter_mut().for_each(|v| *v *= s[r]);

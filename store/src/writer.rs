@@ -1,20 +1,16 @@
 //! Appending samples to a dataset: validation, encoding, shard rolling, atomic commits.
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
-use bytes::Bytes;
-use futures::future::BoxFuture;
-use futures::FutureExt;
 use hslake_schemas::{tensor_stats, DatasetSchema, FinitePolicy, Sample, SchemaError, TensorStats};
 use object_store::buffered::BufWriter;
 use object_store::ObjectStoreExt;
-use parquet::arrow::async_writer::AsyncFileWriter;
-use parquet::arrow::AsyncArrowWriter;
 use parquet::file::properties::WriterProperties;
 
 use crate::format::codec::{build_batch, EncodedSample};
 use crate::format::planes::ValueChecksum;
 use crate::format::shard::{shard_schema, writer_properties};
+use crate::io::shard_upload::ShardUpload;
 use crate::io::whole::{check, read_whole};
 use crate::table::manifest::{ShardEntry, DATA_DIR};
 use crate::table::sample_ids;
@@ -75,36 +71,9 @@ pub struct WriterStats {
     pub commits: u64,
 }
 
-/// Running CRC-32C and length of the bytes passed to the object writer.
-#[derive(Debug, Default)]
-struct Digest {
-    crc: u32,
-    bytes: u64,
-}
-
-struct DigestWriter {
-    inner: BufWriter,
-    digest: Arc<Mutex<Digest>>,
-}
-
-impl AsyncFileWriter for DigestWriter {
-    fn write(&mut self, bs: Bytes) -> BoxFuture<'_, parquet::errors::Result<()>> {
-        if let Ok(mut d) = self.digest.lock() {
-            d.crc = crc32c::crc32c_append(d.crc, &bs);
-            d.bytes += bs.len() as u64;
-        }
-        AsyncFileWriter::write(&mut self.inner, bs)
-    }
-
-    fn complete(&mut self) -> BoxFuture<'_, parquet::errors::Result<()>> {
-        AsyncFileWriter::complete(&mut self.inner).boxed()
-    }
-}
-
 struct OpenShard {
     rel: String,
-    writer: AsyncArrowWriter<DigestWriter>,
-    digest: Arc<Mutex<Digest>>,
+    upload: ShardUpload,
     rows: u64,
     tokens: u64,
     raw: u64,
@@ -117,10 +86,10 @@ struct OpenShard {
 /// Validate a sample against the schema, encode its tensors and compute their statistics;
 /// `None` when the finiteness policy skips it. Pure CPU work: run it on as many threads as
 /// the encoding needs, then hand the results to [`DatasetWriter::append_encoded`].
-pub fn encode_sample(
+pub fn encode_sample<D: AsRef<[u8]>>(
     schema: &DatasetSchema,
     opts: &WriterOptions,
-    sample: &Sample,
+    sample: &Sample<D>,
 ) -> Result<Option<EncodedSample>> {
     let invalid = |source: SchemaError| StoreError::InvalidSample {
         sample_id: sample.sample_id,
@@ -193,7 +162,7 @@ impl DatasetWriter {
     }
 
     /// Validate and encode a sample without buffering it (see [`encode_sample`]).
-    pub fn encode(&self, sample: &Sample) -> Result<Option<EncodedSample>> {
+    pub fn encode<D: AsRef<[u8]>>(&self, sample: &Sample<D>) -> Result<Option<EncodedSample>> {
         encode_sample(&self.schema, &self.opts, sample)
     }
 
@@ -228,22 +197,17 @@ impl DatasetWriter {
         if self.buffer.is_empty() {
             return Ok(());
         }
-        let rows = std::mem::take(&mut self.buffer);
+        let mut rows = std::mem::take(&mut self.buffer);
         self.buffer_raw = 0;
-        let batch = build_batch(&self.schema, &self.arrow, &rows)?;
+        let batch = build_batch(&self.schema, &self.arrow, &mut rows)?;
         if self.open.is_none() {
             self.open = Some(self.start_shard()?);
         }
         let shard = self.open.as_mut().expect("shard opened above");
         let shown = format!("{}/{}", self.ds.url(), shard.rel);
         shard
-            .writer
-            .write(&batch)
-            .await
-            .map_err(|e| StoreError::pq(&shown, e))?;
-        shard
-            .writer
-            .flush()
+            .upload
+            .write_row_group(&batch)
             .await
             .map_err(|e| StoreError::pq(&shown, e))?;
         shard.rows += rows.len() as u64;
@@ -255,7 +219,7 @@ impl DatasetWriter {
             shard.ids.push(r.sample_id);
         }
         shard.row_groups.push(rows.len() as u64);
-        if shard.writer.bytes_written() as u64 >= self.opts.shard_target_bytes {
+        if shard.upload.bytes_written() as u64 >= self.opts.shard_target_bytes {
             self.close_shard().await?;
         }
         Ok(())
@@ -263,18 +227,12 @@ impl DatasetWriter {
 
     fn start_shard(&self) -> Result<OpenShard> {
         let rel = format!("{DATA_DIR}/{}.parquet", uuid::Uuid::new_v4());
-        let digest = Arc::new(Mutex::new(Digest::default()));
-        let inner = BufWriter::new(self.ds.object_store(), self.ds.object_path(&rel));
-        let w = DigestWriter {
-            inner,
-            digest: digest.clone(),
-        };
-        let writer = AsyncArrowWriter::try_new(w, self.arrow.clone(), Some(self.props.clone()))
+        let out = BufWriter::new(self.ds.object_store(), self.ds.object_path(&rel));
+        let upload = ShardUpload::new(out, self.arrow.clone(), self.props.clone())
             .map_err(|e| StoreError::pq(format!("{}/{rel}", self.ds.url()), e))?;
         Ok(OpenShard {
             rel,
-            writer,
-            digest,
+            upload,
             rows: 0,
             tokens: 0,
             raw: 0,
@@ -286,18 +244,12 @@ impl DatasetWriter {
     }
 
     async fn close_shard(&mut self) -> Result<()> {
-        let Some(shard) = self.open.take() else {
+        let Some(mut shard) = self.open.take() else {
             return Ok(());
         };
         let shown = format!("{}/{}", self.ds.url(), shard.rel);
-        let closed = shard.writer.close().await;
-        let (crc, bytes) = {
-            let d = shard
-                .digest
-                .lock()
-                .map_err(|_| StoreError::Usage("shard digest poisoned".into()))?;
-            (d.crc, d.bytes)
-        };
+        let closed = shard.upload.finish().await;
+        let (crc, bytes) = shard.upload.digest();
         if let Err(e) = closed {
             // The upload may have landed although its response was lost: the file in storage,
             // read back, has the bytes written or the failure stands.
@@ -377,9 +329,9 @@ impl DatasetWriter {
 
     /// Drop everything not yet committed and delete its shard files.
     pub async fn abort(mut self) -> Result<()> {
-        if let Some(s) = self.open.take() {
+        if let Some(mut s) = self.open.take() {
             // Closing completes the upload so the file can be deleted like any other.
-            let _ = s.writer.close().await;
+            let _ = s.upload.finish().await;
             self.pending.push(ShardEntry {
                 path: s.rel,
                 bytes: 0,

@@ -23,40 +23,89 @@ pub(super) struct SampleRows {
 }
 
 impl SampleRows {
-    /// Copies the rows out into a store sample (`hidden` wide, stored as `dtype`) and releases
-    /// this sample's hold on the batch's buffers.
-    pub fn into_sample(self, dtype: DType, hidden: usize) -> Result<Sample> {
-        let len = self.input.input_ids.len();
-        let tensors = self
-            .rows
-            .iter()
-            .map(|rows| -> Result<TensorData> {
-                let n = rows.numel();
-                let mut data = vec![0u8; n * dtype.size()];
-                rows.f_copy_data_u8(&mut data, n)?;
+    /// Runs `encode` on this sample as a store sample (`hidden` wide, stored as `dtype`) whose
+    /// tensors are read in place from the batch's host buffers, then releases this sample's
+    /// hold on those buffers. No copy: at real sizes copying each sample out first cost the
+    /// writers a third of their memory traffic.
+    pub fn encode_in_place<R>(
+        self,
+        dtype: DType,
+        hidden: usize,
+        encode: impl FnOnce(&Sample<HostRows>) -> Result<R>,
+    ) -> Result<R> {
+        let SampleRows { input, rows, lease } = self;
+        let len = input.input_ids.len();
+        let tensors = rows
+            .into_iter()
+            .map(|rows| {
                 Ok(TensorData {
                     dtype,
                     shape: vec![len, hidden],
-                    data,
+                    data: HostRows::new(rows, dtype)?,
                     scales: None,
                 })
             })
             .collect::<Result<Vec<_>>>();
-        drop(self.rows);
-        if let Some(lease) = &self.lease {
-            lease.release();
-        }
         let InputSample {
             sample_id,
             input_ids,
             loss_mask,
-        } = self.input;
-        Ok(Sample {
-            sample_id,
-            input_ids,
-            loss_mask,
-            tensors: tensors?,
-        })
+        } = input;
+        let result = tensors.and_then(|tensors| {
+            encode(&Sample {
+                sample_id,
+                input_ids,
+                loss_mask,
+                tensors,
+            })
+        });
+        // The views are gone with the sample: the buffers may be written again.
+        if let Some(lease) = &lease {
+            lease.release();
+        }
+        result
+    }
+}
+
+/// One sample's rows of one captured state, a contiguous CPU tensor (a view into the batch's
+/// host buffer), read as its bytes.
+pub(super) struct HostRows(Tensor);
+
+impl HostRows {
+    /// `rows` as bytes of `dtype` (made contiguous if they are a strided view); refuses a
+    /// tensor whose bytes are not that (on a GPU, of another element size).
+    fn new(rows: Tensor, dtype: DType) -> Result<Self> {
+        let elem = rows.kind().elt_size_in_bytes();
+        if rows.device() != tch::Device::Cpu || elem != dtype.size() {
+            return Err(CaptureError::Pipeline(format!(
+                "a sample's captured rows must be a CPU tensor of {}-byte elements ({dtype}); \
+                 got {:?} {:?} on {:?}",
+                dtype.size(),
+                rows.kind(),
+                rows.size(),
+                rows.device()
+            )));
+        }
+        Ok(HostRows(if rows.is_contiguous() {
+            rows
+        } else {
+            rows.f_contiguous()?
+        }))
+    }
+}
+
+impl AsRef<[u8]> for HostRows {
+    fn as_ref(&self) -> &[u8] {
+        let len = self.0.numel() * self.0.kind().elt_size_in_bytes();
+        if len == 0 {
+            return &[];
+        }
+        // SAFETY: `new` made sure that the tensor is contiguous, on the CPU and of this element
+        // size, so its `numel` elements are `len` initialised bytes at `data_ptr`. The memory
+        // is the tensor's own storage or the batch's pinned buffer; both outlive `self`: the
+        // tensor holds its storage, and the lease on a pinned buffer is released only after
+        // the sample holding this is dropped (`encode_in_place`).
+        unsafe { std::slice::from_raw_parts(self.0.data_ptr() as *const u8, len) }
     }
 }
 

@@ -78,9 +78,10 @@ pub(super) fn run_writer(
     loop {
         match rx.recv_timeout(setup.policy.wait(last_commit.elapsed())) {
             Ok(rows) => {
-                let sample = rows.into_sample(setup.dtype, setup.hidden)?;
-                let tokens = sample.input_ids.len() as u64;
-                let encoded = w.encode(&sample)?;
+                let (tokens, encoded) =
+                    rows.encode_in_place(setup.dtype, setup.hidden, |sample| {
+                        Ok((sample.input_ids.len() as u64, w.encode(sample)?))
+                    })?;
                 if io.block_on(w.append_encoded(encoded))? == Appended::Written {
                     pending += 1;
                 }

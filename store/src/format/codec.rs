@@ -5,7 +5,10 @@ use std::sync::Arc;
 use arrow_array::builder::{LargeBinaryBuilder, ListBuilder, PrimitiveBuilder};
 use arrow_array::cast::AsArray;
 use arrow_array::types::{Int32Type, UInt64Type, UInt8Type};
-use arrow_array::{ArrayRef, Float32Array, RecordBatch, UInt32Array, UInt64Array};
+use arrow_array::{
+    ArrayRef, Float32Array, LargeBinaryArray, RecordBatch, UInt32Array, UInt64Array,
+};
+use arrow_buffer::{Buffer, OffsetBuffer, ScalarBuffer};
 use arrow_schema::{DataType, Field, Schema};
 use hslake_schemas::{DatasetSchema, Sample, StatKind, TensorData, TensorStats};
 
@@ -29,12 +32,12 @@ fn encode_values(
 
 /// A tensor's values in the `plane_zstd` encoding at zstd `level`, with a checksum of
 /// `checksum`'s kind.
-pub fn encode_tensor(
-    t: &TensorData,
+pub fn encode_tensor<D: AsRef<[u8]>>(
+    t: &TensorData<D>,
     level: i32,
     checksum: Option<ValueChecksum>,
 ) -> Result<Vec<u8>> {
-    encode_values(&t.data, t.dtype.size(), level, checksum, "a tensor")
+    encode_values(t.data.as_ref(), t.dtype.size(), level, checksum, "a tensor")
 }
 
 /// A sample ready to be written: tensors encoded, statistics computed.
@@ -61,8 +64,8 @@ pub struct EncodedSample {
 impl EncodedSample {
     /// Encode a sample (already validated against the schema) at zstd `level`, each value with
     /// a checksum of `checksum`'s kind; `stats` are its tensors' [`tensor_stats`], in order.
-    pub fn new(
-        s: &Sample,
+    pub fn new<D: AsRef<[u8]>>(
+        s: &Sample<D>,
         stats: Vec<TensorStats>,
         level: i32,
         checksum: Option<ValueChecksum>,
@@ -72,7 +75,7 @@ impl EncodedSample {
             sample_id: s.sample_id,
             input_ids: s.input_ids.clone(),
             loss_mask: s.loss_mask.clone(),
-            raw_bytes: s.tensors.iter().map(|t| t.data.len() as u64).sum(),
+            raw_bytes: s.tensors.iter().map(|t| t.data.as_ref().len() as u64).sum(),
             tensors: s
                 .tensors
                 .iter()
@@ -107,11 +110,12 @@ impl EncodedSample {
 }
 
 /// Build one record batch of a shard's Arrow schema (`shard::shard_schema`) from encoded
-/// samples; where the schema has a token checksum column, each row's is computed here.
+/// samples; where the schema has a token checksum column, each row's is computed here. The
+/// rows' encoded tensor values move into the batch (the rows keep everything else).
 pub fn build_batch(
     schema: &DatasetSchema,
     arrow: &Arc<Schema>,
-    rows: &[EncodedSample],
+    rows: &mut [EncodedSample],
 ) -> Result<RecordBatch> {
     let mut cols: Vec<ArrayRef> = vec![
         Arc::new(UInt64Array::from_iter_values(
@@ -130,7 +134,7 @@ pub fn build_batch(
         ListBuilder::new(PrimitiveBuilder::<Int32Type>::new()).with_field(item(DataType::Int32));
     let mut mask =
         ListBuilder::new(PrimitiveBuilder::<UInt8Type>::new()).with_field(item(DataType::UInt8));
-    for r in rows {
+    for r in rows.iter() {
         ids.values().append_slice(&r.input_ids);
         ids.append(true);
         mask.values().append_slice(&r.loss_mask);
@@ -139,15 +143,14 @@ pub fn build_batch(
     cols.push(Arc::new(ids.finish()));
     cols.push(Arc::new(mask.finish()));
     for (i, _) in schema.points.iter().enumerate() {
-        let bytes: usize = rows.iter().map(|r| r.tensors[i].len()).sum();
-        let mut b = LargeBinaryBuilder::with_capacity(rows.len(), bytes);
-        for r in rows {
-            b.append_value(&r.tensors[i]);
-        }
-        cols.push(Arc::new(b.finish()));
+        cols.push(binary_column(
+            rows.iter_mut()
+                .map(|r| std::mem::take(&mut r.tensors[i]))
+                .collect(),
+        ));
         if schema.dtype.has_scales() {
             let mut b = LargeBinaryBuilder::new();
-            for r in rows {
+            for r in rows.iter() {
                 b.append_value(r.scales[i].as_deref().unwrap_or_default());
             }
             cols.push(Arc::new(b.finish()));
@@ -180,6 +183,22 @@ pub fn build_batch(
         context: "building a shard batch".into(),
         source,
     })
+}
+
+/// One binary column of `values`. A lone value (a row group of one sample: every sample of
+/// real-size states fills one) becomes the column's buffer as it is, without a copy.
+fn binary_column(mut values: Vec<Vec<u8>>) -> ArrayRef {
+    if values.len() == 1 {
+        let v = values.pop().expect("one value");
+        let offsets = OffsetBuffer::new(ScalarBuffer::from(vec![0i64, v.len() as i64]));
+        return Arc::new(LargeBinaryArray::new(offsets, Buffer::from_vec(v), None));
+    }
+    let bytes = values.iter().map(Vec::len).sum();
+    let mut b = LargeBinaryBuilder::with_capacity(values.len(), bytes);
+    for v in &values {
+        b.append_value(v);
+    }
+    Arc::new(b.finish())
 }
 
 fn column<'a>(batch: &'a RecordBatch, name: &str, path: &str) -> Result<&'a ArrayRef> {
