@@ -29,7 +29,9 @@
 # "torch fused", one prefill each after the MoE kernels', the capture running the last; unset, the binary's
 # default), SAMPLES (default 32; SAMPLES_<step>, e.g. SAMPLES_ds8=160, for one step: a longer capture shows the
 # steady state, where the first batches' warm-up no longer counts), CAPTURE_ALSO (more captures per step, ';'-separated,
-# each "disk|shm [capture flags]", e.g. "shm;disk --writers 8": /dev/shm shows the writers without the disk; CAPTURE_ALSO_<step> for one step), ITERS
+# each "disk|shm [capture flags]", e.g. "shm;disk --writers 8": /dev/shm shows the writers without the disk; CAPTURE_ALSO_<step> for one step),
+# CAPTURE_DEST (disk or shm: where the main capture writes, default disk; shm when a long capture's states do not fit the
+# disk beside the checkpoint: DeepSeek's bf16 53 GB leaves room for ~60 samples), ITERS
 # (default 3), WORK (scratch, default /tmp/hslake-moe),
 # DEVICE=cpu TINY=1 for a dry run of the whole flow at toy sizes on a CPU (no GPU, minutes).
 set -uo pipefail
@@ -84,7 +86,9 @@ ours() {
       row "$label" "ours prefill$tag FAILED (see $file)" '{}'
     fi
   done
-  capture "$m" "$m-out" "$label" "$step" "$layers" "$capflag" ""
+  local main_dest=$m-out
+  [ "${CAPTURE_DEST:-disk}" = shm ] && main_dest=/dev/shm/hslake-capture
+  capture "$m" "$main_dest" "$label" "$step" "$layers" "$capflag" ""
   # More captures of the same inputs, to tell the writers' limits from the disk's and the forward's.
   local extra i=0 where dest also=CAPTURE_ALSO_$step
   IFS=';' read -ra extra <<< "${!also:-${CAPTURE_ALSO:-}}"
