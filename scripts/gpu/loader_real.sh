@@ -61,7 +61,7 @@ fi
 if "$PY" -c 'import lance' >/dev/null 2>&1; then
   readers+=,lance_take,lance_dataset
 else
-  echo "NOTE: Lance left out: pylance's wheel (85 MB) is over what one device call carries (64 MiB)" |
+  echo "NOTE: Lance left out: 'import lance' fails (its 85 MB wheel travels in a call of its own: scripts/gpu/lance_stage.sh)" |
     tee -a "$OUT/notes.txt"
 fi
 readers+=,hslake,hslake_sample

@@ -10,7 +10,8 @@
 #   wheels/               MosaicML streaming and what `import streaming` needs that the GPU image
 #                         lacks (cp312, --no-deps)
 # and checks that the folder stays under 60 MiB (a device call carries 64 MiB in all).
-# Lance is not staged: pylance's wheel alone is 85 MB, so the device run reads without Lance.
+# Lance is not staged here: pylance's wheel alone is 85 MB, so it travels in a call of its own
+# (scripts/gpu/lance_stage.sh says how); without it the device run reads without Lance.
 #   bash scripts/gpu/loader_stage.sh
 set -euo pipefail
 cd "$(dirname "$0")/../.."
