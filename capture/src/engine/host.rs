@@ -1,6 +1,6 @@
 //! Rank 0's captured states in host memory on their way to the writers: the batch message,
-//! the pinned buffers rank 0 copies into (recycled once the writers have copied each sample
-//! out), and the lease that hands a batch's buffers back when its last sample is done.
+//! the pinned buffers rank 0 copies into (recycled once the writers have encoded each sample
+//! from them), and the lease that hands a batch's buffers back when its last sample is done.
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, Sender};
 use std::sync::{Arc, Mutex};
@@ -79,7 +79,7 @@ impl BufferPool {
 }
 
 /// The pinned buffers of one batch, handed back to rank 0 when the last of its samples has
-/// been copied out by a writer.
+/// been encoded by a writer.
 pub(super) struct BatchLease {
     remaining: AtomicU64,
     buffers: Mutex<Option<Vec<PinnedBuffer>>>,

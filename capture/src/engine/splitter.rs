@@ -1,6 +1,6 @@
 //! From batches to samples: each host batch is cut into its samples' real tokens (views, no
-//! copy), and each sample goes to the least-loaded writer, which copies it out in parallel
-//! with the others.
+//! copy), and each sample goes to the least-loaded writer, which encodes it in place in
+//! parallel with the others.
 use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender, SyncSender};
 use std::sync::Arc;
 use std::time::Duration;
