@@ -732,6 +732,39 @@ mod tests {
         }
     }
 
+    /// The bf16 planes element by element, as docs/FORMAT.md defines them.
+    fn bf16_planes_by_the_definition(data: &[u8]) -> Vec<u8> {
+        let n = data.len() / 2;
+        let half = n.div_ceil(2);
+        let mut planes = vec![0u8; n + 2 * half];
+        for (i, c) in data.chunks_exact(2).enumerate() {
+            let r = u16::from_le_bytes([c[0], c[1]]).rotate_left(1);
+            let low = r as u8;
+            planes[i] = (r >> 8) as u8;
+            let (hi, lo) = if i % 2 == 0 {
+                (low >> 4, low & 0x0f)
+            } else {
+                (low & 0xf0, low << 4)
+            };
+            planes[n + i / 2] |= hi;
+            planes[n + half + i / 2] |= lo;
+        }
+        planes
+    }
+
+    #[test]
+    fn bf16_planes_match_the_element_by_element_definition() {
+        for n in (0..40).chain([1000, 1001, 4099]) {
+            let data = random_bytes(2 * n);
+            let mut planes = Vec::new();
+            to_planes(&data, 2, &mut planes);
+            assert_eq!(planes, bf16_planes_by_the_definition(&data), "n {n}");
+            let mut back = vec![0u8; data.len()];
+            from_planes(&planes, 2, &mut back);
+            assert_eq!(back, data, "n {n}");
+        }
+    }
+
     #[test]
     fn bf16_top_plane_is_the_exponent() {
         // 1.0 = 0x3f80 (exponent 127), -2.0 = 0xc000 (exponent 128, sign set).
