@@ -80,6 +80,7 @@ fn main() -> std::process::ExitCode {
         // Colour codes only for a person at a terminal, not in the daemon's log files.
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
+    hslake_store::buffer::keep_freed_memory_for_reuse();
     let cli = Cli::parse();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()

@@ -1,4 +1,5 @@
-//! Large zeroed byte buffers for decoded states, in memory that faults in cheaply.
+//! Large zeroed byte buffers for decoded states, in memory that faults in cheaply; and the
+//! allocator policy of processes that write shards ([`keep_freed_memory_for_reuse`]).
 //!
 //! The loader decodes hundreds of MB of states per batch into fresh buffers, and at EAGLE-3
 //! sizes faulting in their 4 KiB pages took about a third of its CPU (perf, 2-core VM). So the
@@ -6,6 +7,30 @@
 //! memset), and large ones are marked for 2 MiB transparent huge pages before anything touches
 //! them: one page fault where there were 512. Where the kernel gives no huge pages (THP off)
 //! the advice changes nothing.
+
+/// Makes glibc's `malloc` keep freed blocks of up to 32 MiB for reuse rather than hand them
+/// back to the kernel. A shard writer allocates and frees buffers of 1–32 MiB for every sample
+/// (encoded tensor values, Parquet pages); by default glibc serves blocks that large with a
+/// fresh `mmap` and frees them with `munmap`, so every buffer's pages are faulted in and
+/// zeroed again, and every `munmap` interrupts each thread of the process to flush its TLB —
+/// with a dozen writer threads and the GPU's thread in one process. Measured on the write
+/// path at DeepSeek width (one writer, 2-core VM, three alternations): the writer's page faults
+/// −85 %, raw MB written per CPU second +8 % on average (noisy). The cost is memory: each
+/// thread's arena stays at its peak. Call once, early; with another C library it does
+/// nothing.
+pub fn keep_freed_memory_for_reuse() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    {
+        // SAFETY: mallopt only sets allocator parameters, under glibc's own lock.
+        let set = unsafe {
+            libc::mallopt(libc::M_MMAP_THRESHOLD, 32 << 20) == 1
+                && libc::mallopt(libc::M_TRIM_THRESHOLD, 1 << 30) == 1
+        };
+        if !set {
+            tracing::debug!("glibc refused the malloc thresholds; keeping its defaults");
+        }
+    }
+}
 
 /// Buffers from this size on are asked to be backed by transparent huge pages.
 const HUGE_FROM: usize = 8 << 20;
