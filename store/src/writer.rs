@@ -10,7 +10,7 @@ use parquet::file::properties::WriterProperties;
 use crate::format::codec::{build_batch, EncodedSample};
 use crate::format::planes::ValueChecksum;
 use crate::format::shard::{shard_schema, writer_properties};
-use crate::io::shard_upload::ShardUpload;
+use crate::io::shard_upload::{ChunkPool, ShardUpload};
 use crate::io::whole::{check, read_whole};
 use crate::table::manifest::{ShardEntry, DATA_DIR};
 use crate::table::sample_ids;
@@ -123,6 +123,8 @@ pub struct DatasetWriter {
     open: Option<OpenShard>,
     pending: Vec<ShardEntry>,
     stats: WriterStats,
+    /// Upload chunks, reused by one shard after another.
+    chunks: ChunkPool,
 }
 
 impl DatasetWriter {
@@ -142,6 +144,7 @@ impl DatasetWriter {
             open: None,
             pending: vec![],
             stats: WriterStats::default(),
+            chunks: ChunkPool::default(),
         })
     }
 
@@ -228,8 +231,13 @@ impl DatasetWriter {
     fn start_shard(&self) -> Result<OpenShard> {
         let rel = format!("{DATA_DIR}/{}.parquet", uuid::Uuid::new_v4());
         let out = BufWriter::new(self.ds.object_store(), self.ds.object_path(&rel));
-        let upload = ShardUpload::new(out, self.arrow.clone(), self.props.clone())
-            .map_err(|e| StoreError::pq(format!("{}/{rel}", self.ds.url()), e))?;
+        let upload = ShardUpload::new(
+            out,
+            self.arrow.clone(),
+            self.props.clone(),
+            self.chunks.clone(),
+        )
+        .map_err(|e| StoreError::pq(format!("{}/{rel}", self.ds.url()), e))?;
         Ok(OpenShard {
             rel,
             upload,

@@ -6,8 +6,9 @@
 //! doubling, then the object store's `AsyncWrite` path copies it once more. A row group of
 //! real-size states is one sample of tens of MB, so every row group cost two extra copies, a
 //! dozen reallocations and a fresh `mmap` (page faults; an `munmap` when freed, which
-//! interrupts every other thread of the process). Here the chunks come back to a small pool
-//! once the store has written them.
+//! interrupts every other thread of the process). Here the chunks come back to a small pool,
+//! which outlives each shard (a dataset writer keeps one for all the shards it writes), once
+//! the store has written them.
 use std::io::Write;
 use std::sync::{Arc, Mutex};
 
@@ -22,16 +23,18 @@ use parquet::file::properties::WriterProperties;
 /// Bytes of one chunk: a few object-store parts in flight hold a few of them.
 const CHUNK: usize = 4 << 20;
 
-/// Chunks kept for reuse (per shard writer): enough for a row group of real-size states in
-/// flight, few enough that an idle writer holds little.
+/// Chunks kept for reuse (per pool): enough for a row group of real-size states in flight,
+/// few enough that an idle writer holds little.
 const POOL: usize = 16;
 
-type Pool = Arc<Mutex<Vec<Vec<u8>>>>;
+/// Chunks for [`ShardUpload`]s to reuse: one per dataset writer, shared by its shards in turn.
+#[derive(Clone, Default)]
+pub struct ChunkPool(Arc<Mutex<Vec<Vec<u8>>>>);
 
 /// A chunk on loan to the object store; back to the pool when the store drops it.
 struct Loaned {
     bytes: Vec<u8>,
-    pool: Pool,
+    pool: ChunkPool,
 }
 
 impl AsRef<[u8]> for Loaned {
@@ -44,7 +47,7 @@ impl Drop for Loaned {
     fn drop(&mut self) {
         let mut bytes = std::mem::take(&mut self.bytes);
         bytes.clear();
-        if let Ok(mut pool) = self.pool.lock() {
+        if let Ok(mut pool) = self.pool.0.lock() {
             if pool.len() < POOL {
                 pool.push(bytes);
             }
@@ -56,7 +59,7 @@ impl Drop for Loaned {
 struct ChunkSink {
     current: Vec<u8>,
     sealed: Vec<Bytes>,
-    pool: Pool,
+    pool: ChunkPool,
 }
 
 impl ChunkSink {
@@ -83,7 +86,7 @@ impl Write for ChunkSink {
         let n = buf.len();
         while !buf.is_empty() {
             if self.current.capacity() == 0 {
-                let reused = self.pool.lock().ok().and_then(|mut p| p.pop());
+                let reused = self.pool.0.lock().ok().and_then(|mut p| p.pop());
                 self.current = reused.unwrap_or_else(|| Vec::with_capacity(CHUNK));
             }
             let room = self.current.capacity() - self.current.len();
@@ -111,16 +114,17 @@ pub struct ShardUpload {
 }
 
 impl ShardUpload {
-    /// A shard of `schema` written with `props` through `out`.
+    /// A shard of `schema` written with `props` through `out`, in chunks of `pool`.
     pub fn new(
         out: BufWriter,
         schema: SchemaRef,
         props: WriterProperties,
+        pool: ChunkPool,
     ) -> Result<Self, ParquetError> {
         let sink = ChunkSink {
             current: Vec::new(),
             sealed: Vec::new(),
-            pool: Arc::default(),
+            pool,
         };
         Ok(ShardUpload {
             writer: ArrowWriter::try_new(sink, schema, Some(props))?,
@@ -178,7 +182,7 @@ mod tests {
         let mut sink = ChunkSink {
             current: Vec::new(),
             sealed: Vec::new(),
-            pool: Arc::default(),
+            pool: ChunkPool::default(),
         };
         let data: Vec<u8> = (0..(CHUNK * 2 + 1000))
             .map(|i| (i * 7 % 251) as u8)
@@ -197,13 +201,13 @@ mod tests {
         );
         drop(chunks);
         assert_eq!(
-            sink.pool.lock().unwrap().len(),
+            sink.pool.0.lock().unwrap().len(),
             3,
             "sent chunks return to the pool"
         );
         sink.write_all(&data[..5]).unwrap();
         assert_eq!(
-            sink.pool.lock().unwrap().len(),
+            sink.pool.0.lock().unwrap().len(),
             2,
             "the next write reuses one"
         );
