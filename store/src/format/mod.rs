@@ -4,6 +4,7 @@
 //! - [`decode`]: the one decoder of stored values, checked against their row's length;
 //! - [`codec`]: samples to record batches and back;
 //! - [`shard`]: how a shard's columns are written to Parquet.
+mod bf16_split;
 pub mod codec;
 pub mod decode;
 pub mod planes;

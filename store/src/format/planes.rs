@@ -211,8 +211,11 @@ fn plane_lens(size: usize, n: usize) -> impl Iterator<Item = usize> {
 pub fn to_planes(data: &[u8], size: usize, planes: &mut Vec<u8>) {
     let n = data.len() / size;
     let half = n.div_ceil(2);
-    planes.clear();
-    planes.resize(plane_lens(size, n).sum(), 0);
+    // Every byte is overwritten below, so a reused buffer is not cleared first (on a capture
+    // writer that memset was a tenth of the split's time).
+    let len = plane_lens(size, n).sum();
+    planes.truncate(len);
+    planes.resize(len, 0);
     if n == 0 {
         return;
     }
@@ -221,12 +224,13 @@ pub fn to_planes(data: &[u8], size: usize, planes: &mut Vec<u8>) {
         2 => {
             let (top, rest) = planes.split_at_mut(n);
             let (hi_nib, lo_nib) = rest.split_at_mut(half);
+            let done = super::bf16_split::split_leading(data, top, hi_nib, lo_nib);
             let (pairs, tail) = data.split_at(n / 2 * 4);
-            for (((p, t), h), l) in pairs
+            for (((p, t), h), l) in pairs[2 * done..]
                 .chunks_exact(4)
-                .zip(top.chunks_exact_mut(2))
-                .zip(hi_nib.iter_mut())
-                .zip(lo_nib.iter_mut())
+                .zip(top[done..].chunks_exact_mut(2))
+                .zip(hi_nib[done / 2..].iter_mut())
+                .zip(lo_nib[done / 2..].iter_mut())
             {
                 let a = u16::from_le_bytes([p[0], p[1]]).rotate_left(1);
                 let b = u16::from_le_bytes([p[2], p[3]]).rotate_left(1);
@@ -358,8 +362,77 @@ fn rotr1(v: u64, size: usize) -> u64 {
 
 thread_local! {
     static SCRATCH: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
-    static CCTX: RefCell<Option<((i32, bool), zstd::bulk::Compressor<'static>)>> = const { RefCell::new(None) };
+    static CCTX: RefCell<Option<(CompressorKey, zstd::bulk::Compressor<'static>)>> = const { RefCell::new(None) };
+    static FAST_CCTX: RefCell<Option<(CompressorKey, zstd::bulk::Compressor<'static>)>> = const { RefCell::new(None) };
     static DCTX: RefCell<Option<zstd::bulk::Decompressor<'static>>> = const { RefCell::new(None) };
+}
+
+/// What a cached compressor was made for: its level and whether frames carry zstd's checksum.
+type CompressorKey = (i32, bool);
+
+/// Bytes of a plane compressed first, to judge whether the whole plane is worth entropy coding.
+const PROBE: usize = 64 << 10;
+
+/// A plane whose probe shrinks by less than this many 64ths is written at [`FAST_LEVEL`].
+const PROBE_GAIN: usize = 2;
+
+/// The level for planes with nothing to gain: zstd's negative levels store literals raw and
+/// skim for matches, ~3× the speed of level 1 on random bytes, which it also stores raw.
+const FAST_LEVEL: i32 = -1;
+
+/// Run `f` with this thread's compressor in `slot`, made anew when `key` changed.
+fn with_compressor<T>(
+    slot: &'static std::thread::LocalKey<
+        RefCell<Option<(CompressorKey, zstd::bulk::Compressor<'static>)>>,
+    >,
+    key: CompressorKey,
+    f: impl FnOnce(&mut zstd::bulk::Compressor<'static>) -> Result<T, PlaneError>,
+) -> Result<T, PlaneError> {
+    let zerr = |e: std::io::Error| PlaneError::Zstd(e.to_string());
+    slot.with_borrow_mut(|slot| {
+        if slot.as_ref().is_none_or(|(k, _)| *k != key) {
+            let mut c = zstd::bulk::Compressor::new(key.0).map_err(zerr)?;
+            c.set_parameter(zstd::zstd_safe::CParameter::MinMatch(MIN_MATCH))
+                .map_err(zerr)?;
+            c.set_parameter(zstd::zstd_safe::CParameter::HashLog(HASH_LOG))
+                .map_err(zerr)?;
+            c.include_checksum(key.1).map_err(zerr)?;
+            *slot = Some((key, c));
+        }
+        f(&mut slot.as_mut().expect("compressor just set").1)
+    })
+}
+
+/// Append `plane` to `out` as one zstd frame; returns the frame's length. Planes of random
+/// bytes (the low mantissa nibbles of most activations) are spotted by compressing their first
+/// [`PROBE`] bytes and then go through the fast compressor: at level 1 zstd spends its time
+/// building Huffman tables it then throws away.
+fn append_frame(
+    plane: &[u8],
+    level: i32,
+    zstd_sums: bool,
+    out: &mut Vec<u8>,
+) -> Result<usize, PlaneError> {
+    let zerr = |e: std::io::Error| PlaneError::Zstd(e.to_string());
+    let mark = out.len();
+    out.reserve(zstd_safe::compress_bound(plane.len()));
+    let mut compress = |c: &mut zstd::bulk::Compressor<'static>, part: &[u8]| {
+        out.truncate(mark);
+        let mut end = std::io::Cursor::new(&mut *out);
+        end.set_position(mark as u64);
+        c.compress_to_buffer(part, &mut end).map_err(zerr)
+    };
+    let worth_it = plane.len() < 2 * PROBE
+        || level <= FAST_LEVEL
+        || with_compressor(&CCTX, (level, zstd_sums), |c| {
+            let probe = compress(c, &plane[..PROBE])?;
+            Ok(probe + PROBE_GAIN * (PROBE / 64) <= PROBE)
+        })?;
+    if worth_it {
+        with_compressor(&CCTX, (level, zstd_sums), |c| compress(c, plane))
+    } else {
+        with_compressor(&FAST_CCTX, (FAST_LEVEL, zstd_sums), |c| compress(c, plane))
+    }
 }
 
 /// Encode `data` (little-endian elements of `size` bytes) at zstd `level`: a little-endian u32
@@ -372,7 +445,6 @@ pub fn encode(
     level: i32,
     checksum: Option<ValueChecksum>,
 ) -> Result<Vec<u8>, PlaneError> {
-    let zerr = |e: std::io::Error| PlaneError::Zstd(e.to_string());
     let zstd_sums = checksum == Some(ValueChecksum::ZstdXxh64);
     SCRATCH.with_borrow_mut(|planes| {
         to_planes(data, size, planes);
@@ -384,32 +456,16 @@ pub fn encode(
         // capacity, so only the ~70 % they fill is ever touched (and faulted in).
         let mut out = Vec::with_capacity(header + bound + TRAILER);
         out.resize(header, 0);
-        CCTX.with_borrow_mut(|slot| {
-            if slot.as_ref().is_none_or(|(k, _)| *k != (level, zstd_sums)) {
-                let mut c = zstd::bulk::Compressor::new(level).map_err(zerr)?;
-                c.set_parameter(zstd::zstd_safe::CParameter::MinMatch(MIN_MATCH))
-                    .map_err(zerr)?;
-                c.set_parameter(zstd::zstd_safe::CParameter::HashLog(HASH_LOG))
-                    .map_err(zerr)?;
-                c.include_checksum(zstd_sums).map_err(zerr)?;
-                *slot = Some(((level, zstd_sums), c));
-            }
-            let (_, c) = slot.as_mut().expect("compressor just set");
-            let mut start = 0;
-            for (i, &len) in lens.iter().enumerate() {
-                let mut end = std::io::Cursor::new(&mut out);
-                end.set_position(end.get_ref().len() as u64);
-                let written = c
-                    .compress_to_buffer(&planes[start..start + len], &mut end)
-                    .map_err(zerr)?;
-                out[4 * i..4 * i + 4].copy_from_slice(&(written as u32).to_le_bytes());
-                start += len;
-            }
-            if let Some(sum) = checksum.and_then(|k| k.checksum(&out)) {
-                out.extend_from_slice(&sum.to_le_bytes());
-            }
-            Ok(out)
-        })
+        let mut start = 0;
+        for (i, &len) in lens.iter().enumerate() {
+            let written = append_frame(&planes[start..start + len], level, zstd_sums, &mut out)?;
+            out[4 * i..4 * i + 4].copy_from_slice(&(written as u32).to_le_bytes());
+            start += len;
+        }
+        if let Some(sum) = checksum.and_then(|k| k.checksum(&out)) {
+            out.extend_from_slice(&sum.to_le_bytes());
+        }
+        Ok(out)
     })
 }
 
@@ -869,6 +925,47 @@ mod tests {
             enc.len(),
             vals.len()
         );
+    }
+
+    /// The frame `append_frame` writes for `plane`, and the one the compressor of `level`
+    /// writes for it directly.
+    fn frame_and_direct(plane: &[u8], level: i32) -> (Vec<u8>, Vec<u8>) {
+        let mut framed = Vec::new();
+        append_frame(plane, 1, false, &mut framed).unwrap();
+        let direct = if level == 1 {
+            with_compressor(&CCTX, (1, false), |c| Ok(c.compress(plane).unwrap())).unwrap()
+        } else {
+            with_compressor(&FAST_CCTX, (level, false), |c| {
+                Ok(c.compress(plane).unwrap())
+            })
+            .unwrap()
+        };
+        (framed, direct)
+    }
+
+    #[test]
+    fn random_planes_skip_entropy_coding_and_skewed_ones_keep_it() {
+        let random = random_bytes(4 * PROBE);
+        let (framed, fast) = frame_and_direct(&random, FAST_LEVEL);
+        assert_eq!(
+            framed, fast,
+            "a random plane goes through the fast compressor"
+        );
+        // Exponent-like bytes: a handful of values, most of them one of three.
+        let skewed: Vec<u8> = random.iter().map(|&b| 120 + (b % 7).min(b % 3)).collect();
+        let (framed, normal) = frame_and_direct(&skewed, 1);
+        assert_eq!(
+            framed, normal,
+            "a skewed plane is entropy coded at the given level"
+        );
+        assert!(
+            framed.len() < skewed.len() / 2,
+            "{} of {}",
+            framed.len(),
+            skewed.len()
+        );
+        let back = zstd::bulk::decompress(&framed, skewed.len()).unwrap();
+        assert_eq!(back, skewed);
     }
 
     #[test]
