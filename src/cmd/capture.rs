@@ -51,10 +51,6 @@ pub struct EngineArgs {
     /// Captured batches that may queue for the writers before the forward waits.
     #[arg(long, default_value_t = 4)]
     pub queue_depth: usize,
-    /// Niceness the writer threads add to their own (0-19): default 10 on cuda, where a rank
-    /// thread waiting for a core behind compression leaves its GPU idle; 0 on cpu.
-    #[arg(long, value_parser = clap::value_parser!(i32).range(0..=19))]
-    pub writer_nice: Option<i32>,
 }
 
 /// The model and how its forward computes: the flags `hslake capture`, `hslake serve-capture`
@@ -245,10 +241,6 @@ impl JobArgs {
         job.writers = engine.writers.unwrap_or(match engine.device {
             DeviceKind::Cpu => 1,
             DeviceKind::Cuda => cores.saturating_sub(engine.forward.tp + 1).max(1),
-        });
-        job.writer_nice = engine.writer_nice.unwrap_or(match engine.device {
-            DeviceKind::Cpu => 0,
-            DeviceKind::Cuda => 10,
         });
         job.queue_depth = engine.queue_depth;
         job.writer_options = WriterOptions {

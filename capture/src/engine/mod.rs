@@ -47,7 +47,7 @@ use feed::{feed, Feed};
 use host::{BufferPool, HostBatch};
 use rank::{CommInit, RankEvent, RankJob, RankOutput, RankReport, RankSetup};
 use splitter::{split_batches, SampleRows};
-use writer::{lower_this_threads_priority, run_writer, WriterDone, WriterSetup};
+use writer::{run_writer, WriterDone, WriterSetup};
 
 /// How long the engine waits for the other ranks once one has failed.
 pub const RANK_GRACE: Duration = Duration::from_secs(30);
@@ -236,11 +236,9 @@ impl Engine {
                     hidden,
                 };
                 let failed = &writers_failed;
-                let nice = opts.writer_nice;
                 let thread = std::thread::Builder::new()
                     .name(format!("hslake-writer-{i}"))
                     .spawn_scoped(s, move || {
-                        lower_this_threads_priority(nice);
                         flag_error(failed, run_writer(setup, rx, progress))
                     })
                     .map_err(|e| CaptureError::Pipeline(format!("cannot start a writer: {e}")))?;

@@ -119,9 +119,6 @@ pub struct CaptureJob {
     pub commit: CommitPolicy,
     /// Parallel store writers (compression runs on these threads).
     pub writers: usize,
-    /// Niceness the writer threads add to their own (Linux): on GPUs a rank thread that waits
-    /// for a core leaves its GPU idle, while a writer that waits has a queue to absorb it.
-    pub writer_nice: i32,
     /// Captured batches that may wait for the writers before the forward blocks.
     pub queue_depth: usize,
     /// Shard layout and compression.
@@ -197,7 +194,6 @@ impl CaptureJob {
             resume: false,
             commit: CommitPolicy::default(),
             writers: 1,
-            writer_nice: 0,
             queue_depth: 4,
             writer_options: WriterOptions::default(),
             shard: None,

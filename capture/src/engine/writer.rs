@@ -44,31 +44,6 @@ pub(super) struct WriterSetup<'a> {
     pub hidden: usize,
 }
 
-/// Adds `by` to the calling thread's niceness (Linux keeps one per thread), so that threads at
-/// the default priority — the ranks launching GPU work — win every contended core. A failure
-/// costs only that preference, so it is logged, not returned.
-pub(super) fn lower_this_threads_priority(by: i32) {
-    if by <= 0 {
-        return;
-    }
-    #[cfg(target_os = "linux")]
-    {
-        // SAFETY: plain system calls on this thread's own id; no memory is passed.
-        let (tid, now) = unsafe {
-            let tid = libc::gettid() as libc::id_t;
-            (tid, libc::getpriority(libc::PRIO_PROCESS, tid))
-        };
-        // SAFETY: as above.
-        let rc = unsafe { libc::setpriority(libc::PRIO_PROCESS, tid, (now + by).min(19)) };
-        if rc != 0 {
-            tracing::warn!(
-                "a store writer could not lower its CPU priority: {}",
-                std::io::Error::last_os_error()
-            );
-        }
-    }
-}
-
 /// Writes everything `rx` delivers until it closes, then commits a last time.
 pub(super) fn run_writer(
     setup: WriterSetup,
@@ -137,40 +112,4 @@ pub(super) fn run_writer(
         skipped: s.skipped,
         last_version,
     })
-}
-
-#[cfg(all(test, target_os = "linux"))]
-mod tests {
-    use super::*;
-
-    fn this_threads_nice() -> i32 {
-        // SAFETY: plain system calls on this thread's own id.
-        unsafe { libc::getpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t) }
-    }
-
-    #[test]
-    fn lowers_only_the_calling_threads_priority() {
-        let before = this_threads_nice();
-        let inside = std::thread::spawn(|| {
-            let start = this_threads_nice();
-            lower_this_threads_priority(3);
-            (start, this_threads_nice())
-        })
-        .join()
-        .unwrap();
-        assert_eq!(inside.1, (inside.0 + 3).min(19));
-        assert_eq!(
-            this_threads_nice(),
-            before,
-            "the spawning thread keeps its priority"
-        );
-        let unchanged = std::thread::spawn(|| {
-            let start = this_threads_nice();
-            lower_this_threads_priority(0);
-            (start, this_threads_nice())
-        })
-        .join()
-        .unwrap();
-        assert_eq!(unchanged.0, unchanged.1);
-    }
 }
