@@ -373,10 +373,12 @@ type CompressorKey = (i32, bool);
 /// Bytes of a plane compressed first, to judge whether the whole plane is worth entropy coding.
 const PROBE: usize = 64 << 10;
 
-/// A plane whose probe shrinks by less than this many 64ths is written at [`FAST_LEVEL`]: random
-/// planes shrink by nothing, while the nibble plane that holds the skewed lowest mantissa bit of
-/// real bf16 activations shrinks by ~2.4 % (docs/FORMAT.md) and keeps its entropy coding.
-const PROBE_GAIN: usize = 1;
+/// A plane whose probe shrinks by less than this many 64ths is written at [`FAST_LEVEL`] (at
+/// level 1 and below only). Random planes shrink by nothing; the nibble plane holding the
+/// skewed lowest mantissa bit of real bf16 activations by ~1–2.5 %: at 1/64 a DeepSeek-V3-wide
+/// capture on an H200 entropy coded it and lost 11 % of its throughput to save 0.4 % of its
+/// bytes (docs/PERFORMANCE.md). Higher levels, asked for smaller files, code every plane.
+const PROBE_GAIN: usize = 2;
 
 /// The level for planes with nothing to gain: zstd's negative levels store literals raw and
 /// skim for matches, ~3× the speed of level 1 on random bytes, which it also stores raw.
@@ -411,10 +413,10 @@ fn with_compressor<T>(
     })
 }
 
-/// Append `plane` to `out` as one zstd frame; returns the frame's length. Planes of random
-/// bytes (the low mantissa nibbles of most activations) are spotted by compressing their first
-/// [`PROBE`] bytes and then go through the fast compressor: at level 1 zstd spends its time
-/// building Huffman tables it then throws away.
+/// Append `plane` to `out` as one zstd frame; returns the frame's length. At level 1 (the
+/// default) planes of random bytes (the low mantissa nibbles of most activations) are spotted
+/// by compressing their first [`PROBE`] bytes and then go through the fast compressor: zstd
+/// spent its time building Huffman tables it then threw away.
 fn append_frame(
     plane: &[u8],
     level: i32,
@@ -432,6 +434,7 @@ fn append_frame(
     };
     let worth_it = plane.len() < 2 * PROBE
         || level <= FAST_LEVEL
+        || level > 1
         || with_compressor(&CCTX, (level, zstd_sums), |c| {
             Ok(probe_gains(compress(c, &plane[..PROBE])?))
         })?;
@@ -981,6 +984,10 @@ mod tests {
             normal.len(),
             framed.len()
         );
+        // Above level 1 no plane is probed: smaller files were asked for.
+        let mut at_three = Vec::new();
+        append_frame(&mixed, 3, false, &mut at_three).unwrap();
+        assert!(at_three.len() < framed.len() * 3 / 4);
         assert!(probed(&skewed));
         let (framed, normal) = frame_and_direct(&skewed, 1);
         assert_eq!(
