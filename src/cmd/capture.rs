@@ -159,7 +159,8 @@ pub struct JobArgs {
     #[arg(long, default_value_t = DEFAULT_COMMIT_INTERVAL)]
     #[serde(default = "default_commit_interval")]
     pub commit_interval: f64,
-    /// zstd level of the shards.
+    /// zstd level of the shards: at 1 the near-random mantissa planes are stored raw without
+    /// trying to entropy code them (fastest); from 2 every plane is coded (smaller, more CPU).
     #[arg(long, default_value_t = DEFAULT_ZSTD_LEVEL)]
     #[serde(default = "default_zstd_level")]
     pub zstd_level: i32,
