@@ -11,7 +11,7 @@ use tch::Tensor;
 use super::rank::RankTimes;
 use crate::batch::PaddedBatch;
 use crate::cuda::PinnedBuffer;
-use crate::error::{CaptureError, Result};
+use crate::error::Result;
 
 /// Rank 0's captured states for one batch, in host memory: one `[b, t, hidden]` per point.
 pub(super) struct HostBatch {
@@ -30,50 +30,29 @@ pub(super) struct HostBatch {
 pub(super) struct BufferPool {
     free: Vec<Vec<PinnedBuffer>>,
     returned: Receiver<Vec<PinnedBuffer>>,
+    made: usize,
+    max_sets: usize,
+    bytes_each: usize,
+    per_set: usize,
 }
 
 impl BufferPool {
-    /// `sets` sets of `per_set` buffers of `bytes_each` bytes, all pinned now, one thread per
-    /// set; sets come back through `returned`.
-    ///
-    /// Why up front and in parallel: pinning is page faults and page-table work the kernel does
-    /// at a few GB/s per thread. Made on demand inside the forward loop, the sets stalled the
-    /// GPU while they were made: a DeepSeek-V3-wide set of 5 × 235 MB took about 0.4 s, seven
-    /// of them about 3 s of a 10 s run.
+    /// Up to `max_sets` sets of `per_set` buffers of `bytes_each` bytes, made as needed;
+    /// sets come back through `returned`.
     pub fn new(
         returned: Receiver<Vec<PinnedBuffer>>,
-        sets: usize,
+        max_sets: usize,
         per_set: usize,
         bytes_each: usize,
-    ) -> Result<Self> {
-        let t = Instant::now();
-        let free = std::thread::scope(|s| {
-            let makers: Vec<_> = (0..sets)
-                .map(|_| {
-                    s.spawn(move || {
-                        (0..per_set)
-                            .map(|_| PinnedBuffer::new(bytes_each))
-                            .collect::<Result<Vec<_>>>()
-                    })
-                })
-                .collect();
-            makers
-                .into_iter()
-                .map(|m| {
-                    m.join().unwrap_or_else(|_| {
-                        Err(CaptureError::Pipeline(
-                            "pinning host memory panicked".into(),
-                        ))
-                    })
-                })
-                .collect::<Result<Vec<_>>>()
-        })?;
-        tracing::info!(
-            "pinned {sets} sets of {per_set} × {:.0} MB of host memory in {:.2}s",
-            bytes_each as f64 / 1e6,
-            t.elapsed().as_secs_f64()
-        );
-        Ok(BufferPool { free, returned })
+    ) -> Self {
+        BufferPool {
+            free: vec![],
+            returned,
+            made: 0,
+            max_sets,
+            bytes_each,
+            per_set,
+        }
     }
 
     /// A free set, waiting (and adding the wait to `storage_wait`) when all are in use;
@@ -84,6 +63,13 @@ impl BufferPool {
         }
         if let Some(set) = self.free.pop() {
             return Ok(Some(set));
+        }
+        if self.made < self.max_sets {
+            self.made += 1;
+            return (0..self.per_set)
+                .map(|_| PinnedBuffer::new(self.bytes_each))
+                .collect::<Result<_>>()
+                .map(Some);
         }
         let t = Instant::now();
         let set = self.returned.recv().ok();

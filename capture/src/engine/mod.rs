@@ -257,7 +257,7 @@ impl Engine {
                 })
                 .map_err(|e| CaptureError::Pipeline(format!("cannot start the splitter: {e}")))?;
 
-            let pool = self.buffer_pool(job, recycle_rx)?;
+            let pool = self.buffer_pool(job, recycle_rx);
             let (feeds, dispatched) = self.dispatch(job, host_tx, pool);
             let outcome = feed(
                 job,
@@ -308,15 +308,14 @@ impl Engine {
     }
 
     /// Rank 0's pinned buffers on CUDA: one set per batch that can be queued, in flight or
-    /// being split (no more than the job has batches), each large enough for the job's largest
-    /// batch.
+    /// being split, each large enough for the job's largest batch.
     fn buffer_pool(
         &self,
         job: &PreparedJob,
         recycle: Receiver<Vec<PinnedBuffer>>,
-    ) -> Result<Option<BufferPool>> {
-        if self.options.device != DeviceKind::Cuda || job.batches.is_empty() {
-            return Ok(None);
+    ) -> Option<BufferPool> {
+        if self.options.device != DeviceKind::Cuda {
+            return None;
         }
         let largest_batch = job
             .batches
@@ -330,13 +329,12 @@ impl Engine {
             })
             .max()
             .unwrap_or(0);
-        BufferPool::new(
+        Some(BufferPool::new(
             recycle,
-            (job.job.queue_depth + 3).min(job.batches.len()),
+            job.job.queue_depth + 3,
             job.job.points.len(),
             largest_batch * self.info.hidden_size * self.options.dtype.size(),
-        )
-        .map(Some)
+        ))
     }
 
     /// Gives every rank the job; returns the batch queues and how many ranks took the job
