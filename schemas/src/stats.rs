@@ -22,22 +22,35 @@ pub fn tensor_stats<D: AsRef<[u8]>>(t: &TensorData<D>) -> TensorStats {
     let k = t.dtype.size();
     let mut st = TensorStats::default();
     let mut norm_sum = 0f64;
-    // Each row is widened to f32 into one reused buffer, then reduced with eight lanes;
-    // both loops are simple enough for the compiler to vectorise.
+    // Each row is reduced with eight lanes, a loop simple enough for the compiler to vectorise.
+    // bf16 rows without scales are read in place (on a capture writer, widening them into a
+    // buffer first took 60 % of this function's time); other rows are widened to f32 into one
+    // reused buffer first. Both give the same bits: the lanes and their order are the same.
     let mut row = vec![0f32; hidden];
-    for r in 0..tokens {
-        let bytes = &t.data.as_ref()[r * hidden * k..(r + 1) * hidden * k];
-        widen(t.dtype, bytes, &mut row);
+    let in_place = t.dtype == DType::Bf16 && t.scales.is_none();
+    let widen_row = |r: usize, bytes: &[u8], row: &mut [f32]| {
+        widen(t.dtype, bytes, row);
         if let Some(s) = &t.scales {
             row.iter_mut().for_each(|v| *v *= s[r]);
         }
-        let (sq, mx) = sum_sq_and_max_abs(&row);
+    };
+    for r in 0..tokens {
+        let bytes = &t.data.as_ref()[r * hidden * k..(r + 1) * hidden * k];
+        let (sq, mx) = if in_place {
+            sum_sq_and_max_abs(bytes.as_chunks::<2>().0, |&c| bf16_value(c))
+        } else {
+            widen_row(r, bytes, &mut row);
+            sum_sq_and_max_abs(&row, |&v| v)
+        };
         if sq.is_finite() {
             norm_sum += (sq as f64).sqrt();
             st.max_abs = st.max_abs.max(mx);
             continue;
         }
         // Careful path for rows holding NaN/Inf (or squares overflowing f32).
+        if in_place {
+            widen_row(r, bytes, &mut row);
+        }
         let mut sq = 0f64;
         for &v in &row {
             if v.is_nan() {
@@ -59,12 +72,17 @@ pub fn tensor_stats<D: AsRef<[u8]>>(t: &TensorData<D>) -> TensorStats {
     st
 }
 
+/// A little-endian bf16 as f32.
+fn bf16_value(c: [u8; 2]) -> f32 {
+    f32::from_bits((u16::from_le_bytes(c) as u32) << 16)
+}
+
 /// Little-endian elements of `dtype` to f32 (fp8 without its scale).
 fn widen(dtype: DType, bytes: &[u8], out: &mut [f32]) {
     match dtype {
         DType::Bf16 => {
-            for (o, c) in out.iter_mut().zip(bytes.chunks_exact(2)) {
-                *o = f32::from_bits((u16::from_le_bytes([c[0], c[1]]) as u32) << 16);
+            for (o, c) in out.iter_mut().zip(bytes.as_chunks::<2>().0) {
+                *o = bf16_value(*c);
             }
         }
         DType::F16 => {
@@ -85,20 +103,22 @@ fn widen(dtype: DType, bytes: &[u8], out: &mut [f32]) {
     }
 }
 
-/// Sum of squares and max |x| of a row; NaN makes the sum NaN, which the caller checks.
-fn sum_sq_and_max_abs(row: &[f32]) -> (f32, f32) {
+/// Sum of squares and max |x| of a row whose elements `value` reads as f32; NaN makes the sum
+/// NaN, which the caller checks.
+fn sum_sq_and_max_abs<T>(row: &[T], value: impl Fn(&T) -> f32) -> (f32, f32) {
     let mut acc = [0f32; 8];
     let mut mx = [0f32; 8];
     let chunks = row.chunks_exact(8);
     let tail = chunks.remainder();
     for c in chunks {
         for k in 0..8 {
-            acc[k] += c[k] * c[k];
-            let a = c[k].abs();
+            let x = value(&c[k]);
+            acc[k] += x * x;
+            let a = x.abs();
             mx[k] = if a > mx[k] { a } else { mx[k] };
         }
     }
-    for &v in tail {
+    for v in tail.iter().map(value) {
         acc[0] += v * v;
         mx[0] = mx[0].max(v.abs());
     }
@@ -124,6 +144,41 @@ mod tests {
         let s = tensor_stats(&t);
         assert_eq!((s.nan_count, s.inf_count), (0, 0));
         assert!((s.mean_norm / 5e30 - 1.0).abs() < 1e-6);
+    }
+
+    #[test]
+    fn bf16_rows_read_in_place_give_the_bits_of_widened_rows() {
+        // Rows of odd widths (a tail after the eight lanes), with NaN, Inf, huge and tiny values.
+        let mut x = 0x9e37_79b9u32;
+        let specials = [0x7fc0u16, 0xff80, 0x7f80, 0x7f7f, 0x0001, 0x8000];
+        for hidden in [1usize, 7, 8, 9, 67, 1024] {
+            let bits: Vec<u16> = (0..5 * hidden)
+                .map(|i| {
+                    x ^= x << 13;
+                    x ^= x >> 17;
+                    x ^= x << 5;
+                    if i % 97 == 3 {
+                        specials[(x % 6) as usize]
+                    } else {
+                        (x >> 16) as u16 & 0xbfff
+                    }
+                })
+                .collect();
+            let t = TensorData::from_bf16_bits(&bits, vec![5, hidden]);
+            let widened: Vec<f32> = bits
+                .iter()
+                .map(|&b| f32::from_bits((b as u32) << 16))
+                .collect();
+            let f = TensorData::from_f32(&widened, vec![5, hidden]);
+            let (a, b) = (tensor_stats(&t), tensor_stats(&f));
+            assert_eq!(
+                a.mean_norm.to_bits(),
+                b.mean_norm.to_bits(),
+                "hidden {hidden}"
+            );
+            assert_eq!(a.max_abs.to_bits(), b.max_abs.to_bits(), "hidden {hidden}");
+            assert_eq!((a.nan_count, a.inf_count), (b.nan_count, b.inf_count));
+        }
     }
 
     #[test]
