@@ -37,7 +37,9 @@ pub fn tensor_stats<D: AsRef<[u8]>>(t: &TensorData<D>) -> TensorStats {
     for r in 0..tokens {
         let bytes = &t.data.as_ref()[r * hidden * k..(r + 1) * hidden * k];
         let (sq, mx) = if in_place {
-            sum_sq_and_max_abs(bytes.as_chunks::<2>().0, |&c| bf16_value(c))
+            sum_sq_and_max_abs(bytes.as_chunks::<2>().0, |&c| {
+                crate::bf16_bits_to_f32(u16::from_le_bytes(c))
+            })
         } else {
             widen_row(r, bytes, &mut row);
             sum_sq_and_max_abs(&row, |&v| v)
@@ -72,17 +74,12 @@ pub fn tensor_stats<D: AsRef<[u8]>>(t: &TensorData<D>) -> TensorStats {
     st
 }
 
-/// A little-endian bf16 as f32.
-fn bf16_value(c: [u8; 2]) -> f32 {
-    f32::from_bits((u16::from_le_bytes(c) as u32) << 16)
-}
-
 /// Little-endian elements of `dtype` to f32 (fp8 without its scale).
 fn widen(dtype: DType, bytes: &[u8], out: &mut [f32]) {
     match dtype {
         DType::Bf16 => {
             for (o, c) in out.iter_mut().zip(bytes.as_chunks::<2>().0) {
-                *o = bf16_value(*c);
+                *o = crate::bf16_bits_to_f32(u16::from_le_bytes(*c));
             }
         }
         DType::F16 => {
@@ -165,10 +162,7 @@ mod tests {
                 })
                 .collect();
             let t = TensorData::from_bf16_bits(&bits, vec![5, hidden]);
-            let widened: Vec<f32> = bits
-                .iter()
-                .map(|&b| f32::from_bits((b as u32) << 16))
-                .collect();
+            let widened: Vec<f32> = bits.iter().map(|&b| crate::bf16_bits_to_f32(b)).collect();
             let f = TensorData::from_f32(&widened, vec![5, hidden]);
             let (a, b) = (tensor_stats(&t), tensor_stats(&f));
             assert_eq!(

@@ -374,7 +374,7 @@ type CompressorKey = (i32, bool);
 const PROBE: usize = 64 << 10;
 
 /// A plane whose probe shrinks by less than this many 64ths is written at [`FAST_LEVEL`] (at
-/// level 1 and below only). Random planes shrink by nothing; the nibble plane holding the
+/// level 1 only). Random planes shrink by nothing; the nibble plane holding the
 /// skewed lowest mantissa bit of real bf16 activations by ~1–2.5 %: at 1/64 a DeepSeek-V3-wide
 /// capture on an H200 entropy coded it and lost 11 % of its throughput to save 0.4 % of its
 /// bytes (docs/PERFORMANCE.md). Higher levels, asked for smaller files, code every plane.
@@ -432,9 +432,8 @@ fn append_frame(
         end.set_position(mark as u64);
         c.compress_to_buffer(part, &mut end).map_err(zerr)
     };
-    let worth_it = plane.len() < 2 * PROBE
-        || level <= FAST_LEVEL
-        || level > 1
+    let worth_it = level != 1
+        || plane.len() < 2 * PROBE
         || with_compressor(&CCTX, (level, zstd_sums), |c| {
             Ok(probe_gains(compress(c, &plane[..PROBE])?))
         })?;
