@@ -52,4 +52,6 @@ pub use table::manifest::{
 };
 pub use vacuum::{vacuum, VacuumReport};
 pub use verify::{verify, Problem, VerifyReport};
-pub use writer::{encode_sample, Appended, DatasetWriter, WriterOptions, WriterStats};
+pub use writer::{
+    encode_sample, encode_split_sample, Appended, DatasetWriter, WriterOptions, WriterStats,
+};

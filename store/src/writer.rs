@@ -7,7 +7,7 @@ use object_store::buffered::BufWriter;
 use object_store::ObjectStoreExt;
 use parquet::file::properties::WriterProperties;
 
-use crate::format::codec::{build_batch, EncodedSample};
+use crate::format::codec::{build_batch, EncodedSample, TensorBytes};
 use crate::format::planes::ValueChecksum;
 use crate::format::shard::{shard_schema, writer_properties};
 use crate::io::shard_upload::{ChunkPool, ShardUpload};
@@ -96,19 +96,59 @@ pub fn encode_sample<D: AsRef<[u8]>>(
         source,
     };
     schema.validate(sample).map_err(invalid)?;
-    // The policy needs only the statistics: a sample it skips or refuses is never compressed.
     let stats: Vec<TensorStats> = sample.tensors.iter().map(tensor_stats).collect();
+    encode_validated(schema, opts, sample, TensorBytes::Elements, stats)
+}
+
+/// [`encode_sample`] for a sample whose tensors arrive split into planes (see
+/// [`TensorBytes::Planes`]), with their statistics computed where they were split: the bytes
+/// are compressed as they are, never read as elements.
+pub fn encode_split_sample<D: AsRef<[u8]>>(
+    schema: &DatasetSchema,
+    opts: &WriterOptions,
+    sample: &Sample<D>,
+    stats: Vec<TensorStats>,
+) -> Result<Option<EncodedSample>> {
+    schema
+        .validate(sample)
+        .map_err(|source| StoreError::InvalidSample {
+            sample_id: sample.sample_id,
+            source,
+        })?;
+    if stats.len() != sample.tensors.len() {
+        return Err(StoreError::Usage(format!(
+            "sample {}: {} statistics given for {} tensors split into planes",
+            sample.sample_id,
+            stats.len(),
+            sample.tensors.len()
+        )));
+    }
+    encode_validated(schema, opts, sample, TensorBytes::Planes, stats)
+}
+
+/// The finiteness policy on `stats`, then the encoding of a validated sample.
+fn encode_validated<D: AsRef<[u8]>>(
+    schema: &DatasetSchema,
+    opts: &WriterOptions,
+    sample: &Sample<D>,
+    bytes: TensorBytes,
+    stats: Vec<TensorStats>,
+) -> Result<Option<EncodedSample>> {
+    // The policy needs only the statistics: a sample it skips or refuses is never compressed.
     let keep = schema
         .apply_finite_policy(
             sample.sample_id,
             stats.iter().map(|s| (s.nan_count, s.inf_count)),
             opts.finite_policy,
         )
-        .map_err(invalid)?;
+        .map_err(|source| StoreError::InvalidSample {
+            sample_id: sample.sample_id,
+            source,
+        })?;
     if !keep {
         return Ok(None);
     }
-    EncodedSample::new(sample, stats, opts.zstd_level, opts.value_checksum).map(Some)
+    EncodedSample::new(sample, bytes, stats, opts.zstd_level, opts.value_checksum).map(Some)
 }
 
 /// Appends samples to a dataset; `commit` makes them visible atomically as a new version.
@@ -162,6 +202,16 @@ impl DatasetWriter {
     pub async fn append(&mut self, sample: &Sample) -> Result<Appended> {
         let enc = self.encode(sample)?;
         self.append_encoded(enc).await
+    }
+
+    /// Validate and encode a sample split into planes, with its statistics, without buffering
+    /// it (see [`encode_split_sample`]).
+    pub fn encode_split<D: AsRef<[u8]>>(
+        &self,
+        sample: &Sample<D>,
+        stats: Vec<TensorStats>,
+    ) -> Result<Option<EncodedSample>> {
+        encode_split_sample(&self.schema, &self.opts, sample, stats)
     }
 
     /// Validate and encode a sample without buffering it (see [`encode_sample`]).
@@ -473,5 +523,35 @@ mod tests {
                 .unwrap();
             assert_eq!(back.tensors[0].data, s.tensors[0].data);
         }
+    }
+    #[test]
+    fn a_sample_split_into_planes_encodes_to_the_bytes_of_its_elements() {
+        let (schema, s) = nan_sample();
+        let opts = with_policy(FinitePolicy::Record);
+        let whole = encode_sample(&schema, &opts, &s).unwrap().expect("kept");
+        let mut planes = vec![];
+        crate::format::planes::to_planes(&s.tensors[0].data, 2, &mut planes);
+        let split = Sample {
+            tensors: vec![TensorData {
+                data: planes,
+                ..s.tensors[0].clone()
+            }],
+            ..s.clone()
+        };
+        let stats = vec![tensor_stats(&s.tensors[0])];
+        let from_planes = encode_split_sample(&schema, &opts, &split, stats.clone())
+            .unwrap()
+            .expect("kept");
+        assert_eq!(from_planes.tensors, whole.tensors);
+        assert_eq!(from_planes.stats, whole.stats);
+        // The policy reads the statistics it is given: they are all it knows of the values.
+        let refused =
+            encode_split_sample(&schema, &with_policy(FinitePolicy::Error), &split, stats);
+        assert!(refused.is_err());
+        let err = encode_split_sample(&schema, &opts, &split, vec![]).unwrap_err();
+        assert!(
+            err.to_string().contains("0 statistics given for 1 tensors"),
+            "{err}"
+        );
     }
 }

@@ -30,14 +30,30 @@ fn encode_values(
         .map_err(|e| StoreError::Usage(format!("encoding {what}: {e}")))
 }
 
-/// A tensor's values in the `plane_zstd` encoding at zstd `level`, with a checksum of
-/// `checksum`'s kind.
+/// How the bytes of a sample's tensors are laid out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TensorBytes {
+    /// Little-endian elements.
+    Elements,
+    /// Their elements already split into planes, as [`crate::format::planes::to_planes`] splits
+    /// them (a capture does this on the GPU); the same number of bytes for even element counts.
+    Planes,
+}
+
+/// A tensor's values, laid out as `bytes` says, in the `plane_zstd` encoding at zstd `level`,
+/// with a checksum of `checksum`'s kind.
 pub fn encode_tensor<D: AsRef<[u8]>>(
     t: &TensorData<D>,
+    bytes: TensorBytes,
     level: i32,
     checksum: Option<ValueChecksum>,
 ) -> Result<Vec<u8>> {
-    encode_values(t.data.as_ref(), t.dtype.size(), level, checksum, "a tensor")
+    let (data, size) = (t.data.as_ref(), t.dtype.size());
+    match bytes {
+        TensorBytes::Elements => encode_values(data, size, level, checksum, "a tensor"),
+        TensorBytes::Planes => crate::format::planes::encode_planes(data, size, level, checksum)
+            .map_err(|e| StoreError::Usage(format!("encoding a tensor split into planes: {e}"))),
+    }
 }
 
 /// A sample ready to be written: tensors encoded, statistics computed.
@@ -62,10 +78,12 @@ pub struct EncodedSample {
 }
 
 impl EncodedSample {
-    /// Encode a sample (already validated against the schema) at zstd `level`, each value with
-    /// a checksum of `checksum`'s kind; `stats` are its tensors' [`tensor_stats`], in order.
+    /// Encode a sample (already validated against the schema) whose tensor bytes are laid out
+    /// as `bytes` says at zstd `level`, each value with a checksum of `checksum`'s kind; `stats`
+    /// are its tensors' [`tensor_stats`], in order.
     pub fn new<D: AsRef<[u8]>>(
         s: &Sample<D>,
+        bytes: TensorBytes,
         stats: Vec<TensorStats>,
         level: i32,
         checksum: Option<ValueChecksum>,
@@ -79,7 +97,7 @@ impl EncodedSample {
             tensors: s
                 .tensors
                 .iter()
-                .map(|t| encode_tensor(t, level, checksum))
+                .map(|t| encode_tensor(t, bytes, level, checksum))
                 .collect::<Result<_>>()?,
             scales: s
                 .tensors

@@ -187,6 +187,16 @@ pub enum PlaneError {
         /// Stored after its last frame.
         stored: u32,
     },
+    /// Planes handed over already split do not have the length of any element count's planes.
+    #[error("split planes of {found} bytes: {elements} elements split into {expected} bytes")]
+    SplitLength {
+        /// Bytes handed over.
+        found: usize,
+        /// Bytes the planes of `elements` elements take.
+        expected: usize,
+        /// Elements the bytes would hold.
+        elements: usize,
+    },
     /// zstd failed to compress (only on allocation failure in practice).
     #[error("zstd: {0}")]
     Zstd(String),
@@ -367,8 +377,9 @@ thread_local! {
     static DCTX: RefCell<Option<zstd::bulk::Decompressor<'static>>> = const { RefCell::new(None) };
 }
 
-/// What a cached compressor was made for: its level and whether frames carry zstd's checksum.
-type CompressorKey = (i32, bool);
+/// What a cached compressor was made for: its level, whether frames carry zstd's checksum, and
+/// whether literals are entropy coded whatever the level.
+type CompressorKey = (i32, bool, bool);
 
 /// Bytes of a plane compressed first, to judge whether the whole plane is worth entropy coding.
 const PROBE: usize = 64 << 10;
@@ -407,6 +418,12 @@ fn with_compressor<T>(
             c.set_parameter(zstd::zstd_safe::CParameter::HashLog(HASH_LOG))
                 .map_err(zerr)?;
             c.include_checksum(key.1).map_err(zerr)?;
+            if key.2 {
+                c.set_parameter(zstd::zstd_safe::CParameter::LiteralCompressionMode(
+                    zstd::zstd_safe::ParamSwitch::Enable,
+                ))
+                .map_err(zerr)?;
+            }
             *slot = Some((key, c));
         }
         f(&mut slot.as_mut().expect("compressor just set").1)
@@ -416,7 +433,10 @@ fn with_compressor<T>(
 /// Append `plane` to `out` as one zstd frame; returns the frame's length. At level 1 (the
 /// default) planes of random bytes (the low mantissa nibbles of most activations) are spotted
 /// by compressing their first [`PROBE`] bytes and then go through the fast compressor: zstd
-/// spent its time building Huffman tables it then threw away.
+/// spent its time building Huffman tables it then threw away. The other planes are coded at
+/// [`FAST_LEVEL`] too, with Huffman-coded literals switched back on: on exponent planes level
+/// 1's closer search for matches found nothing the literals do not code as well, and took a
+/// fifth of the time (docs/PERFORMANCE.md).
 fn append_frame(
     plane: &[u8],
     level: i32,
@@ -432,15 +452,22 @@ fn append_frame(
         end.set_position(mark as u64);
         c.compress_to_buffer(part, &mut end).map_err(zerr)
     };
+    let coded = if level == 1 {
+        (FAST_LEVEL, zstd_sums, true)
+    } else {
+        (level, zstd_sums, false)
+    };
     let worth_it = level != 1
         || plane.len() < 2 * PROBE
-        || with_compressor(&CCTX, (level, zstd_sums), |c| {
+        || with_compressor(&CCTX, coded, |c| {
             Ok(probe_gains(compress(c, &plane[..PROBE])?))
         })?;
     if worth_it {
-        with_compressor(&CCTX, (level, zstd_sums), |c| compress(c, plane))
+        with_compressor(&CCTX, coded, |c| compress(c, plane))
     } else {
-        with_compressor(&FAST_CCTX, (FAST_LEVEL, zstd_sums), |c| compress(c, plane))
+        with_compressor(&FAST_CCTX, (FAST_LEVEL, zstd_sums, false), |c| {
+            compress(c, plane)
+        })
     }
 }
 
@@ -454,28 +481,47 @@ pub fn encode(
     level: i32,
     checksum: Option<ValueChecksum>,
 ) -> Result<Vec<u8>, PlaneError> {
-    let zstd_sums = checksum == Some(ValueChecksum::ZstdXxh64);
     SCRATCH.with_borrow_mut(|planes| {
         to_planes(data, size, planes);
-        let n = data.len() / size;
-        let lens: Vec<usize> = plane_lens(size, n).collect();
-        let header = 4 * lens.len();
-        let bound: usize = lens.iter().map(|&l| zstd_safe::compress_bound(l)).sum();
-        // Room for the worst case, but not zeroed: the frames are written into the spare
-        // capacity, so only the ~70 % they fill is ever touched (and faulted in).
-        let mut out = Vec::with_capacity(header + bound + TRAILER);
-        out.resize(header, 0);
-        let mut start = 0;
-        for (i, &len) in lens.iter().enumerate() {
-            let written = append_frame(&planes[start..start + len], level, zstd_sums, &mut out)?;
-            out[4 * i..4 * i + 4].copy_from_slice(&(written as u32).to_le_bytes());
-            start += len;
-        }
-        if let Some(sum) = checksum.and_then(|k| k.checksum(&out)) {
-            out.extend_from_slice(&sum.to_le_bytes());
-        }
-        Ok(out)
+        encode_planes(planes, size, level, checksum)
     })
+}
+
+/// [`encode`] for elements already split: `planes` is what [`to_planes`] makes of
+/// `planes.len() / size` elements of `size` bytes (a capture splits them on the GPU).
+pub fn encode_planes(
+    planes: &[u8],
+    size: usize,
+    level: i32,
+    checksum: Option<ValueChecksum>,
+) -> Result<Vec<u8>, PlaneError> {
+    let zstd_sums = checksum == Some(ValueChecksum::ZstdXxh64);
+    let n = planes.len() / size;
+    let lens: Vec<usize> = plane_lens(size, n).collect();
+    let expected: usize = lens.iter().sum();
+    if planes.len() != expected {
+        return Err(PlaneError::SplitLength {
+            found: planes.len(),
+            expected,
+            elements: n,
+        });
+    }
+    let header = 4 * lens.len();
+    let bound: usize = lens.iter().map(|&l| zstd_safe::compress_bound(l)).sum();
+    // Room for the worst case, but not zeroed: the frames are written into the spare
+    // capacity, so only the ~70 % they fill is ever touched (and faulted in).
+    let mut out = Vec::with_capacity(header + bound + TRAILER);
+    out.resize(header, 0);
+    let mut start = 0;
+    for (i, &len) in lens.iter().enumerate() {
+        let written = append_frame(&planes[start..start + len], level, zstd_sums, &mut out)?;
+        out[4 * i..4 * i + 4].copy_from_slice(&(written as u32).to_le_bytes());
+        start += len;
+    }
+    if let Some(sum) = checksum.and_then(|k| k.checksum(&out)) {
+        out.extend_from_slice(&sum.to_le_bytes());
+    }
+    Ok(out)
 }
 
 /// Number of elements in an encoded value (from the first frame's content size). Its trailing
@@ -936,25 +982,22 @@ mod tests {
         );
     }
 
-    /// The frame `append_frame` writes for `plane`, and the one the compressor of `level`
-    /// writes for it directly.
-    fn frame_and_direct(plane: &[u8], level: i32) -> (Vec<u8>, Vec<u8>) {
+    /// The frame `append_frame` writes for `plane` at level 1, and the one level 1's entropy
+    /// coding (`coded`) or its fast compressor writes for it directly.
+    fn frame_and_direct(plane: &[u8], coded: bool) -> (Vec<u8>, Vec<u8>) {
         let mut framed = Vec::new();
         append_frame(plane, 1, false, &mut framed).unwrap();
-        let direct = if level == 1 {
-            with_compressor(&CCTX, (1, false), |c| Ok(c.compress(plane).unwrap())).unwrap()
-        } else {
-            with_compressor(&FAST_CCTX, (level, false), |c| {
-                Ok(c.compress(plane).unwrap())
-            })
-            .unwrap()
-        };
+        let slot = if coded { &CCTX } else { &FAST_CCTX };
+        let direct = with_compressor(slot, (FAST_LEVEL, false, coded), |c| {
+            Ok(c.compress(plane).unwrap())
+        })
+        .unwrap();
         (framed, direct)
     }
 
     /// Whether the probe of `plane` sends it to entropy coding at level 1.
     fn probed(plane: &[u8]) -> bool {
-        let probe = with_compressor(&CCTX, (1, false), |c| {
+        let probe = with_compressor(&CCTX, (FAST_LEVEL, false, true), |c| {
             Ok(c.compress(&plane[..PROBE]).unwrap())
         });
         probe_gains(probe.unwrap().len())
@@ -964,7 +1007,7 @@ mod tests {
     fn random_planes_skip_entropy_coding_and_skewed_ones_keep_it() {
         let random = random_bytes(4 * PROBE);
         assert!(!probed(&random));
-        let (framed, fast) = frame_and_direct(&random, FAST_LEVEL);
+        let (framed, fast) = frame_and_direct(&random, false);
         assert_eq!(
             framed, fast,
             "a random plane goes through the fast compressor"
@@ -974,9 +1017,9 @@ mod tests {
         // The probe decides: a plane random in its first PROBE bytes and skewed after them is
         // written fast, though entropy coding would have shrunk it.
         let mixed = [&random[..PROBE], &skewed[PROBE..]].concat();
-        let (framed, fast) = frame_and_direct(&mixed, FAST_LEVEL);
+        let (framed, fast) = frame_and_direct(&mixed, false);
         assert_eq!(framed, fast);
-        let (_, normal) = frame_and_direct(&mixed, 1);
+        let (_, normal) = frame_and_direct(&mixed, true);
         assert!(
             normal.len() < framed.len() * 3 / 4,
             "{} against {}",
@@ -988,7 +1031,7 @@ mod tests {
         append_frame(&mixed, 3, false, &mut at_three).unwrap();
         assert!(at_three.len() < framed.len() * 3 / 4);
         assert!(probed(&skewed));
-        let (framed, normal) = frame_and_direct(&skewed, 1);
+        let (framed, normal) = frame_and_direct(&skewed, true);
         assert_eq!(
             framed, normal,
             "a skewed plane is entropy coded at the given level"
@@ -1008,7 +1051,7 @@ mod tests {
             .map(|p| (p[0] & 0xee) | u8::from(p[1] % 10 < 2) | u8::from(p[1] / 10 % 10 < 2) << 4)
             .collect();
         assert!(probed(&nibbles));
-        let (framed, normal) = frame_and_direct(&nibbles, 1);
+        let (framed, normal) = frame_and_direct(&nibbles, true);
         assert_eq!(
             framed, normal,
             "a plane with a skewed bit keeps its entropy coding"
@@ -1191,5 +1234,20 @@ mod tests {
         meta.insert(CHECKSUM_META_KEY.to_string(), "crc33".to_string());
         let err = Checksums::declared_by(&meta).unwrap_err();
         assert!(err.contains("\"crc33\"") && err.contains("crc32"), "{err}");
+    }
+    #[test]
+    fn planes_split_elsewhere_encode_like_their_elements_and_a_wrong_length_is_named() {
+        let data: Vec<u8> = random_bytes(2 * 1000);
+        let mut planes = vec![];
+        to_planes(&data, 2, &mut planes);
+        assert_eq!(
+            encode_planes(&planes, 2, 1, SUMMED).unwrap(),
+            encode(&data, 2, 1, SUMMED).unwrap()
+        );
+        let err = encode_planes(&planes[..planes.len() - 2], 2, 1, SUMMED).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "split planes of 1998 bytes: 999 elements split into 1999 bytes"
+        );
     }
 }
