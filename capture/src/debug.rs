@@ -407,3 +407,95 @@ pub fn dequant_check(iters: usize) -> Result<Vec<DequantCase>> {
     }
     Ok(cases)
 }
+
+/// What [`split_check`] found.
+#[derive(Debug, Clone)]
+pub struct SplitReport {
+    /// The batch split, e.g. `[8, 2048, 7168] bf16, lengths [...]`.
+    pub what: String,
+    /// Samples whose planes differ from the reference split's (none when the kernel is right).
+    pub planes_differ: Vec<usize>,
+    /// Token rows whose statistics differ beyond f64 summation order.
+    pub stats_differ: usize,
+    /// Milliseconds per split on the GPU.
+    pub ms: f64,
+    /// Bytes read and written by one pass, over that time: GB/s.
+    pub gb_per_s: f64,
+}
+
+/// The plane split kernel on GPU 0 against the reference split on the CPU (the store's own
+/// `to_planes` and a loop for the statistics), on a DeepSeek-V3-wide batch of mixed lengths
+/// (padding the kernel must skip, a sample of one token, an empty slot) holding NaN, ±Inf and
+/// values near bf16's largest; then its time (`iters` timed runs after a warm-up).
+pub fn split_check(iters: usize) -> Result<SplitReport> {
+    use crate::plane_split::{split, SplitLayout, ROW_STATS};
+    if !tch::Cuda::is_available() {
+        return Err(CaptureError::Cuda("CUDA is not available".into()));
+    }
+    let dev = Device::Cuda(0);
+    tch::manual_seed(11);
+    let (rows, cols, hidden) = (8i64, 2048i64, 7168i64);
+    let lens = [2048usize, 1000, 1, 0, 2047, 1536, 7, 2048];
+    // Activation-like values: normal, times a per-channel scale spread over two decades.
+    let scale = (Tensor::f_randn([hidden], (Kind::Float, dev))? * 1.2).f_exp()?;
+    let states = (Tensor::f_randn([rows, cols, hidden], (Kind::Float, dev))? * scale)
+        .f_to_kind(Kind::BFloat16)?;
+    let flat = states.f_view([-1])?;
+    for (at, v) in [
+        (5i64, f64::NAN),
+        (hidden * cols + 3, f64::INFINITY),
+        (hidden * cols + hidden + 9, f64::NEG_INFINITY),
+        (7 * hidden * cols + 11, 3.0e38),
+        (7 * hidden * cols + 12, -3.0e38),
+    ] {
+        let _ = flat.f_narrow(0, at, 1)?.f_fill_(v)?;
+    }
+    let layout = SplitLayout {
+        rows: rows as usize,
+        cols: cols as usize,
+        hidden: hidden as usize,
+    };
+    let bytes_of = |t: &Tensor| -> Result<Vec<u8>> {
+        let t = t.f_to_device(Device::Cpu)?;
+        let mut b = vec![0u8; t.numel()];
+        t.f_copy_data_u8(&mut b, t.numel())?;
+        Ok(b)
+    };
+    let gpu = bytes_of(&split(&states, &lens)?)?;
+    let cpu = bytes_of(&split(&states.f_to_device(Device::Cpu)?, &lens)?)?;
+    let planes_differ = (0..lens.len())
+        .filter(|&i| gpu[layout.planes(i, lens[i])] != cpu[layout.planes(i, lens[i])])
+        .collect();
+    let mut stats_differ = 0;
+    for (i, &len) in lens.iter().enumerate() {
+        let at = layout.stats(i, len);
+        for (g, c) in gpu[at.clone()]
+            .chunks_exact(ROW_STATS)
+            .zip(cpu[at].chunks_exact(ROW_STATS))
+        {
+            let f =
+                |b: &[u8], k: usize| f64::from_le_bytes(b[8 * k..8 * k + 8].try_into().unwrap());
+            let sq_close = (f(g, 0) - f(c, 0)).abs() <= f(c, 0).abs() * 1e-12;
+            if !sq_close || (1..4).any(|k| f(g, k) != f(c, k)) {
+                stats_differ += 1;
+            }
+        }
+    }
+    drop(split(&states, &lens)?);
+    sync(dev);
+    let t = Instant::now();
+    for _ in 0..iters {
+        drop(split(&states, &lens)?);
+    }
+    sync(dev);
+    let ms = t.elapsed().as_secs_f64() * 1e3 / iters.max(1) as f64;
+    let tokens: usize = lens.iter().sum();
+    let moved = tokens * hidden as usize * 4 + tokens * ROW_STATS;
+    Ok(SplitReport {
+        what: format!("[{rows}, {cols}, {hidden}] bf16, lengths {lens:?}"),
+        planes_differ,
+        stats_differ,
+        ms,
+        gb_per_s: moved as f64 / ms / 1e6,
+    })
+}

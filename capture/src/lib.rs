@@ -46,13 +46,15 @@ mod load;
 mod models;
 mod moe;
 mod nccl;
+mod nvrtc;
+mod plane_split;
 mod quant;
 mod tp;
 
 pub use capture::{capture, capture_with, CaptureOptions};
 pub use engine::{
     CancelToken, CaptureJob, CaptureSummary, CheckedModel, CommitPolicy, DeviceKind, Engine,
-    EngineOptions, InputShard, NoProgress, PreparedJob, ProgressSink, RANK_GRACE,
+    EngineOptions, InputShard, NoProgress, PlaneSplit, PreparedJob, ProgressSink, RANK_GRACE,
 };
 pub use error::{CaptureError, Result, TensorProblem};
 pub use hslake_schemas::Overlong;

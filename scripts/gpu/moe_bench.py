@@ -383,6 +383,20 @@ def main():
             print(f"{label}: {col} cosine {stats}")
         row(model=label, what="min per-token cosine vs transformers (bf16)", cosine=round(worst, 6))
         print(f"{label}: min per-token cosine {worst:.6f}")
+        # The stored statistics against the same quantities of the decoded values (they are computed where
+        # the states are split into planes: on the GPU, by default, on CUDA runs).
+        stat_err = 0.0
+        for rec in got.values():
+            for col in (k for k in rec if k.startswith("layer_")):
+                x = rec[col].astype(np.float64)
+                norm = float(np.sqrt((x * x).sum(-1)).mean())
+                st = rec["stats"]
+                stat_err = max(stat_err, abs(st[f"{col}_norm"] - norm) / max(norm, 1e-30),
+                               abs(st[f"{col}_max_abs"] - float(np.abs(x).max())) / max(float(np.abs(x).max()), 1e-30))
+                assert st[f"{col}_nan_count"] == 0 and st[f"{col}_inf_count"] == 0, (col, st)
+        row(model=label, what="stored statistics vs decoded values, max relative difference", rel=stat_err)
+        print(f"{label}: stored statistics vs decoded values: max relative difference {stat_err:.2e}")
+        assert stat_err < 1e-5, stat_err
     else:
         rows = [json.loads(l) for l in open(a.rows)]
         print(f"{'model':<22} {'measurement':<44} {'value':>14} {'MFU':>7}")

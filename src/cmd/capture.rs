@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 use hslake_capture::{
     capture_with, CancelToken, CaptureJob, CaptureOptions, CommitPolicy, DequantKernel, DeviceKind,
-    EngineOptions, InputShard, MoeKernel, NormKernel, Overlong, ProgressSink, TpReduce,
+    EngineOptions, InputShard, MoeKernel, NormKernel, Overlong, PlaneSplit, ProgressSink, TpReduce,
 };
 use hslake_schemas::{CapturePoint, DType};
 use hslake_store::WriterOptions;
@@ -51,6 +51,12 @@ pub struct EngineArgs {
     /// Captured batches that may queue for the writers before the forward waits.
     #[arg(long, default_value_t = 4)]
     pub queue_depth: usize,
+    /// Where captured states are split into the store's byte planes: auto (on the GPU, by one
+    /// kernel before the host copy, for bf16 runs on cuda; by the writers otherwise), writers
+    /// (each writer splits its samples and computes their statistics) or rank0 (rank 0 before
+    /// the copy; on cpu the reference split, for checks).
+    #[arg(long, default_value = "auto")]
+    pub plane_split: PlaneSplit,
 }
 
 /// The model and how its forward computes: the flags `hslake capture`, `hslake serve-capture`
@@ -244,6 +250,7 @@ impl JobArgs {
             DeviceKind::Cuda => cores.saturating_sub(engine.forward.tp + 1).max(1),
         });
         job.queue_depth = engine.queue_depth;
+        job.plane_split = engine.plane_split;
         job.writer_options = WriterOptions {
             zstd_level: self.zstd_level,
             ..WriterOptions::default()

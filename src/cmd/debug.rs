@@ -3,7 +3,7 @@
 use std::process::ExitCode;
 
 use anyhow::bail;
-use hslake_capture::debug::{dequant_check, nccl_check, prefill, PrefillOptions};
+use hslake_capture::debug::{dequant_check, nccl_check, prefill, split_check, PrefillOptions};
 use hslake_capture::DeviceKind;
 use hslake_schemas::CapturePoint;
 
@@ -21,6 +21,14 @@ pub enum Debug {
     /// bits, and the time of each.
     Dequant {
         /// Timed runs per matrix.
+        #[arg(long, default_value_t = 20)]
+        iters: usize,
+    },
+    /// The plane split kernel (states into the store's planes and row statistics before the
+    /// host copy) against the reference split on the CPU: same planes, same statistics, and
+    /// its time.
+    Split {
+        /// Timed runs.
         #[arg(long, default_value_t = 20)]
         iters: usize,
     },
@@ -83,6 +91,17 @@ pub fn run(d: Debug) -> anyhow::Result<ExitCode> {
             }
             if let Some(c) = cases.iter().find(|c| !c.identical) {
                 bail!("the fused kernel and PyTorch disagree on {}", c.what);
+            }
+        }
+        Debug::Split { iters } => {
+            let r = split_check(iters)?;
+            println!(
+                "split {}: {:.3} ms ({:.0} GB/s); samples whose planes differ {:?}, token rows \
+                 whose statistics differ {}",
+                r.what, r.ms, r.gb_per_s, r.planes_differ, r.stats_differ
+            );
+            if !r.planes_differ.is_empty() || r.stats_differ > 0 {
+                bail!("the plane split kernel and the reference split disagree");
             }
         }
         Debug::Prefill(a) => {

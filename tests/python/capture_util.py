@@ -150,8 +150,9 @@ def manifests(ds):
 
 
 def read_dataset(ds, only=None):
-    """{sample_id: {"input_ids", "loss_mask", column: [seq_len, hidden] float32}} of the latest version
-    (of the sample ids in `only`, when given: decoding every row of a large dataset takes minutes)."""
+    """{sample_id: {"input_ids", "loss_mask", column: [seq_len, hidden] float32, "stats": {name: value}}} of the
+    latest version (of the sample ids in `only`, when given: decoding every row of a large dataset takes
+    minutes); "stats" holds the stored statistics columns (layer_2_norm, layer_2_max_abs, ...)."""
     files = manifests(ds)
     assert files, f"no manifest under {ds}"
     manifest = json.load(open(files[-1]))
@@ -171,6 +172,8 @@ def read_dataset(ds, only=None):
             rec = {"input_ids": row["input_ids"], "loss_mask": row["loss_mask"]}
             for col, meta in tensor_cols.items():
                 rec[col] = decode_tensor(row[col], meta, row["seq_len"])
+            rec["stats"] = {k: v for k, v in row.items()
+                            if k.endswith(("_norm", "_max_abs", "_nan_count", "_inf_count"))}
             out[sid] = rec
     return out, manifest
 

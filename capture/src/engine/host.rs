@@ -13,12 +13,15 @@ use crate::batch::PaddedBatch;
 use crate::cuda::PinnedBuffer;
 use crate::error::Result;
 
-/// Rank 0's captured states for one batch, in host memory: one `[b, t, hidden]` per point.
+/// Rank 0's captured states for one batch, in host memory: one `[b, t, hidden]` per point, or
+/// one byte tensor per point laid out as [`crate::plane_split::SplitLayout`] says.
 pub(super) struct HostBatch {
     /// The batch they were computed from.
     pub input: Arc<PaddedBatch>,
     /// One tensor per capture point.
     pub states: Vec<Tensor>,
+    /// The states are split into planes, with their row statistics.
+    pub split: bool,
     /// The pinned buffers `states` live in (GPU runs), handed back to rank 0 once split.
     pub buffers: Option<Vec<PinnedBuffer>>,
     /// Rank 0's time since the batch before this one was handed over.

@@ -14,6 +14,7 @@ use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender, SyncSender};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use hslake_schemas::DType;
 use tch::Device;
 
 use crate::batch::PaddedBatch;
@@ -22,6 +23,7 @@ use crate::cuda::PinnedBuffer;
 use crate::error::{CaptureError, Result};
 use crate::models::ModelInfo;
 use crate::nccl::{self, NcclComm};
+use crate::plane_split::SplitLayout;
 
 mod check;
 mod commit;
@@ -39,7 +41,7 @@ mod writer;
 pub use check::CheckedModel;
 pub use commit::CommitPolicy;
 pub use job::PreparedJob;
-pub use options::{CaptureJob, DeviceKind, EngineOptions, InputShard};
+pub use options::{CaptureJob, DeviceKind, EngineOptions, InputShard, PlaneSplit};
 pub use progress::{CancelToken, NoProgress, ProgressSink};
 pub use summary::CaptureSummary;
 
@@ -210,6 +212,7 @@ impl Engine {
     ) -> Result<CaptureSummary> {
         let opts = &job.job;
         let (hidden, dtype) = (self.info.hidden_size, self.options.dtype);
+        let split = self.split_on_rank(opts.plane_split)?;
         // Raised when a writer or the splitter fails (the job's own error), or when the ranks
         // are lost and the splitter must stop waiting for them.
         let (writers_failed, ranks_lost) = (CancelToken::new(), CancelToken::new());
@@ -252,13 +255,13 @@ impl Engine {
                 .spawn_scoped(s, move || {
                     flag_error(
                         failed,
-                        split_batches(host_rx, lost, writer_txs, recycle_tx, progress),
+                        split_batches(host_rx, hidden, lost, writer_txs, recycle_tx, progress),
                     )
                 })
                 .map_err(|e| CaptureError::Pipeline(format!("cannot start the splitter: {e}")))?;
 
-            let pool = self.buffer_pool(job, recycle_rx);
-            let (feeds, dispatched) = self.dispatch(job, host_tx, pool);
+            let pool = self.buffer_pool(job, split, recycle_rx);
+            let (feeds, dispatched) = self.dispatch(job, host_tx, pool, split);
             let outcome = feed(
                 job,
                 &feeds,
@@ -307,11 +310,49 @@ impl Engine {
         Ok(summary)
     }
 
+    /// Whether rank 0 splits the states into planes (`plane_split`'s choice for this engine);
+    /// a split asked for where it cannot run is refused with the reason.
+    fn split_on_rank(&self, plane_split: PlaneSplit) -> Result<bool> {
+        let (dtype, hidden) = (self.options.dtype, self.info.hidden_size);
+        let cuda = self.options.device == DeviceKind::Cuda;
+        let cannot = if dtype != DType::Bf16 {
+            Some(format!("the states are {dtype}, not bf16"))
+        } else if hidden % 2 != 0 {
+            Some(format!("the hidden size {hidden} is odd"))
+        } else if cuda {
+            crate::plane_split::kernel(0).err()
+        } else {
+            None
+        };
+        let on_rank = match (plane_split, cannot) {
+            (PlaneSplit::Writers, _) => false,
+            (PlaneSplit::Rank0, Some(why)) => {
+                return Err(CaptureError::Option(format!(
+                    "--plane-split rank0: rank 0 cannot split these states: {why}"
+                )))
+            }
+            (PlaneSplit::Rank0, None) => true,
+            (PlaneSplit::Auto, None) => cuda,
+            (PlaneSplit::Auto, Some(why)) => {
+                if cuda {
+                    tracing::info!("the writers split states into planes: {why}");
+                }
+                false
+            }
+        };
+        if on_rank {
+            tracing::info!("rank 0 splits states into planes before the host copy");
+        }
+        Ok(on_rank)
+    }
+
     /// Rank 0's pinned buffers on CUDA: one set per batch that can be queued, in flight or
-    /// being split, each large enough for the job's largest batch.
+    /// being split, each large enough for the job's largest batch (split into planes, with
+    /// its row statistics, where `split`).
     fn buffer_pool(
         &self,
         job: &PreparedJob,
+        split: bool,
         recycle: Receiver<Vec<PinnedBuffer>>,
     ) -> Option<BufferPool> {
         if self.options.device != DeviceKind::Cuda {
@@ -333,7 +374,11 @@ impl Engine {
             recycle,
             job.job.queue_depth + 3,
             job.job.points.len(),
-            largest_batch * self.info.hidden_size * self.options.dtype.size(),
+            if split {
+                SplitLayout::bytes_for(largest_batch, self.info.hidden_size)
+            } else {
+                largest_batch * self.info.hidden_size * self.options.dtype.size()
+            },
         ))
     }
 
@@ -344,6 +389,7 @@ impl Engine {
         job: &PreparedJob,
         host: SyncSender<HostBatch>,
         mut pool: Option<BufferPool>,
+        split: bool,
     ) -> (Vec<SyncSender<Arc<PaddedBatch>>>, usize) {
         let mut host = Some(host);
         let mut feeds = vec![];
@@ -353,6 +399,7 @@ impl Engine {
                 (0, Some(host)) => Some(RankOutput {
                     host,
                     pool: pool.take(),
+                    split,
                 }),
                 _ => None,
             };
@@ -532,6 +579,7 @@ fn add_writer(summary: &mut CaptureSummary, w: WriterDone) {
 
 #[cfg(test)]
 mod tests {
+    use std::collections::BTreeMap;
     use std::sync::atomic::{AtomicU64, Ordering};
 
     use hslake_schemas::{CapturePoint, DType, FinitePolicy};
@@ -654,6 +702,114 @@ mod tests {
         .await;
         assert!(refused.contains("NaN"), "{refused}");
         assert_eq!(kept.samples, 30);
+    }
+
+    /// Every row of every shard of the dataset at `url`, by sample id: its statistics columns
+    /// (f64) and its tensor values (f32).
+    async fn stats_and_values(url: &str) -> BTreeMap<u64, (Vec<f64>, Vec<f32>)> {
+        use arrow_array::cast::AsArray;
+        use arrow_array::types::{Float32Type, UInt64Type};
+        let ds = hslake_store::Dataset::open(url).await.unwrap();
+        let r = hslake_store::DatasetReader::open(&ds, None).await.unwrap();
+        let schema = ds.manifest(None).await.unwrap().schema;
+        let mut stats: BTreeMap<u64, Vec<f64>> = BTreeMap::new();
+        for (i, shard) in r.manifest().shards.iter().enumerate() {
+            for g in 0..shard.row_groups.len() {
+                let b = r.read_row_group(i, g, None).await.unwrap();
+                let ids = b
+                    .column_by_name("sample_id")
+                    .unwrap()
+                    .as_primitive::<UInt64Type>();
+                for &p in &schema.points {
+                    for kind in hslake_schemas::StatKind::ALL {
+                        let col = b
+                            .column_by_name(&hslake_schemas::stat_column(p, kind))
+                            .unwrap();
+                        for (row, id) in ids.values().iter().enumerate() {
+                            let v = match col.as_primitive_opt::<Float32Type>() {
+                                Some(a) => f64::from(a.value(row)),
+                                None => col.as_primitive::<UInt64Type>().value(row) as f64,
+                            };
+                            stats.entry(*id).or_default().push(v);
+                        }
+                    }
+                }
+            }
+        }
+        let values = values(url).await;
+        stats
+            .into_iter()
+            .map(|(id, s)| (id, (s, values[&id].clone())))
+            .collect()
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn rank_0_splitting_states_stores_what_the_writers_store() {
+        let d = tempfile::tempdir().unwrap();
+        let dir = d.path().to_path_buf();
+        write_model(&dir.join("m"), TINY_LLAMA, None);
+        write_model(&dir.join("nan"), TINY_LLAMA, Some("model.norm.weight"));
+        // Mixed lengths, so that slots carry padding the split must leave out.
+        write_inputs(&dir.join("in.jsonl"), 9);
+        let errors = blocking(move || {
+            let mut options = engine_options(&dir, 1);
+            options.dtype = DType::Bf16;
+            let mut engine = Engine::start(options).unwrap();
+            let mut errors = vec![];
+            for (split, out) in [
+                (PlaneSplit::Writers, "writers"),
+                (PlaneSplit::Rank0, "rank0"),
+            ] {
+                let mut j = job(&dir, "in.jsonl", out);
+                j.plane_split = split;
+                j.writers = 2;
+                engine.run(&j, &NoProgress, &CancelToken::new()).unwrap();
+            }
+            let mut j = job(&dir, "in.jsonl", "refused");
+            j.plane_split = PlaneSplit::Rank0;
+            // The writers' finite policy reads the statistics rank 0 sends.
+            let mut nan_options = EngineOptions::new(dir.join("nan"));
+            nan_options.dtype = DType::Bf16;
+            let mut nan_engine = Engine::start(nan_options).unwrap();
+            errors.push(
+                nan_engine
+                    .run(&j, &NoProgress, &CancelToken::new())
+                    .unwrap_err(),
+            );
+            let mut f32_engine = Engine::start(engine_options(&dir, 1)).unwrap();
+            j.output = format!("file://{}", dir.join("f32").display());
+            errors.push(
+                f32_engine
+                    .run(&j, &NoProgress, &CancelToken::new())
+                    .unwrap_err(),
+            );
+            errors
+        })
+        .await;
+        let url = |out: &str| format!("file://{}", d.path().join(out).display());
+        let (by_writers, by_rank) = (
+            stats_and_values(&url("writers")).await,
+            stats_and_values(&url("rank0")).await,
+        );
+        assert_eq!(by_writers.len(), 9);
+        assert_eq!(
+            by_writers.keys().collect::<Vec<_>>(),
+            by_rank.keys().collect::<Vec<_>>()
+        );
+        for (id, (stats, values)) in &by_writers {
+            let (rank_stats, rank_values) = &by_rank[id];
+            assert_eq!(values, rank_values, "sample {id}");
+            for (a, b) in stats.iter().zip(rank_stats) {
+                assert!(
+                    (a - b).abs() <= a.abs() * 1e-6,
+                    "sample {id}: {stats:?} against {rank_stats:?}"
+                );
+            }
+        }
+        let err = errors[0].to_string();
+        assert!(err.contains("NaN"), "{err}");
+        let err = errors[1].to_string();
+        assert!(err.contains("rank0") && err.contains("not bf16"), "{err}");
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -31,6 +31,33 @@ impl std::str::FromStr for DeviceKind {
     }
 }
 
+/// Where captured states are split into the store's planes before compression.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum PlaneSplit {
+    /// On rank 0's GPU for bf16 CUDA runs (where the kernel loads), by the writers otherwise.
+    #[default]
+    Auto,
+    /// By each store writer, from the values (the writers also compute the statistics).
+    Writers,
+    /// By rank 0 before the host copy: one kernel on a GPU; on the CPU the reference split
+    /// the kernel is checked against. bf16 states of an even hidden size only.
+    Rank0,
+}
+
+impl std::str::FromStr for PlaneSplit {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s {
+            "auto" => Ok(PlaneSplit::Auto),
+            "writers" => Ok(PlaneSplit::Writers),
+            "rank0" => Ok(PlaneSplit::Rank0),
+            _ => Err(format!(
+                "unknown plane split {s:?}; expected auto, writers or rank0"
+            )),
+        }
+    }
+}
+
 /// The model an engine loads and how it runs it; fixed for the engine's life.
 #[derive(Debug, Clone, PartialEq)]
 pub struct EngineOptions {
@@ -123,6 +150,8 @@ pub struct CaptureJob {
     pub queue_depth: usize,
     /// Shard layout and compression.
     pub writer_options: WriterOptions,
+    /// Where states are split into planes.
+    pub plane_split: PlaneSplit,
     /// Only the samples of this part of the input (several processes, one dataset).
     pub shard: Option<InputShard>,
 }
@@ -196,6 +225,7 @@ impl CaptureJob {
             writers: 1,
             queue_depth: 4,
             writer_options: WriterOptions::default(),
+            plane_split: PlaneSplit::Auto,
             shard: None,
         }
     }

@@ -19,6 +19,7 @@ use crate::cuda::{CopyStream, PendingCopy, PinnedBuffer};
 use crate::error::{CaptureError, Result};
 use crate::load::{DequantKernel, LoadCtx, MoeKernel, NormKernel, TpReduce};
 use crate::models::{DecoderModel, ModelConfig};
+use crate::plane_split;
 
 /// Joins the rank's group; runs on the rank's own thread (NCCL communicators stay there).
 pub(crate) type CommInit = Box<dyn FnOnce() -> Result<Rc<dyn Communicator>> + Send>;
@@ -61,6 +62,8 @@ pub(super) struct RankOutput {
     pub host: SyncSender<HostBatch>,
     /// Pinned buffers to copy into (CUDA runs).
     pub pool: Option<BufferPool>,
+    /// Split the states into the store's planes before the copy (`crate::plane_split`).
+    pub split: bool,
 }
 
 /// Time rank 0 spent on one job.
@@ -202,9 +205,9 @@ fn run_job(
     let mut times = RankTimes::default();
     // What the batches handed over so far have reported of `times`.
     let mut reported = RankTimes::default();
-    let (mut host, mut pool) = match job.output {
-        Some(o) => (Some(o.host), o.pool),
-        None => (None, None),
+    let (mut host, mut pool, split) = match job.output {
+        Some(o) => (Some(o.host), o.pool, o.split),
+        None => (None, None, false),
     };
     let mut pending: Option<InFlight> = None;
     for batch in job.batches.iter() {
@@ -216,6 +219,15 @@ fn run_job(
         if host.is_none() {
             continue;
         }
+        let states = if split {
+            let lens: Vec<usize> = batch.samples.iter().map(|s| s.input_ids.len()).collect();
+            states
+                .iter()
+                .map(|s| plane_split::split(s, &lens))
+                .collect::<Result<_>>()?
+        } else {
+            states
+        };
         let (copy, buffers) = match (copier, pool.as_mut()) {
             (Some(c), Some(p)) => match p.take(&mut times.storage_wait)? {
                 Some(set) => (c.start(states, &set)?, Some(set)),
@@ -229,19 +241,20 @@ fn run_job(
         times.compute += t.elapsed();
         // Wait for the previous batch's copy only now, so it overlapped with this forward.
         if let Some(prev) = pending.replace((copy, batch, buffers)) {
-            hand_off(prev, &mut host, &mut times, &mut reported)?;
+            hand_off(prev, split, &mut host, &mut times, &mut reported)?;
         }
     }
     if let Some(prev) = pending.take() {
-        hand_off(prev, &mut host, &mut times, &mut reported)?;
+        hand_off(prev, split, &mut host, &mut times, &mut reported)?;
     }
     Ok(times)
 }
 
 /// Waits for a batch's host copy and queues it for the splitter (unless the writers are gone),
-/// with the time spent since the last batch handed over.
+/// with the time spent since the last batch handed over; `split`: the states are split.
 fn hand_off(
     (copy, input, buffers): InFlight,
+    split: bool,
     host: &mut Option<SyncSender<HostBatch>>,
     times: &mut RankTimes,
     reported: &mut RankTimes,
@@ -254,6 +267,7 @@ fn hand_off(
         let batch = HostBatch {
             input,
             states,
+            split,
             buffers,
             times: times.since(reported),
         };

@@ -79,8 +79,12 @@ pub(super) fn run_writer(
         match rx.recv_timeout(setup.policy.wait(last_commit.elapsed())) {
             Ok(rows) => {
                 let (tokens, encoded) =
-                    rows.encode_in_place(setup.dtype, setup.hidden, |sample| {
-                        Ok((sample.input_ids.len() as u64, w.encode(sample)?))
+                    rows.encode_in_place(setup.dtype, setup.hidden, |sample, split_stats| {
+                        let encoded = match split_stats {
+                            Some(stats) => w.encode_split(sample, stats)?,
+                            None => w.encode(sample)?,
+                        };
+                        Ok((sample.input_ids.len() as u64, encoded))
                     })?;
                 if io.block_on(w.append_encoded(encoded))? == Appended::Written {
                     pending += 1;
