@@ -394,14 +394,14 @@ def main():
                 stat_err = max(stat_err, abs(st[f"{col}_norm"] - norm) / max(norm, 1e-30),
                                abs(st[f"{col}_max_abs"] - float(np.abs(x).max())) / max(float(np.abs(x).max()), 1e-30))
                 assert st[f"{col}_nan_count"] == 0 and st[f"{col}_inf_count"] == 0, (col, st)
-        row(model=label, what="stored statistics vs decoded values, max relative difference", rel=stat_err)
+        row(model=label, what="stored statistics vs decoded values, max relative difference", value=float(f"{stat_err:.3g}"))
         print(f"{label}: stored statistics vs decoded values: max relative difference {stat_err:.2e}")
         assert stat_err < 1e-5, stat_err
     else:
         rows = [json.loads(l) for l in open(a.rows)]
         print(f"{'model':<22} {'measurement':<44} {'value':>14} {'MFU':>7}")
         for r in rows:
-            value = r.get("tokens_per_sec", r.get("cosine", r.get("seconds", r.get("min"))))
+            value = r.get("tokens_per_sec", r.get("cosine", r.get("seconds", r.get("min", r.get("value")))))
             if "flips" in r:
                 value = f"{r['flips']}/{r['tokens']}"
             unit = " tok/s" if "tokens_per_sec" in r else (" s" if "seconds" in r else "")

@@ -1,7 +1,7 @@
 //! Rank 0's captured states in host memory on their way to the writers: the batch message,
 //! the pinned buffers rank 0 copies into (recycled once the writers have encoded each sample
 //! from them), and the lease that hands a batch's buffers back when its last sample is done.
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{Receiver, Sender};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -10,7 +10,7 @@ use tch::Tensor;
 
 use super::rank::RankTimes;
 use crate::batch::PaddedBatch;
-use crate::cuda::PinnedBuffer;
+use crate::cuda::{self, PinnedBuffer};
 use crate::error::Result;
 
 /// Rank 0's captured states for one batch, in host memory: one `[b, t, hidden]` per point, or
@@ -30,28 +30,84 @@ pub(super) struct HostBatch {
 
 /// Pinned host buffers rank 0 copies into, recycled by the writers. A full set in use means
 /// the writers are behind: waiting for one is waiting on storage.
+///
+/// Sets are pinned ahead by a helper thread while the first batches run, and handed over
+/// through the writers' recycling channel as if returned: pinned on demand, a DeepSeek-V3-wide
+/// job's sets took ~3 s of rank 0's forward loop, and pinned before it, as long again before
+/// the first batch (docs/PERFORMANCE.md). Rank 0 still pins a set itself when it needs one
+/// that the helper has not made yet.
 pub(super) struct BufferPool {
     free: Vec<Vec<PinnedBuffer>>,
     returned: Receiver<Vec<PinnedBuffer>>,
-    made: usize,
+    /// Sets made or claimed by the helper or rank 0 so far.
+    made: Arc<AtomicUsize>,
+    /// Tells the helper to stop pinning (the job is over).
+    done: Arc<AtomicBool>,
     max_sets: usize,
     bytes_each: usize,
     per_set: usize,
 }
 
+/// Claims one of `max` sets to make; `false` once all are made or claimed.
+fn claim(made: &AtomicUsize, max: usize) -> bool {
+    made.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+        (n < max).then_some(n + 1)
+    })
+    .is_ok()
+}
+
+fn pin_set(per_set: usize, bytes_each: usize) -> Result<Vec<PinnedBuffer>> {
+    (0..per_set)
+        .map(|_| PinnedBuffer::new(bytes_each))
+        .collect()
+}
+
 impl BufferPool {
-    /// Up to `max_sets` sets of `per_set` buffers of `bytes_each` bytes, made as needed;
-    /// sets come back through `returned`.
+    /// Up to `max_sets` sets of `per_set` buffers of `bytes_each` bytes for rank 0 on GPU
+    /// `device`; sets come back through `returned`, to which `recycle` sends (the helper
+    /// thread's sets arrive that way too).
     pub fn new(
         returned: Receiver<Vec<PinnedBuffer>>,
+        recycle: Sender<Vec<PinnedBuffer>>,
+        device: usize,
         max_sets: usize,
         per_set: usize,
         bytes_each: usize,
     ) -> Self {
+        let made = Arc::new(AtomicUsize::new(0));
+        let done = Arc::new(AtomicBool::new(false));
+        let (m, d) = (made.clone(), done.clone());
+        let ahead = move || {
+            if cuda::set_device(device).is_err() {
+                return;
+            }
+            while !d.load(Ordering::Acquire) && claim(&m, max_sets) {
+                match pin_set(per_set, bytes_each) {
+                    Ok(set) => {
+                        if recycle.send(set).is_err() {
+                            return;
+                        }
+                    }
+                    Err(e) => {
+                        // Rank 0 pins the rest on demand, and reports the error if it recurs.
+                        m.fetch_sub(1, Ordering::AcqRel);
+                        tracing::warn!("pinning host buffers ahead failed: {e}");
+                        return;
+                    }
+                }
+            }
+        };
+        if let Err(e) = std::thread::Builder::new()
+            .name("hslake-pin-ahead".into())
+            .spawn(ahead)
+        {
+            tracing::warn!("cannot start the thread that pins host buffers ahead: {e}");
+        }
         BufferPool {
             free: vec![],
             returned,
-            made: 0,
+            made,
+            done,
             max_sets,
             bytes_each,
             per_set,
@@ -67,17 +123,19 @@ impl BufferPool {
         if let Some(set) = self.free.pop() {
             return Ok(Some(set));
         }
-        if self.made < self.max_sets {
-            self.made += 1;
-            return (0..self.per_set)
-                .map(|_| PinnedBuffer::new(self.bytes_each))
-                .collect::<Result<_>>()
-                .map(Some);
+        if claim(&self.made, self.max_sets) {
+            return pin_set(self.per_set, self.bytes_each).map(Some);
         }
         let t = Instant::now();
         let set = self.returned.recv().ok();
         *storage_wait += t.elapsed();
         Ok(set)
+    }
+}
+
+impl Drop for BufferPool {
+    fn drop(&mut self) {
+        self.done.store(true, Ordering::Release);
     }
 }
 
