@@ -171,3 +171,22 @@ impl BatchLease {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_helper_and_rank_0_together_make_no_more_sets_than_allowed() {
+        let made = Arc::new(AtomicUsize::new(0));
+        let claimed: usize = std::thread::scope(|s| {
+            let workers: Vec<_> = (0..4)
+                .map(|_| s.spawn(|| (0..10).filter(|_| claim(&made, 7)).count()))
+                .collect();
+            workers.into_iter().map(|w| w.join().unwrap()).sum()
+        });
+        assert_eq!(claimed, 7);
+        assert_eq!(made.load(Ordering::Acquire), 7);
+        assert!(!claim(&made, 7));
+    }
+}
