@@ -1,7 +1,7 @@
 //! Rank 0's captured states in host memory on their way to the writers: the batch message,
 //! the pinned buffers rank 0 copies into (recycled once the writers have encoded each sample
 //! from them), and the lease that hands a batch's buffers back when its last sample is done.
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, Sender};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -31,29 +31,26 @@ pub(super) struct HostBatch {
 /// Pinned host buffers rank 0 copies into, recycled by the writers. A full set in use means
 /// the writers are behind: waiting for one is waiting on storage.
 ///
-/// Sets are pinned ahead by a helper thread while the first batches run, and handed over
-/// through the writers' recycling channel as if returned: pinned on demand, a DeepSeek-V3-wide
-/// job's sets took ~3 s of rank 0's forward loop, and pinned before it, as long again before
-/// the first batch (docs/PERFORMANCE.md). Rank 0 still pins a set itself when it needs one
-/// that the helper has not made yet.
+/// New sets are pinned by a helper thread, one ahead of need: pinned on demand, a
+/// DeepSeek-V3-wide job's sets took ~2.5 s of rank 0's forward loop, pinned up front as long
+/// before its first batch, and every set pinned ahead at once still slowed the first batches
+/// (docs/PERFORMANCE.md). So the helper starts with two sets, and is asked for one more each
+/// time rank 0 takes the last free one while sets are left to make: as many sets are pinned as
+/// the writers hold at once, plus one.
 pub(super) struct BufferPool {
     free: Vec<Vec<PinnedBuffer>>,
     returned: Receiver<Vec<PinnedBuffer>>,
-    /// Sets made or claimed by the helper or rank 0 so far.
-    made: Arc<AtomicUsize>,
-    /// Tells the helper to stop pinning (the job is over).
-    done: Arc<AtomicBool>,
+    /// Sets the helper pinned (or why it could not).
+    pinned: Receiver<Result<Vec<PinnedBuffer>>>,
+    /// Asks the helper for one more set; `None` where it could not be started.
+    ask: Option<Sender<()>>,
+    /// Sets asked of the helper and not yet received.
+    asked: usize,
+    /// Sets made, asked for or being made.
+    made: usize,
     max_sets: usize,
     bytes_each: usize,
     per_set: usize,
-}
-
-/// Claims one of `max` sets to make; `false` once all are made or claimed.
-fn claim(made: &AtomicUsize, max: usize) -> bool {
-    made.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
-        (n < max).then_some(n + 1)
-    })
-    .is_ok()
 }
 
 fn pin_set(per_set: usize, bytes_each: usize) -> Result<Vec<PinnedBuffer>> {
@@ -64,54 +61,71 @@ fn pin_set(per_set: usize, bytes_each: usize) -> Result<Vec<PinnedBuffer>> {
 
 impl BufferPool {
     /// Up to `max_sets` sets of `per_set` buffers of `bytes_each` bytes for rank 0 on GPU
-    /// `device`; sets come back through `returned`, to which `recycle` sends (the helper
-    /// thread's sets arrive that way too).
+    /// `device`; sets come back through `returned`.
     pub fn new(
         returned: Receiver<Vec<PinnedBuffer>>,
-        recycle: Sender<Vec<PinnedBuffer>>,
         device: usize,
         max_sets: usize,
         per_set: usize,
         bytes_each: usize,
     ) -> Self {
-        let made = Arc::new(AtomicUsize::new(0));
-        let done = Arc::new(AtomicBool::new(false));
-        let (m, d) = (made.clone(), done.clone());
-        let ahead = move || {
-            if cuda::set_device(device).is_err() {
+        let (ask, asks) = std::sync::mpsc::channel::<()>();
+        let (pinned_tx, pinned) = std::sync::mpsc::channel();
+        let helper = move || {
+            if let Err(e) = cuda::set_device(device) {
+                let _ = pinned_tx.send(Err(e));
                 return;
             }
-            while !d.load(Ordering::Acquire) && claim(&m, max_sets) {
-                match pin_set(per_set, bytes_each) {
-                    Ok(set) => {
-                        if recycle.send(set).is_err() {
-                            return;
-                        }
-                    }
-                    Err(e) => {
-                        // Rank 0 pins the rest on demand, and reports the error if it recurs.
-                        m.fetch_sub(1, Ordering::AcqRel);
-                        tracing::warn!("pinning host buffers ahead failed: {e}");
-                        return;
-                    }
+            // Ends when the pool is dropped (the job is over) or nobody takes its sets.
+            for () in asks {
+                if pinned_tx.send(pin_set(per_set, bytes_each)).is_err() {
+                    return;
                 }
             }
         };
-        if let Err(e) = std::thread::Builder::new()
+        let ask = match std::thread::Builder::new()
             .name("hslake-pin-ahead".into())
-            .spawn(ahead)
+            .spawn(helper)
         {
-            tracing::warn!("cannot start the thread that pins host buffers ahead: {e}");
-        }
-        BufferPool {
+            Ok(_) => Some(ask),
+            Err(e) => {
+                tracing::warn!("cannot start the thread that pins host buffers ahead: {e}");
+                None
+            }
+        };
+        let mut pool = BufferPool {
             free: vec![],
             returned,
-            made,
-            done,
+            pinned,
+            ask,
+            asked: 0,
+            made: 0,
             max_sets,
             bytes_each,
             per_set,
+        };
+        for _ in 0..2 {
+            pool.ask_helper();
         }
+        pool
+    }
+
+    /// Asks the helper for one more set, while sets are left to make.
+    fn ask_helper(&mut self) {
+        if self.made < self.max_sets {
+            if let Some(ask) = &self.ask {
+                if ask.send(()).is_ok() {
+                    self.made += 1;
+                    self.asked += 1;
+                }
+            }
+        }
+    }
+
+    /// A set the helper pinned, as it arrives.
+    fn receive(&mut self, set: Result<Vec<PinnedBuffer>>) -> Result<Vec<PinnedBuffer>> {
+        self.asked -= 1;
+        set
     }
 
     /// A free set, waiting (and adding the wait to `storage_wait`) when all are in use;
@@ -120,22 +134,35 @@ impl BufferPool {
         while let Ok(set) = self.returned.try_recv() {
             self.free.push(set);
         }
-        if let Some(set) = self.free.pop() {
-            return Ok(Some(set));
+        while let Ok(set) = self.pinned.try_recv() {
+            let set = self.receive(set)?;
+            self.free.push(set);
         }
-        if claim(&self.made, self.max_sets) {
-            return pin_set(self.per_set, self.bytes_each).map(Some);
+        let set = if let Some(set) = self.free.pop() {
+            set
+        } else if self.asked > 0 {
+            // Being pinned: waiting for it is not waiting on storage.
+            match self.pinned.recv() {
+                Ok(set) => self.receive(set)?,
+                Err(_) => {
+                    self.asked = 0;
+                    self.made += 1;
+                    pin_set(self.per_set, self.bytes_each)?
+                }
+            }
+        } else if self.made < self.max_sets {
+            self.made += 1;
+            pin_set(self.per_set, self.bytes_each)?
+        } else {
+            let t = Instant::now();
+            let set = self.returned.recv().ok();
+            *storage_wait += t.elapsed();
+            return Ok(set);
+        };
+        if self.free.is_empty() && self.asked == 0 {
+            self.ask_helper();
         }
-        let t = Instant::now();
-        let set = self.returned.recv().ok();
-        *storage_wait += t.elapsed();
-        Ok(set)
-    }
-}
-
-impl Drop for BufferPool {
-    fn drop(&mut self) {
-        self.done.store(true, Ordering::Release);
+        Ok(Some(set))
     }
 }
 
@@ -169,24 +196,5 @@ impl BatchLease {
                 let _ = self.recycle.send(b);
             }
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_helper_and_rank_0_together_make_no_more_sets_than_allowed() {
-        let made = Arc::new(AtomicUsize::new(0));
-        let claimed: usize = std::thread::scope(|s| {
-            let workers: Vec<_> = (0..4)
-                .map(|_| s.spawn(|| (0..10).filter(|_| claim(&made, 7)).count()))
-                .collect();
-            workers.into_iter().map(|w| w.join().unwrap()).sum()
-        });
-        assert_eq!(claimed, 7);
-        assert_eq!(made.load(Ordering::Acquire), 7);
-        assert!(!claim(&made, 7));
     }
 }

@@ -249,7 +249,7 @@ impl Engine {
             }
             let (host_tx, host_rx) = mpsc::sync_channel::<HostBatch>(opts.queue_depth);
             let (recycle_tx, recycle_rx) = mpsc::channel::<Vec<PinnedBuffer>>();
-            let pool = self.buffer_pool(job, split, recycle_rx, &recycle_tx);
+            let pool = self.buffer_pool(job, split, recycle_rx);
             let (failed, lost) = (&writers_failed, &ranks_lost);
             let splitter = std::thread::Builder::new()
                 .name("hslake-splitter".into())
@@ -354,7 +354,6 @@ impl Engine {
         job: &PreparedJob,
         split: bool,
         returned: Receiver<Vec<PinnedBuffer>>,
-        recycle: &Sender<Vec<PinnedBuffer>>,
     ) -> Option<BufferPool> {
         if self.options.device != DeviceKind::Cuda {
             return None;
@@ -373,7 +372,6 @@ impl Engine {
             .unwrap_or(0);
         Some(BufferPool::new(
             returned,
-            recycle.clone(),
             0,
             job.job.queue_depth + 3,
             job.job.points.len(),
