@@ -10,7 +10,7 @@ use tch::Tensor;
 
 use super::rank::RankTimes;
 use crate::batch::PaddedBatch;
-use crate::cuda::{self, PinnedBuffer};
+use crate::cuda::PinnedBuffer;
 use crate::error::Result;
 
 /// Rank 0's captured states for one batch, in host memory: one `[b, t, hidden]` per point, or
@@ -30,102 +30,32 @@ pub(super) struct HostBatch {
 
 /// Pinned host buffers rank 0 copies into, recycled by the writers. A full set in use means
 /// the writers are behind: waiting for one is waiting on storage.
-///
-/// New sets are pinned by a helper thread, one ahead of need: pinned on demand, a
-/// DeepSeek-V3-wide job's sets took ~2.5 s of rank 0's forward loop, pinned up front as long
-/// before its first batch, and every set pinned ahead at once still slowed the first batches
-/// (docs/PERFORMANCE.md). So the helper starts with two sets, and is asked for one more each
-/// time rank 0 takes the last free one while sets are left to make: as many sets are pinned as
-/// the writers hold at once, plus one.
 pub(super) struct BufferPool {
     free: Vec<Vec<PinnedBuffer>>,
     returned: Receiver<Vec<PinnedBuffer>>,
-    /// Sets the helper pinned (or why it could not).
-    pinned: Receiver<Result<Vec<PinnedBuffer>>>,
-    /// Asks the helper for one more set; `None` where it could not be started.
-    ask: Option<Sender<()>>,
-    /// Sets asked of the helper and not yet received.
-    asked: usize,
-    /// Sets made, asked for or being made.
     made: usize,
     max_sets: usize,
     bytes_each: usize,
     per_set: usize,
 }
 
-fn pin_set(per_set: usize, bytes_each: usize) -> Result<Vec<PinnedBuffer>> {
-    (0..per_set)
-        .map(|_| PinnedBuffer::new(bytes_each))
-        .collect()
-}
-
 impl BufferPool {
-    /// Up to `max_sets` sets of `per_set` buffers of `bytes_each` bytes for rank 0 on GPU
-    /// `device`; sets come back through `returned`.
+    /// Up to `max_sets` sets of `per_set` buffers of `bytes_each` bytes, made as needed;
+    /// sets come back through `returned`.
     pub fn new(
         returned: Receiver<Vec<PinnedBuffer>>,
-        device: usize,
         max_sets: usize,
         per_set: usize,
         bytes_each: usize,
     ) -> Self {
-        let (ask, asks) = std::sync::mpsc::channel::<()>();
-        let (pinned_tx, pinned) = std::sync::mpsc::channel();
-        let helper = move || {
-            if let Err(e) = cuda::set_device(device) {
-                let _ = pinned_tx.send(Err(e));
-                return;
-            }
-            // Ends when the pool is dropped (the job is over) or nobody takes its sets.
-            for () in asks {
-                if pinned_tx.send(pin_set(per_set, bytes_each)).is_err() {
-                    return;
-                }
-            }
-        };
-        let ask = match std::thread::Builder::new()
-            .name("hslake-pin-ahead".into())
-            .spawn(helper)
-        {
-            Ok(_) => Some(ask),
-            Err(e) => {
-                tracing::warn!("cannot start the thread that pins host buffers ahead: {e}");
-                None
-            }
-        };
-        let mut pool = BufferPool {
+        BufferPool {
             free: vec![],
             returned,
-            pinned,
-            ask,
-            asked: 0,
             made: 0,
             max_sets,
             bytes_each,
             per_set,
-        };
-        for _ in 0..2 {
-            pool.ask_helper();
         }
-        pool
-    }
-
-    /// Asks the helper for one more set, while sets are left to make.
-    fn ask_helper(&mut self) {
-        if self.made < self.max_sets {
-            if let Some(ask) = &self.ask {
-                if ask.send(()).is_ok() {
-                    self.made += 1;
-                    self.asked += 1;
-                }
-            }
-        }
-    }
-
-    /// A set the helper pinned, as it arrives.
-    fn receive(&mut self, set: Result<Vec<PinnedBuffer>>) -> Result<Vec<PinnedBuffer>> {
-        self.asked -= 1;
-        set
     }
 
     /// A free set, waiting (and adding the wait to `storage_wait`) when all are in use;
@@ -134,35 +64,20 @@ impl BufferPool {
         while let Ok(set) = self.returned.try_recv() {
             self.free.push(set);
         }
-        while let Ok(set) = self.pinned.try_recv() {
-            let set = self.receive(set)?;
-            self.free.push(set);
+        if let Some(set) = self.free.pop() {
+            return Ok(Some(set));
         }
-        let set = if let Some(set) = self.free.pop() {
-            set
-        } else if self.asked > 0 {
-            // Being pinned: waiting for it is not waiting on storage.
-            match self.pinned.recv() {
-                Ok(set) => self.receive(set)?,
-                Err(_) => {
-                    self.asked = 0;
-                    self.made += 1;
-                    pin_set(self.per_set, self.bytes_each)?
-                }
-            }
-        } else if self.made < self.max_sets {
+        if self.made < self.max_sets {
             self.made += 1;
-            pin_set(self.per_set, self.bytes_each)?
-        } else {
-            let t = Instant::now();
-            let set = self.returned.recv().ok();
-            *storage_wait += t.elapsed();
-            return Ok(set);
-        };
-        if self.free.is_empty() && self.asked == 0 {
-            self.ask_helper();
+            return (0..self.per_set)
+                .map(|_| PinnedBuffer::new(self.bytes_each))
+                .collect::<Result<_>>()
+                .map(Some);
         }
-        Ok(Some(set))
+        let t = Instant::now();
+        let set = self.returned.recv().ok();
+        *storage_wait += t.elapsed();
+        Ok(set)
     }
 }
 

@@ -249,7 +249,6 @@ impl Engine {
             }
             let (host_tx, host_rx) = mpsc::sync_channel::<HostBatch>(opts.queue_depth);
             let (recycle_tx, recycle_rx) = mpsc::channel::<Vec<PinnedBuffer>>();
-            let pool = self.buffer_pool(job, split, recycle_rx);
             let (failed, lost) = (&writers_failed, &ranks_lost);
             let splitter = std::thread::Builder::new()
                 .name("hslake-splitter".into())
@@ -261,6 +260,7 @@ impl Engine {
                 })
                 .map_err(|e| CaptureError::Pipeline(format!("cannot start the splitter: {e}")))?;
 
+            let pool = self.buffer_pool(job, split, recycle_rx);
             let (feeds, dispatched) = self.dispatch(job, host_tx, pool, split);
             let outcome = feed(
                 job,
@@ -353,7 +353,7 @@ impl Engine {
         &self,
         job: &PreparedJob,
         split: bool,
-        returned: Receiver<Vec<PinnedBuffer>>,
+        recycle: Receiver<Vec<PinnedBuffer>>,
     ) -> Option<BufferPool> {
         if self.options.device != DeviceKind::Cuda {
             return None;
@@ -371,8 +371,7 @@ impl Engine {
             .max()
             .unwrap_or(0);
         Some(BufferPool::new(
-            returned,
-            0,
+            recycle,
             job.job.queue_depth + 3,
             job.job.points.len(),
             if split {
