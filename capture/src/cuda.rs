@@ -327,7 +327,12 @@ pub struct PinnedBuffer {
 impl PinnedBuffer {
     /// `len` bytes of page-locked host memory.
     pub fn new(len: usize) -> Result<Self> {
-        let bytes = Tensor::f_empty([len as i64], (tch::Kind::Uint8, tch::Device::Cpu))?;
+        let mut bytes = Tensor::f_empty([len as i64], (tch::Kind::Uint8, tch::Device::Cpu))?;
+        // Every page touched first, by libtorch's parallel fill: registering fresh memory faults
+        // it in inside the driver call, one thread, 0.36–0.43 s for a DeepSeek-V3-cut batch set
+        // of 1.17 GB on the H200; filled first it took 0.06–0.11 s and the registration 0.05 s
+        // (docs/PERFORMANCE.md). Rank 0 pins sets on demand, so that time is its forward loop's.
+        let _ = bytes.f_fill_(0)?;
         // SAFETY: registers exactly the `len` bytes this tensor owns; they stay allocated (the
         // tensor is owned by `self`) until Drop unregisters them.
         check(
