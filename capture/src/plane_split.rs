@@ -128,7 +128,7 @@ fn check_shape(states: &Tensor, lens: &[usize]) -> Result<SplitLayout> {
     if states.kind() != Kind::BFloat16 {
         return bad("only bf16 states are split before the copy");
     }
-    if layout.hidden % 2 != 0 {
+    if !layout.hidden.is_multiple_of(2) {
         return bad("hidden size must be even");
     }
     if lens.len() != layout.rows || lens.iter().any(|&l| l > layout.cols) {

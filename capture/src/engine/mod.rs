@@ -317,7 +317,7 @@ impl Engine {
         let cuda = self.options.device == DeviceKind::Cuda;
         let cannot = if dtype != DType::Bf16 {
             Some(format!("the states are {dtype}, not bf16"))
-        } else if hidden % 2 != 0 {
+        } else if !hidden.is_multiple_of(2) {
             Some(format!("the hidden size {hidden} is odd"))
         } else if cuda {
             crate::plane_split::kernel(0).err()
