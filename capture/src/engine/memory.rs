@@ -37,8 +37,10 @@ impl MemoryNeed {
     /// - `2 * hidden * 4`: the f32 partial sum of a row-parallel layer and its bias-added copy;
     /// - `4 * widest * e`: the widest per-rank projection output (fused gate|up, or the query
     ///   heads), its activation and the product that feeds the next GEMM;
-    /// - `captured * hidden * e`: captured states held on the device until rank 0 copies them
-    ///   out (their host copies do not count).
+    /// - `2 * captured * hidden * e`: captured states held on the device until rank 0 copies
+    ///   them out (their host copies do not count), twice: the previous batch's are still being
+    ///   copied while this one's are made, and on bf16 GPU runs rank 0 splits each batch's
+    ///   states into planes of the same size before the copy.
     ///
     /// Attention scores are not counted: on CUDA scaled-dot-product attention runs fused,
     /// without a `[t, t]` matrix. `widest` is the largest output width of any rank-local
@@ -95,7 +97,7 @@ impl MemoryNeed {
         let h = hidden as u64;
         MemoryNeed {
             weights,
-            per_token: 6 * h * e + 2 * h * 4 + 4 * widest * e + captured as u64 * h * e,
+            per_token: 6 * h * e + 2 * h * 4 + 4 * widest * e + 2 * captured as u64 * h * e,
             fixed: (2 * largest_quantized * (8 + e)).max(stack_scratch) + RESERVE_BYTES,
             tokens: tokens as u64,
         }
@@ -189,7 +191,7 @@ mod tests {
         );
         assert_eq!(
             need.per_token,
-            6 * 64 * 2 + 2 * 64 * 4 + 4 * 256 * 2 + 2 * 64 * 2
+            6 * 64 * 2 + 2 * 64 * 4 + 4 * 256 * 2 + 2 * 2 * 64 * 2
         );
         // The FP8 matrix (128 x 64) is the larger dequantized one (INT4: 32 x 64).
         assert_eq!(need.fixed, 2 * 128 * 64 * (8 + 2) + RESERVE_BYTES);

@@ -335,7 +335,7 @@ impl Engine {
             (PlaneSplit::Auto, None) => cuda,
             (PlaneSplit::Auto, Some(why)) => {
                 if cuda {
-                    tracing::info!("the writers split states into planes: {why}");
+                    tracing::warn!("the writers split states into planes (slower): {why}");
                 }
                 false
             }
