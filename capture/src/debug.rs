@@ -428,7 +428,7 @@ pub struct SplitReport {
 /// (padding the kernel must skip, a sample of one token, an empty slot) holding NaN, ±Inf and
 /// values near bf16's largest; then its time (`iters` timed runs after a warm-up).
 pub fn split_check(iters: usize) -> Result<SplitReport> {
-    use crate::plane_split::{split, SplitLayout, ROW_STATS};
+    use crate::plane_split::{row_field, split, SplitLayout, ROW_STATS};
     if !tch::Cuda::is_available() {
         return Err(CaptureError::Cuda("CUDA is not available".into()));
     }
@@ -473,8 +473,7 @@ pub fn split_check(iters: usize) -> Result<SplitReport> {
             .chunks_exact(ROW_STATS)
             .zip(cpu[at].chunks_exact(ROW_STATS))
         {
-            let f =
-                |b: &[u8], k: usize| f64::from_le_bytes(b[8 * k..8 * k + 8].try_into().unwrap());
+            let f = row_field;
             let sq_close = (f(g, 0) - f(c, 0)).abs() <= f(c, 0).abs() * 1e-12;
             if !sq_close || (1..4).any(|k| f(g, k) != f(c, k)) {
                 stats_differ += 1;

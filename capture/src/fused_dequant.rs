@@ -14,7 +14,7 @@ use std::sync::OnceLock;
 
 use tch::{Device, Kind, Tensor};
 
-use crate::cuda::{self, Kernel, Library};
+use crate::cuda::{self, Kernel};
 use crate::error::Result;
 use crate::nvrtc;
 
@@ -173,8 +173,7 @@ fn kernels(device: usize) -> Option<&'static Kernels> {
 }
 
 fn load(device: usize) -> Result<Kernels> {
-    let ptx = compile_ptx(cuda::compute_capability(device)?)?;
-    let library = Box::leak(Box::new(Library::load(&ptx)?));
+    let library = nvrtc::load_library(device, compile_ptx)?;
     let named = |family: &str| -> Result<Vec<Kernel>> {
         OUTPUTS
             .iter()

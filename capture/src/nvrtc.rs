@@ -2,6 +2,7 @@
 //! source at first use, so a build needs no CUDA toolkit.
 use std::ffi::{c_char, c_int, c_void, CStr, CString};
 
+use crate::cuda::{self, Library};
 use crate::error::{CaptureError, Result};
 
 type NvrtcProgram = *mut c_void;
@@ -166,4 +167,14 @@ fn compile(program: NvrtcProgram, major: i32, minor: i32) -> Result<CString> {
     )?;
     CString::from_vec_with_nul(ptx)
         .map_err(|e| CaptureError::Cuda(format!("NVRTC returned malformed PTX: {e}")))
+}
+
+/// The PTX `compile` makes for GPU `device`'s compute capability, loaded for the rest of the
+/// process (the kernels taken from it must stay valid as long as they are cached).
+pub(crate) fn load_library(
+    device: usize,
+    compile: fn((i32, i32)) -> Result<CString>,
+) -> Result<&'static Library> {
+    let ptx = compile(cuda::compute_capability(device)?)?;
+    Ok(Box::leak(Box::new(Library::load(&ptx)?)))
 }

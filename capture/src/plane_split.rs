@@ -17,10 +17,10 @@ use std::ffi::{c_void, CString};
 use std::ops::Range;
 use std::sync::OnceLock;
 
-use hslake_schemas::TensorStats;
+use hslake_schemas::{RowSums, TensorStats};
 use tch::{Device, Kind, Tensor};
 
-use crate::cuda::{self, Kernel, Library};
+use crate::cuda::Kernel;
 use crate::error::{CaptureError, Result};
 use crate::nvrtc;
 
@@ -77,24 +77,22 @@ impl SplitLayout {
     }
 }
 
+/// Field `k` of a token row's statistics (`ROW_STATS` bytes: sum of squares, largest absolute
+/// value, NaN count, ±Inf count).
+pub(crate) fn row_field(row: &[u8], k: usize) -> f64 {
+    f64::from_le_bytes(row[8 * k..8 * k + 8].try_into().expect("8 bytes"))
+}
+
 /// A sample's tensor statistics from its token rows' (`ROW_STATS` bytes each, as the split
-/// writes them). The store computes the same quantities from the values, with the sums of
+/// writes them), combined as the store combines the rows it reduces itself. The store sums
 /// squares in f32 lanes where these are f64: mean norms agree to f32 rounding.
 pub(crate) fn sample_stats(rows: &[u8]) -> TensorStats {
-    let mut st = TensorStats::default();
-    let mut norm_sum = 0f64;
-    let tokens = rows.len() / ROW_STATS;
+    let mut sums = RowSums::default();
     for row in rows.chunks_exact(ROW_STATS) {
-        let f = |k: usize| f64::from_le_bytes(row[8 * k..8 * k + 8].try_into().expect("8 bytes"));
-        norm_sum += f(0).sqrt();
-        st.max_abs = st.max_abs.max(f(1) as f32);
-        st.nan_count += f(2) as u64;
-        st.inf_count += f(3) as u64;
+        let f = |k| row_field(row, k);
+        sums.add(f(0), f(1) as f32, f(2) as u64, f(3) as u64);
     }
-    if tokens > 0 {
-        st.mean_norm = (norm_sum / tokens as f64) as f32;
-    }
-    st
+    sums.finish()
 }
 
 /// Splits `states` (`[rows, cols, hidden]` bf16, `hidden` even) whose slot `i` holds a sample
@@ -160,17 +158,17 @@ fn split_on_cpu(states: &Tensor, lens: &[usize], layout: SplitLayout) -> Result<
 }
 
 /// One row's sum of squares and largest absolute value of its finite values, its NaN and ±Inf
-/// counts: what the kernel computes per row.
+/// counts: what the kernel computes per row, here from the widened values.
 fn row_stats(values: &[u8]) -> [f64; 4] {
     let mut s = [0f64; 4];
-    for c in values.chunks_exact(2) {
-        let bits = u16::from_le_bytes([c[0], c[1]]) & 0x7fff;
-        if bits > 0x7f80 {
+    for c in values.as_chunks::<2>().0 {
+        let v = hslake_schemas::bf16_bits_to_f32(u16::from_le_bytes(*c));
+        if v.is_nan() {
             s[2] += 1.0;
-        } else if bits == 0x7f80 {
+        } else if v.is_infinite() {
             s[3] += 1.0;
         } else {
-            let v = f64::from(hslake_schemas::bf16_bits_to_f32(bits));
+            let v = f64::from(v.abs());
             s[0] += v * v;
             s[1] = s[1].max(v);
         }
@@ -262,12 +260,9 @@ pub(crate) fn kernel(device: usize) -> std::result::Result<&'static Kernel, Stri
     static KERNEL: OnceLock<std::result::Result<Kernel, String>> = OnceLock::new();
     KERNEL
         .get_or_init(|| {
-            let load = || -> Result<Kernel> {
-                let ptx = compile_ptx(cuda::compute_capability(device)?)?;
-                let library = Box::leak(Box::new(Library::load(&ptx)?));
-                library.kernel(c"split_bf16")
-            };
-            load().map_err(|e| e.to_string())
+            nvrtc::load_library(device, compile_ptx)
+                .and_then(|library| library.kernel(c"split_bf16"))
+                .map_err(|e| e.to_string())
         })
         .as_ref()
         .map_err(Clone::clone)

@@ -13,6 +13,36 @@ pub struct TensorStats {
     pub inf_count: u64,
 }
 
+/// Token rows' reductions summed into a tensor's [`TensorStats`]: how [`tensor_stats`] combines
+/// its rows, and how a capture combines rows reduced on the GPU.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RowSums {
+    stats: TensorStats,
+    norm_sum: f64,
+    rows: u64,
+}
+
+impl RowSums {
+    /// Adds one row: the sum of squares and the largest absolute value of its finite values,
+    /// and its NaN and ±Inf counts.
+    pub fn add(&mut self, sum_sq: f64, max_abs: f32, nan: u64, inf: u64) {
+        self.norm_sum += sum_sq.sqrt();
+        self.stats.max_abs = self.stats.max_abs.max(max_abs);
+        self.stats.nan_count += nan;
+        self.stats.inf_count += inf;
+        self.rows += 1;
+    }
+
+    /// The statistics of the rows added (a mean norm of 0 without rows).
+    pub fn finish(self) -> TensorStats {
+        let mut st = self.stats;
+        if self.rows > 0 {
+            st.mean_norm = (self.norm_sum / self.rows as f64) as f32;
+        }
+        st
+    }
+}
+
 /// Compute the statistics of a `[tokens, hidden]` tensor in one pass.
 pub fn tensor_stats<D: AsRef<[u8]>>(t: &TensorData<D>) -> TensorStats {
     let (tokens, hidden) = match t.shape.as_slice() {
@@ -20,8 +50,7 @@ pub fn tensor_stats<D: AsRef<[u8]>>(t: &TensorData<D>) -> TensorStats {
         _ => (1, t.numel()),
     };
     let k = t.dtype.size();
-    let mut st = TensorStats::default();
-    let mut norm_sum = 0f64;
+    let mut sums = RowSums::default();
     // Each row is reduced with eight lanes, a loop simple enough for the compiler to vectorise.
     // bf16 rows without scales are read in place (on a capture writer, widening them into a
     // buffer first took 60 % of this function's time); other rows are widened to f32 into one
@@ -45,33 +74,27 @@ pub fn tensor_stats<D: AsRef<[u8]>>(t: &TensorData<D>) -> TensorStats {
             sum_sq_and_max_abs(&row, |&v| v)
         };
         if sq.is_finite() {
-            norm_sum += (sq as f64).sqrt();
-            st.max_abs = st.max_abs.max(mx);
+            sums.add(sq as f64, mx, 0, 0);
             continue;
         }
         // Careful path for rows holding NaN/Inf (or squares overflowing f32).
         if in_place {
             widen_row(r, bytes, &mut row);
         }
-        let mut sq = 0f64;
+        let (mut sq, mut mx, mut nan, mut inf) = (0f64, 0f32, 0, 0);
         for &v in &row {
             if v.is_nan() {
-                st.nan_count += 1;
+                nan += 1;
             } else if v.is_infinite() {
-                st.inf_count += 1;
+                inf += 1;
             } else {
-                st.max_abs = st.max_abs.max(v.abs());
+                mx = mx.max(v.abs());
                 sq += (v as f64) * (v as f64);
             }
         }
-        norm_sum += sq.sqrt();
+        sums.add(sq, mx, nan, inf);
     }
-    st.mean_norm = if tokens > 0 {
-        (norm_sum / tokens as f64) as f32
-    } else {
-        0.0
-    };
-    st
+    sums.finish()
 }
 
 /// Little-endian elements of `dtype` to f32 (fp8 without its scale).

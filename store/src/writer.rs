@@ -91,11 +91,7 @@ pub fn encode_sample<D: AsRef<[u8]>>(
     opts: &WriterOptions,
     sample: &Sample<D>,
 ) -> Result<Option<EncodedSample>> {
-    let invalid = |source: SchemaError| StoreError::InvalidSample {
-        sample_id: sample.sample_id,
-        source,
-    };
-    schema.validate(sample).map_err(invalid)?;
+    schema.validate(sample).map_err(invalid(sample.sample_id))?;
     let stats: Vec<TensorStats> = sample.tensors.iter().map(tensor_stats).collect();
     encode_validated(schema, opts, sample, TensorBytes::Elements, stats)
 }
@@ -109,12 +105,7 @@ pub fn encode_split_sample<D: AsRef<[u8]>>(
     sample: &Sample<D>,
     stats: Vec<TensorStats>,
 ) -> Result<Option<EncodedSample>> {
-    schema
-        .validate(sample)
-        .map_err(|source| StoreError::InvalidSample {
-            sample_id: sample.sample_id,
-            source,
-        })?;
+    schema.validate(sample).map_err(invalid(sample.sample_id))?;
     if stats.len() != sample.tensors.len() {
         return Err(StoreError::Usage(format!(
             "sample {}: {} statistics given for {} tensors split into planes",
@@ -124,6 +115,11 @@ pub fn encode_split_sample<D: AsRef<[u8]>>(
         )));
     }
     encode_validated(schema, opts, sample, TensorBytes::Planes, stats)
+}
+
+/// Sample `sample_id` refused by the schema.
+fn invalid(sample_id: u64) -> impl FnOnce(SchemaError) -> StoreError {
+    move |source| StoreError::InvalidSample { sample_id, source }
 }
 
 /// The finiteness policy on `stats`, then the encoding of a validated sample.
@@ -141,10 +137,7 @@ fn encode_validated<D: AsRef<[u8]>>(
             stats.iter().map(|s| (s.nan_count, s.inf_count)),
             opts.finite_policy,
         )
-        .map_err(|source| StoreError::InvalidSample {
-            sample_id: sample.sample_id,
-            source,
-        })?;
+        .map_err(invalid(sample.sample_id))?;
     if !keep {
         return Ok(None);
     }
