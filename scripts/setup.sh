@@ -16,8 +16,9 @@ if [ ! -x .venv/bin/python3 ]; then
   "$PY" -m venv .venv
 fi
 # Installing the Python packages needs about 8 GB (torch with its NVIDIA libraries unpacks to
-# 5.4 GB, and pip holds the wheels meanwhile); the first dev build of the workspace about 8 GB
-# more. A full disk otherwise surfaces as pip's "No space left on device" halfway through.
+# 5.4 GB, and pip holds the wheels meanwhile); the first dev build of the workspace about 5 GB
+# more (target/ of a fresh clone held 4.0 GB after the whole test suite). A full disk otherwise
+# surfaces as pip's "No space left on device" or a linker error halfway through.
 need_space() { # <GB> <what>
   local free_kb
   free_kb=$(df -Pk "$ROOT" | awk 'NR==2 {print $4}')
@@ -45,7 +46,7 @@ for step in scripts/setup.d/*.sh; do
 done
 
 if [ ! -d "${CARGO_TARGET_DIR:-target}/debug" ]; then
-  need_space 8 "the first dev build of the workspace"
+  need_space 5 "the first dev build of the workspace"
 fi
 echo "setup: building hslake and its Python module (dev profile, read/write path at opt-level 3)" >&2
 # One build serves the tests and users: Cargo.toml raises the hot crates (store, loader, parquet,

@@ -1,6 +1,7 @@
 //! One capture from start to end, as `hslake capture` runs it: check the model, prepare the
-//! job (every input record, the dataset), load the model, run the job. Everything that can be
-//! checked is checked before the (possibly long) load.
+//! job (every input record, the dataset), load the model (pinning the job's host buffers
+//! meanwhile), run the job. Everything that can be checked is checked before the (possibly
+//! long) load.
 use crate::engine::{
     CancelToken, CaptureJob, CaptureSummary, CheckedModel, Engine, EngineOptions, ProgressSink,
 };
@@ -45,7 +46,7 @@ pub async fn capture_with(
         let checked = CheckedModel::check(opts.engine)?;
         checked.check_memory(opts.job.max_tokens_per_batch, opts.job.points.len())?;
         let prepared = opts.job.prepare(checked.model(), checked.options())?;
-        let mut engine = Engine::load(checked)?;
+        let mut engine = Engine::load_for(checked, &prepared)?;
         engine.run_prepared(prepared, &progress, &cancel)
     })
     .await

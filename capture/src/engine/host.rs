@@ -1,6 +1,7 @@
 //! Rank 0's captured states in host memory on their way to the writers: the batch message,
 //! the pinned buffers rank 0 copies into (recycled once the writers have encoded each sample
-//! from them), and the lease that hands a batch's buffers back when its last sample is done.
+//! from them, and kept from job to job), and the lease that hands a batch's buffers back when
+//! its last sample is done.
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, Sender};
 use std::sync::{Arc, Mutex};
@@ -11,7 +12,7 @@ use tch::Tensor;
 use super::rank::RankTimes;
 use crate::batch::PaddedBatch;
 use crate::cuda::PinnedBuffer;
-use crate::error::Result;
+use crate::error::{CaptureError, Result};
 
 /// Rank 0's captured states for one batch, in host memory: one `[b, t, hidden]` per point, or
 /// one byte tensor per point laid out as [`crate::plane_split::SplitLayout`] says.
@@ -28,56 +29,128 @@ pub(super) struct HostBatch {
     pub times: RankTimes,
 }
 
-/// Pinned host buffers rank 0 copies into, recycled by the writers. A full set in use means
-/// the writers are behind: waiting for one is waiting on storage.
-pub(super) struct BufferPool {
-    free: Vec<Vec<PinnedBuffer>>,
-    returned: Receiver<Vec<PinnedBuffer>>,
-    made: usize,
-    max_sets: usize,
-    bytes_each: usize,
-    per_set: usize,
+/// Host memory rank 0 copies captured states into: pinned buffers on CUDA.
+pub(super) trait HostBuffer: Sized {
+    /// A buffer of `bytes` bytes.
+    fn alloc(bytes: usize) -> Result<Self>;
+    /// Its capacity in bytes.
+    fn capacity(&self) -> usize;
 }
 
-impl BufferPool {
-    /// Up to `max_sets` sets of `per_set` buffers of `bytes_each` bytes, made as needed;
-    /// sets come back through `returned`.
-    pub fn new(
-        returned: Receiver<Vec<PinnedBuffer>>,
-        max_sets: usize,
-        per_set: usize,
-        bytes_each: usize,
-    ) -> Self {
-        BufferPool {
-            free: vec![],
-            returned,
-            made: 0,
-            max_sets,
-            bytes_each,
-            per_set,
-        }
+impl HostBuffer for PinnedBuffer {
+    fn alloc(bytes: usize) -> Result<Self> {
+        PinnedBuffer::new(bytes)
     }
 
-    /// A free set, waiting (and adding the wait to `storage_wait`) when all are in use;
-    /// `None` once nothing can return one (the writers have stopped).
-    pub fn take(&mut self, storage_wait: &mut Duration) -> Result<Option<Vec<PinnedBuffer>>> {
-        while let Ok(set) = self.returned.try_recv() {
-            self.free.push(set);
+    fn capacity(&self) -> usize {
+        self.len()
+    }
+}
+
+/// The buffer sets one job copies into: at most `sets` of them, each `per_set` buffers (one
+/// per capture point) of at least `bytes_each` bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(super) struct SetShape {
+    /// Sets that can be in use at once.
+    pub sets: usize,
+    /// Buffers per set.
+    pub per_set: usize,
+    /// Bytes each buffer needs.
+    pub bytes_each: usize,
+}
+
+/// Rank 0's host buffers, kept by the engine from job to job: pinning costs about 0.1 s per
+/// GB (filling the pages, then registering them), which a job that pins as it goes pays in its
+/// forward loop. Within a job, a set in use by every slot means the writers are behind:
+/// waiting for one is waiting on storage.
+pub(super) struct BufferPool<B = PinnedBuffer> {
+    /// Buffers not in use: made ahead, or kept from earlier jobs.
+    free: Vec<B>,
+    /// Where the current job's sets come back; `None` between jobs.
+    returned: Option<Receiver<Vec<B>>>,
+    /// Buffers the current job holds, free or in use.
+    owned: usize,
+    shape: SetShape,
+}
+
+impl<B: HostBuffer> Default for BufferPool<B> {
+    fn default() -> Self {
+        BufferPool {
+            free: vec![],
+            returned: None,
+            owned: 0,
+            shape: SetShape::default(),
         }
-        if let Some(set) = self.free.pop() {
-            return Ok(Some(set));
+    }
+}
+
+impl<B: HostBuffer> BufferPool<B> {
+    /// Makes buffers until the pool holds every set of `shape` (before a job, e.g. while the
+    /// model loads); returns how many it made.
+    pub fn fill(&mut self, shape: SetShape) -> Result<usize> {
+        self.keep_fitting(shape);
+        let want = shape.sets * shape.per_set;
+        let made = want.saturating_sub(self.free.len());
+        for _ in 0..made {
+            self.free.push(B::alloc(shape.bytes_each)?);
         }
-        if self.made < self.max_sets {
-            self.made += 1;
-            return (0..self.per_set)
-                .map(|_| PinnedBuffer::new(self.bytes_each))
-                .collect::<Result<_>>()
-                .map(Some);
+        Ok(made)
+    }
+
+    /// Starts a job whose sets have `shape` and come back through `returned`; buffers kept
+    /// from before that are too small for it are freed.
+    pub fn start_job(&mut self, shape: SetShape, returned: Receiver<Vec<B>>) {
+        self.keep_fitting(shape);
+        self.owned = self.free.len();
+        self.shape = shape;
+        self.returned = Some(returned);
+    }
+
+    /// Ends the job: the sets that came back are kept for the next one. Call it once nothing
+    /// can return a set any more; a set still out then is freed by whoever holds it.
+    pub fn end_job(&mut self) {
+        if let Some(returned) = self.returned.take() {
+            self.free.extend(returned.try_iter().flatten());
         }
-        let t = Instant::now();
-        let set = self.returned.recv().ok();
-        *storage_wait += t.elapsed();
-        Ok(set)
+        self.owned = 0;
+    }
+
+    /// A free set for the current job, made if the job holds fewer than its `sets`, else
+    /// waited for (adding the wait to `storage_wait`); `None` once nothing can return one
+    /// (the writers have stopped).
+    pub fn take(&mut self, storage_wait: &mut Duration) -> Result<Option<Vec<B>>> {
+        let Some(returned) = &self.returned else {
+            return Err(CaptureError::Pipeline(
+                "a host buffer set was asked for outside a job".into(),
+            ));
+        };
+        self.free.extend(returned.try_iter().flatten());
+        let SetShape {
+            sets,
+            per_set,
+            bytes_each,
+        } = self.shape;
+        if self.free.len() < per_set && self.owned < sets * per_set {
+            let missing = per_set - self.free.len();
+            for _ in 0..missing {
+                self.free.push(B::alloc(bytes_each)?);
+            }
+            self.owned += missing;
+        }
+        if self.free.len() < per_set {
+            let t = Instant::now();
+            let set = returned.recv().ok();
+            *storage_wait += t.elapsed();
+            return Ok(set);
+        }
+        let rest = self.free.len() - per_set;
+        Ok(Some(self.free.split_off(rest)))
+    }
+
+    /// Keeps the free buffers big enough for `shape`, at most all of its sets' worth.
+    fn keep_fitting(&mut self, shape: SetShape) {
+        self.free.retain(|b| b.capacity() >= shape.bytes_each);
+        self.free.truncate(shape.sets * shape.per_set);
     }
 }
 
@@ -111,5 +184,120 @@ impl BatchLease {
                 let _ = self.recycle.send(b);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::cell::Cell;
+    use std::sync::mpsc;
+
+    thread_local! {
+        /// Buffers made so far on this test's thread.
+        static MADE: Cell<usize> = const { Cell::new(0) };
+    }
+
+    /// A plain host buffer that counts how often one is made.
+    struct Counted(usize);
+
+    impl HostBuffer for Counted {
+        fn alloc(bytes: usize) -> Result<Self> {
+            MADE.set(MADE.get() + 1);
+            Ok(Counted(bytes))
+        }
+
+        fn capacity(&self) -> usize {
+            self.0
+        }
+    }
+
+    fn shape(sets: usize, per_set: usize, bytes_each: usize) -> SetShape {
+        SetShape {
+            sets,
+            per_set,
+            bytes_each,
+        }
+    }
+
+    fn made() -> usize {
+        MADE.get()
+    }
+
+    /// Takes `n` sets, returning each through `back` right away, and says how many buffers
+    /// had to be made for them.
+    fn run_job(pool: &mut BufferPool<Counted>, s: SetShape, n: usize) -> usize {
+        let (back, returned) = mpsc::channel();
+        pool.start_job(s, returned);
+        let before = made();
+        let mut wait = Duration::ZERO;
+        for _ in 0..n {
+            let set = pool.take(&mut wait).unwrap().unwrap();
+            assert_eq!(set.len(), s.per_set);
+            assert!(set.iter().all(|b| b.capacity() >= s.bytes_each));
+            back.send(set).unwrap();
+        }
+        drop(back);
+        pool.end_job();
+        made() - before
+    }
+
+    #[test]
+    fn a_later_job_reuses_the_sets_an_earlier_one_made() {
+        let mut pool = BufferPool::default();
+        let (back, returned) = mpsc::channel();
+        pool.start_job(shape(3, 2, 100), returned);
+        let mut wait = Duration::ZERO;
+        let sets: Vec<_> = (0..3)
+            .map(|_| pool.take(&mut wait).unwrap().unwrap())
+            .collect();
+        for set in sets {
+            back.send(set).unwrap();
+        }
+        drop(back);
+        pool.end_job();
+        // Same shape, then fewer points with smaller batches: nothing new is pinned.
+        assert_eq!(run_job(&mut pool, shape(3, 2, 100), 10), 0);
+        assert_eq!(run_job(&mut pool, shape(3, 1, 60), 10), 0);
+    }
+
+    #[test]
+    fn buffers_too_small_for_a_job_are_replaced_not_kept() {
+        let mut pool = BufferPool::default();
+        assert_eq!(pool.fill(shape(2, 2, 100)).unwrap(), 4);
+        // One set at a time is in use: one set is made, and the small ones are gone.
+        assert_eq!(run_job(&mut pool, shape(2, 2, 200), 5), 2);
+        assert_eq!(pool.free.len(), 2);
+        assert!(pool.free.iter().all(|b| b.capacity() == 200));
+    }
+
+    #[test]
+    fn sets_made_ahead_are_used_before_any_is_made() {
+        let mut pool = BufferPool::default();
+        assert_eq!(pool.fill(shape(4, 3, 10)).unwrap(), 12);
+        assert_eq!(pool.fill(shape(4, 3, 10)).unwrap(), 0);
+        assert_eq!(run_job(&mut pool, shape(4, 3, 10), 20), 0);
+    }
+
+    #[test]
+    fn a_job_holding_every_set_waits_for_one_and_stops_when_none_can_return() {
+        let mut pool = BufferPool::<Counted>::default();
+        let (back, returned) = mpsc::channel();
+        pool.start_job(shape(2, 1, 8), returned);
+        let mut wait = Duration::ZERO;
+        let first = pool.take(&mut wait).unwrap().unwrap();
+        let second = pool.take(&mut wait).unwrap().unwrap();
+        let giver = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(50));
+            back.send(first).unwrap();
+        });
+        assert!(pool.take(&mut wait).unwrap().is_some());
+        assert!(wait >= Duration::from_millis(40), "waited {wait:?}");
+        giver.join().unwrap();
+        // Every sender is gone: nothing can come back, so the job stops keeping states.
+        assert!(pool.take(&mut wait).unwrap().is_none());
+        drop(second);
+        pool.end_job();
+        assert!(pool.take(&mut wait).is_err());
     }
 }

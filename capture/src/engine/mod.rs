@@ -46,7 +46,7 @@ pub use progress::{CancelToken, NoProgress, ProgressSink};
 pub use summary::CaptureSummary;
 
 use feed::{feed, Feed};
-use host::{BufferPool, HostBatch};
+use host::{BufferPool, HostBatch, SetShape};
 use rank::{CommInit, RankEvent, RankJob, RankOutput, RankReport, RankSetup};
 use splitter::{split_batches, SampleRows};
 use writer::{run_writer, WriterDone, WriterSetup};
@@ -67,6 +67,8 @@ pub struct Engine {
     rank_failed: Arc<AtomicBool>,
     /// Why the engine cannot run jobs any more.
     broken: Option<String>,
+    /// Rank 0's pinned host buffers between jobs (CUDA).
+    pool: Option<BufferPool>,
 }
 
 impl Engine {
@@ -79,11 +81,23 @@ impl Engine {
     /// every rank has loaded (or with the first failure).
     pub fn load(checked: CheckedModel) -> Result<Engine> {
         let comms = comm_inits(checked.options.device, checked.options.tp)?;
-        Engine::spawn(checked, comms)
+        Engine::spawn(checked, comms, None)
     }
 
-    /// [`Engine::load`] with the given way for each rank to join its group.
-    pub(crate) fn spawn(checked: CheckedModel, comms: Vec<CommInit>) -> Result<Engine> {
+    /// [`Engine::load`], pinning the host buffers `first` will copy into while the ranks load
+    /// (CUDA), so that its forward loop does not pay for them.
+    pub fn load_for(checked: CheckedModel, first: &PreparedJob) -> Result<Engine> {
+        let comms = comm_inits(checked.options.device, checked.options.tp)?;
+        Engine::spawn(checked, comms, Some(first))
+    }
+
+    /// [`Engine::load`] with the given way for each rank to join its group, pinning `first`'s
+    /// host buffers meanwhile.
+    pub(crate) fn spawn(
+        checked: CheckedModel,
+        comms: Vec<CommInit>,
+        first: Option<&PreparedJob>,
+    ) -> Result<Engine> {
         let t = Instant::now();
         let (report_tx, reports) = mpsc::channel();
         let rank_failed = Arc::new(AtomicBool::new(false));
@@ -96,6 +110,7 @@ impl Engine {
             reports,
             rank_failed: rank_failed.clone(),
             broken: None,
+            pool: None,
         };
         for (rank, comm) in comms.into_iter().enumerate() {
             let setup = RankSetup {
@@ -122,6 +137,9 @@ impl Engine {
             }
         }
         drop((report_tx, checked));
+        if let Some(job) = first {
+            engine.pin_ahead(job);
+        }
         let (_, errors) = engine.await_ranks(engine.jobs.len(), |event| match event {
             RankEvent::Loaded => Ok(()),
             _ => Err(CaptureError::Pipeline(
@@ -212,7 +230,10 @@ impl Engine {
     ) -> Result<CaptureSummary> {
         let opts = &job.job;
         let (hidden, dtype) = (self.info.hidden_size, self.options.dtype);
-        let split = self.split_on_rank(opts.plane_split)?;
+        let split = self.split_on_rank(opts.plane_split, true)?;
+        if split {
+            tracing::info!("rank 0 splits states into planes before the host copy");
+        }
         // Raised when a writer or the splitter fails (the job's own error), or when the ranks
         // are lost and the splitter must stop waiting for them.
         let (writers_failed, ranks_lost) = (CancelToken::new(), CancelToken::new());
@@ -220,6 +241,7 @@ impl Engine {
         summary.load_secs = self.load_secs;
         let mut errors = vec![];
         let mut rank0 = None;
+        let mut returned_pool = None;
         let mut reported = None;
         let start = Instant::now();
         std::thread::scope(|s| -> Result<()> {
@@ -274,10 +296,12 @@ impl Engine {
             drop(feeds);
 
             let (times, rank_errors) = self.await_ranks(dispatched, |event| match event {
-                RankEvent::JobDone(t) => Ok(t),
+                RankEvent::JobDone(t, pool) => Ok((t, pool)),
                 _ => Err(CaptureError::Pipeline("a rank answered out of turn".into())),
             });
-            rank0 = times.into_iter().next().flatten();
+            let (t, pool) = times.into_iter().next().flatten().unwrap_or_default();
+            rank0 = Some(t);
+            returned_pool = pool;
             if let Some(e) = root_cause(rank_errors) {
                 self.broken = Some(e.to_string());
                 ranks_lost.cancel();
@@ -296,6 +320,11 @@ impl Engine {
             }
             Ok(())
         })?;
+        // Every set that can come back has: the splitter and the writers are gone.
+        if let Some(mut pool) = returned_pool {
+            pool.end_job();
+            self.pool = Some(pool);
+        }
         if let Some(e) = root_cause(errors) {
             return Err(e);
         }
@@ -311,8 +340,9 @@ impl Engine {
     }
 
     /// Whether rank 0 splits the states into planes (`plane_split`'s choice for this engine);
-    /// a split asked for where it cannot run is refused with the reason.
-    fn split_on_rank(&self, plane_split: PlaneSplit) -> Result<bool> {
+    /// a split asked for where it cannot run is refused with the reason, and one that `auto`
+    /// passes over on CUDA is a warning where `warn`.
+    fn split_on_rank(&self, plane_split: PlaneSplit, warn: bool) -> Result<bool> {
         let (dtype, hidden) = (self.options.dtype, self.info.hidden_size);
         let cuda = self.options.device == DeviceKind::Cuda;
         let cannot = if dtype != DType::Bf16 {
@@ -334,30 +364,43 @@ impl Engine {
             (PlaneSplit::Rank0, None) => true,
             (PlaneSplit::Auto, None) => cuda,
             (PlaneSplit::Auto, Some(why)) => {
-                if cuda {
+                if cuda && warn {
                     tracing::warn!("the writers split states into planes (slower): {why}");
                 }
                 false
             }
         };
-        if on_rank {
-            tracing::info!("rank 0 splits states into planes before the host copy");
-        }
         Ok(on_rank)
     }
 
-    /// Rank 0's pinned buffers on CUDA: one set per batch that can be queued, in flight or
-    /// being split, each large enough for the job's largest batch (split into planes, with
-    /// its row statistics, where `split`).
-    fn buffer_pool(
-        &self,
-        job: &PreparedJob,
-        split: bool,
-        recycle: Receiver<Vec<PinnedBuffer>>,
-    ) -> Option<BufferPool> {
-        if self.options.device != DeviceKind::Cuda {
-            return None;
+    /// Pins the host buffer sets `job` needs (CUDA), logging the time; a failure is only a
+    /// warning, since the job pins what it lacks as it goes and reports its own errors.
+    fn pin_ahead(&mut self, job: &PreparedJob) {
+        if self.options.device != DeviceKind::Cuda || job.engine != self.options {
+            return;
         }
+        let t = Instant::now();
+        let pinned = self
+            .split_on_rank(job.job.plane_split, false)
+            .and_then(|split| {
+                let shape = self.host_sets(job, split);
+                let pool = self.pool.get_or_insert_with(BufferPool::default);
+                pool.fill(shape).map(|made| (made, shape))
+            });
+        match pinned {
+            Ok((made, shape)) => tracing::info!(
+                "pinned {made} host buffers ({:.2} GB) for the first job in {:.2}s while the model loads",
+                (made * shape.bytes_each) as f64 / 1e9,
+                t.elapsed().as_secs_f64()
+            ),
+            Err(e) => tracing::warn!("host buffers are pinned as the job goes: {e}"),
+        }
+    }
+
+    /// The host buffer sets rank 0 copies `job`'s states into: one per batch that can be
+    /// queued, in flight or being split, each buffer large enough for the job's largest batch
+    /// (split into planes, with its row statistics, where `split`).
+    fn host_sets(&self, job: &PreparedJob, split: bool) -> SetShape {
         let largest_batch = job
             .batches
             .iter()
@@ -370,16 +413,32 @@ impl Engine {
             })
             .max()
             .unwrap_or(0);
-        Some(BufferPool::new(
-            recycle,
-            job.job.queue_depth + 3,
-            job.job.points.len(),
-            if split {
+        SetShape {
+            sets: job.job.queue_depth + 3,
+            per_set: job.job.points.len(),
+            bytes_each: if split {
                 SplitLayout::bytes_for(largest_batch, self.info.hidden_size)
             } else {
                 largest_batch * self.info.hidden_size * self.options.dtype.size()
             },
-        ))
+        }
+    }
+
+    /// Rank 0's pinned buffers for `job` on CUDA: the engine's, kept from earlier jobs or
+    /// pinned ahead, with more pinned as the job needs them; sets come back through `recycle`.
+    fn buffer_pool(
+        &mut self,
+        job: &PreparedJob,
+        split: bool,
+        recycle: Receiver<Vec<PinnedBuffer>>,
+    ) -> Option<BufferPool> {
+        if self.options.device != DeviceKind::Cuda {
+            return None;
+        }
+        let shape = self.host_sets(job, split);
+        let mut pool = self.pool.take().unwrap_or_default();
+        pool.start_job(shape, recycle);
+        Some(pool)
     }
 
     /// Gives every rank the job; returns the batch queues and how many ranks took the job
@@ -830,7 +889,7 @@ mod tests {
                     }) as CommInit
                 })
                 .collect();
-            let mut engine = Engine::spawn(checked, comms).unwrap();
+            let mut engine = Engine::spawn(checked, comms, None).unwrap();
             let mut j = job(&dir, "in.jsonl", "ds");
             j.max_tokens_per_batch = 1;
             let first = engine

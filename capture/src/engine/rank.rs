@@ -60,7 +60,7 @@ pub(super) struct RankJob {
 pub(super) struct RankOutput {
     /// The splitter's queue.
     pub host: SyncSender<HostBatch>,
-    /// Pinned buffers to copy into (CUDA runs).
+    /// Pinned buffers to copy into (CUDA runs), handed back when the job is done.
     pub pool: Option<BufferPool>,
     /// Split the states into the store's planes before the copy (`crate::plane_split`).
     pub split: bool,
@@ -89,8 +89,8 @@ impl RankTimes {
 pub(super) enum RankEvent {
     /// Its slice of the model is loaded.
     Loaded,
-    /// It ran every batch of the current job.
-    JobDone(RankTimes),
+    /// It ran every batch of the current job; rank 0 hands back its host buffers.
+    JobDone(RankTimes, Option<BufferPool>),
     /// It failed and has stopped; its communicator is aborted.
     Failed(CaptureError),
 }
@@ -155,7 +155,7 @@ fn serve(setup: RankSetup, comm: CommInit, jobs: Receiver<RankJob>, report: &dyn
     report(RankEvent::Loaded);
     for job in jobs {
         match run_job(&*model, copier.as_ref(), device, job) {
-            Ok(times) => report(RankEvent::JobDone(times)),
+            Ok((times, pool)) => report(RankEvent::JobDone(times, pool)),
             Err(e) => {
                 // No other rank may wait forever in a collective with this one.
                 comm.abort();
@@ -194,14 +194,15 @@ fn load(
 /// A batch whose host copy is in flight.
 type InFlight = (PendingCopy, Arc<PaddedBatch>, Option<Vec<PinnedBuffer>>);
 
-/// Runs every batch of one job. Rank 0 keeps going when the writers have stopped (a job
-/// error they report themselves): the other ranks' collectives need it, it just keeps nothing.
+/// Runs every batch of one job; returns rank 0's time and its host buffers, for the next job.
+/// Rank 0 keeps going when the writers have stopped (a job error they report themselves): the
+/// other ranks' collectives need it, it just keeps nothing.
 fn run_job(
     model: &dyn DecoderModel,
     copier: Option<&CopyStream>,
     device: Device,
     job: RankJob,
-) -> Result<RankTimes> {
+) -> Result<(RankTimes, Option<BufferPool>)> {
     let mut times = RankTimes::default();
     // What the batches handed over so far have reported of `times`.
     let mut reported = RankTimes::default();
@@ -247,7 +248,7 @@ fn run_job(
     if let Some(prev) = pending.take() {
         hand_off(prev, split, &mut host, &mut times, &mut reported)?;
     }
-    Ok(times)
+    Ok((times, pool))
 }
 
 /// Waits for a batch's host copy and queues it for the splitter (unless the writers are gone),
