@@ -8,6 +8,7 @@ use hslake_schemas::{DatasetSchema, LAYER_CONVENTION};
 use hslake_store::{Dataset, DatasetReader, Provenance};
 
 use super::options::{CaptureJob, EngineOptions};
+use super::rank::WarmUp;
 use super::summary::CaptureSummary;
 use crate::batch::plan_batches;
 use crate::error::{CaptureError, Result};
@@ -36,6 +37,33 @@ impl PreparedJob {
     /// Tokens the job will capture.
     pub fn tokens(&self) -> u64 {
         self.todo.iter().map(|s| s.input_ids.len() as u64).sum()
+    }
+
+    /// The padded shape `[rows, cols]` of the batch with the most slots (rows × cols), or
+    /// `[0, 0]` for a job with nothing to do.
+    pub(super) fn largest_batch(&self) -> (usize, usize) {
+        self.batches
+            .iter()
+            .map(|b| {
+                let cols = b
+                    .iter()
+                    .map(|&i| self.todo[i].input_ids.len())
+                    .max()
+                    .unwrap_or(0);
+                (b.len(), cols)
+            })
+            .max_by_key(|&(rows, cols)| rows * cols)
+            .unwrap_or((0, 0))
+    }
+
+    /// A warm-up pass like this job's largest batch (at least one token).
+    pub(super) fn warm_up(&self) -> WarmUp {
+        let (rows, cols) = self.largest_batch();
+        WarmUp {
+            rows: rows.max(1),
+            cols: cols.max(1),
+            points: self.job.points.clone(),
+        }
     }
 }
 

@@ -47,9 +47,12 @@ pub use summary::CaptureSummary;
 
 use feed::{feed, Feed};
 use host::{BufferPool, HostBatch, SetShape};
-use rank::{CommInit, RankEvent, RankJob, RankOutput, RankReport, RankSetup};
+use rank::{CommInit, RankEvent, RankJob, RankOutput, RankReport, RankSetup, WarmUp};
 use splitter::{split_batches, SampleRows};
 use writer::{run_writer, WriterDone, WriterSetup};
+
+/// Tokens of the batch a CUDA engine warms up on when no first job says what batches to expect.
+pub const WARM_UP_TOKENS: usize = 256;
 
 /// How long the engine waits for the other ranks once one has failed.
 pub const RANK_GRACE: Duration = Duration::from_secs(30);
@@ -79,24 +82,33 @@ impl Engine {
 
     /// Starts one thread per rank, each joining the group and loading its slice; returns once
     /// every rank has loaded (or with the first failure).
+    /// On CUDA each rank then warms up on a small batch ([`WARM_UP_TOKENS`] tokens).
     pub fn load(checked: CheckedModel) -> Result<Engine> {
         let comms = comm_inits(checked.options.device, checked.options.tp)?;
-        Engine::spawn(checked, comms, None)
+        let warm_up = (checked.options.device == DeviceKind::Cuda).then(|| WarmUp {
+            rows: 1,
+            cols: WARM_UP_TOKENS,
+            points: vec![],
+        });
+        Engine::spawn(checked, comms, None, warm_up)
     }
 
-    /// [`Engine::load`], pinning the host buffers `first` will copy into while the ranks load
-    /// (CUDA), so that its forward loop does not pay for them.
+    /// [`Engine::load`] for a first job known beforehand: on CUDA, the host buffers it will
+    /// copy into are pinned while the ranks load, and each rank warms up on its largest batch,
+    /// so that its forward loop pays for neither.
     pub fn load_for(checked: CheckedModel, first: &PreparedJob) -> Result<Engine> {
         let comms = comm_inits(checked.options.device, checked.options.tp)?;
-        Engine::spawn(checked, comms, Some(first))
+        let warm_up = (checked.options.device == DeviceKind::Cuda).then(|| first.warm_up());
+        Engine::spawn(checked, comms, Some(first), warm_up)
     }
 
     /// [`Engine::load`] with the given way for each rank to join its group, pinning `first`'s
-    /// host buffers meanwhile.
-    pub(crate) fn spawn(
+    /// host buffers meanwhile, each rank running `warm_up` once loaded.
+    fn spawn(
         checked: CheckedModel,
         comms: Vec<CommInit>,
         first: Option<&PreparedJob>,
+        warm_up: Option<WarmUp>,
     ) -> Result<Engine> {
         let t = Instant::now();
         let (report_tx, reports) = mpsc::channel();
@@ -126,6 +138,7 @@ impl Engine {
                 moe: checked.options.moe,
                 dequant: checked.options.dequant,
                 reduce: checked.options.tp_reduce,
+                warm_up: warm_up.clone(),
             };
             let (jobs_tx, jobs_rx) = mpsc::channel();
             match rank::spawn(setup, comm, jobs_rx, report_tx.clone(), rank_failed.clone()) {
@@ -401,18 +414,8 @@ impl Engine {
     /// queued, in flight or being split, each buffer large enough for the job's largest batch
     /// (split into planes, with its row statistics, where `split`).
     fn host_sets(&self, job: &PreparedJob, split: bool) -> SetShape {
-        let largest_batch = job
-            .batches
-            .iter()
-            .map(|b| {
-                b.len()
-                    * b.iter()
-                        .map(|&i| job.todo[i].input_ids.len())
-                        .max()
-                        .unwrap_or(0)
-            })
-            .max()
-            .unwrap_or(0);
+        let (rows, cols) = job.largest_batch();
+        let largest_batch = rows * cols;
         SetShape {
             sets: job.job.queue_depth + 3,
             per_set: job.job.points.len(),
@@ -704,6 +707,44 @@ mod tests {
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_warmed_up_engine_stores_what_a_cold_one_stores() {
+        let d = tempfile::tempdir().unwrap();
+        let dir = d.path().to_path_buf();
+        write_model(&dir.join("m"), TINY_LLAMA, None);
+        write_inputs(&dir.join("in.jsonl"), 10);
+        blocking(move || {
+            let checked = CheckedModel::check(engine_options(&dir, 2)).unwrap();
+            let prepared = job(&dir, "in.jsonl", "warm")
+                .prepare(checked.model(), checked.options())
+                .unwrap();
+            // The first job's warm-up is its largest batch: no batch has more slots, and the
+            // job's token budget bounds it.
+            let w = prepared.warm_up();
+            for b in &prepared.batches {
+                let cols = b.iter().map(|&i| prepared.todo[i].input_ids.len()).max();
+                assert!(b.len() * cols.unwrap() <= w.rows * w.cols);
+            }
+            assert!(w.rows * w.cols <= 40 && w.points == prepared.job.points);
+            let comms = comm_inits(DeviceKind::Cpu, 2).unwrap();
+            let mut warm = Engine::spawn(checked, comms, Some(&prepared), Some(w)).unwrap();
+            warm.run_prepared(prepared, &NoProgress, &CancelToken::new())
+                .unwrap();
+            let mut cold = Engine::start(engine_options(&dir, 2)).unwrap();
+            cold.run(
+                &job(&dir, "in.jsonl", "cold"),
+                &NoProgress,
+                &CancelToken::new(),
+            )
+            .unwrap();
+        })
+        .await;
+        let url = |out: &str| format!("file://{}", d.path().join(out).display());
+        let (warm, cold) = (values(&url("warm")).await, values(&url("cold")).await);
+        assert_eq!(warm.len(), 10);
+        assert_eq!(warm, cold);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_job_error_leaves_the_engine_usable() {
         let d = tempfile::tempdir().unwrap();
         let dir = d.path().to_path_buf();
@@ -889,7 +930,7 @@ mod tests {
                     }) as CommInit
                 })
                 .collect();
-            let mut engine = Engine::spawn(checked, comms, None).unwrap();
+            let mut engine = Engine::spawn(checked, comms, None, None).unwrap();
             let mut j = job(&dir, "in.jsonl", "ds");
             j.max_tokens_per_batch = 1;
             let first = engine

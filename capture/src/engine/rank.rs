@@ -44,6 +44,21 @@ pub(super) struct RankSetup {
     pub dequant: DequantKernel,
     /// What row-parallel linears sum across ranks.
     pub reduce: TpReduce,
+    /// A forward pass to run once loaded, before reporting so.
+    pub warm_up: Option<WarmUp>,
+}
+
+/// A forward pass each rank runs once after loading, so that the first job's first batch does
+/// not pay for what CUDA and libtorch do only once: cuBLAS handles, kernels loaded at their
+/// first launch, the caching allocator growing to a batch's activations, the first collective.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct WarmUp {
+    /// Batch rows.
+    pub rows: usize,
+    /// Tokens per row.
+    pub cols: usize,
+    /// What the pass captures (as the job will).
+    pub points: Vec<CapturePoint>,
 }
 
 /// One job's work for one rank.
@@ -152,6 +167,20 @@ fn serve(setup: RankSetup, comm: CommInit, jobs: Receiver<RankJob>, report: &dyn
             return report(RankEvent::Failed(e));
         }
     };
+    if let Some(w) = &setup.warm_up {
+        match warm_up(&*model, device, w, setup.config.info().vocab_size) {
+            Ok(secs) if setup.rank == 0 => tracing::info!(
+                "warmed up on a [{}, {}] batch in {secs:.2}s",
+                w.rows,
+                w.cols
+            ),
+            Ok(_) => {}
+            Err(e) => {
+                comm.abort();
+                return report(RankEvent::Failed(e));
+            }
+        }
+    }
     report(RankEvent::Loaded);
     for job in jobs {
         match run_job(&*model, copier.as_ref(), device, job) {
@@ -189,6 +218,26 @@ fn load(
         tch::Cuda::synchronize(d as i64);
     }
     Ok((model, copier))
+}
+
+/// Runs `w` on token ids spread over the vocabulary (`vocab` ids), so that an MoE layer
+/// routes them as it would real text, not all to the experts of one token; waits for the
+/// device; returns the seconds it took.
+fn warm_up(model: &dyn DecoderModel, device: Device, w: &WarmUp, vocab: usize) -> Result<f64> {
+    let t = Instant::now();
+    let n = w.rows * w.cols;
+    // A multiplicative hash of the position: every id below `vocab`, no two neighbours alike.
+    let ids: Vec<i64> = (0..n as u64)
+        .map(|i| (i.wrapping_mul(2_654_435_761) % vocab.max(1) as u64) as i64)
+        .collect();
+    let ids = Tensor::f_from_slice(&ids)?
+        .f_view([w.rows as i64, w.cols as i64])?
+        .f_to_device(device)?;
+    drop(model.forward(&ids, &w.points)?);
+    if let Device::Cuda(d) = device {
+        tch::Cuda::synchronize(d as i64);
+    }
+    Ok(t.elapsed().as_secs_f64())
 }
 
 /// A batch whose host copy is in flight.
