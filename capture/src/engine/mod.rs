@@ -389,7 +389,8 @@ impl Engine {
     /// Pins the host buffer sets `job` needs (CUDA), logging the time; a failure is only a
     /// warning, since the job pins what it lacks as it goes and reports its own errors.
     fn pin_ahead(&mut self, job: &PreparedJob) {
-        if self.options.device != DeviceKind::Cuda || job.engine != self.options {
+        let nothing_to_do = job.todo.is_empty();
+        if self.options.device != DeviceKind::Cuda || job.engine != self.options || nothing_to_do {
             return;
         }
         let t = Instant::now();
