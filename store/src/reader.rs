@@ -15,6 +15,8 @@ use parquet::file::statistics::Statistics;
 
 use crate::format::codec::decode_samples_from;
 use crate::format::decode::{with_file_metadata, TokenRows, TOKEN_CHECKSUM_COLUMN};
+use crate::format::guard::guarded_async;
+use crate::format::shard::check_footer;
 use crate::io::counting::CountingStore;
 use crate::io::ranged::ShardFile;
 use crate::table::manifest::Manifest;
@@ -112,6 +114,9 @@ impl DatasetReader {
         )
         .await
         .map_err(|e| StoreError::pq(self.shown(shard), e))?;
+        check_footer(m.metadata(), self.manifest.shards[shard].bytes).map_err(|reason| {
+            StoreError::corrupt(self.shown(shard), format!("corrupt footer: {reason}"))
+        })?;
         if let Ok(mut f) = self.footers.lock() {
             f.insert(shard, m.clone());
         }
@@ -223,11 +228,13 @@ impl DatasetReader {
         if let Some(sel) = selection {
             builder = builder.with_row_selection(sel);
         }
-        let stream = builder.build().map_err(|e| StoreError::pq(&shown, e))?;
-        let batches: Vec<RecordBatch> = stream
-            .try_collect()
-            .await
-            .map_err(|e| StoreError::pq(&shown, e))?;
+        let batches: Vec<RecordBatch> =
+            guarded_async(async { builder.build()?.try_collect().await })
+                .await
+                .map_err(|e| {
+                    StoreError::corrupt(&shown, format!("the Parquet decoder failed: {e}"))
+                })?
+                .map_err(|e| StoreError::pq(&shown, e))?;
         let batch = match batches.len() {
             1 => Ok(batches.into_iter().next().expect("one batch")),
             0 => Err(StoreError::corrupt(

@@ -13,6 +13,8 @@ use object_store::ObjectStoreExt;
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 
 use crate::format::decode::{with_file_metadata, TensorColumn, TokenRows};
+use crate::format::guard::guarded;
+use crate::format::shard::check_footer;
 use crate::table::manifest::{manifest_path, ShardEntry};
 use crate::table::sample_ids::SHOWN_DUPLICATES;
 use crate::{Dataset, Result, StoreError};
@@ -144,7 +146,7 @@ pub async fn verify(
             );
         }
         let mut seen = Seen::default();
-        check_contents(&m.schema, entry, bytes, &mut seen, &mut problem);
+        check_shard_contents(&m.schema, entry, bytes, &mut seen, &mut problem);
         // Counts of a shard that could not be read to its end would only repeat that problem.
         let counts = [
             ("tokens", seen.tokens, entry.tokens),
@@ -204,6 +206,23 @@ struct Seen {
     complete: bool,
 }
 
+/// [`check_contents`], with a failure of the Parquet decoder itself named as a problem.
+fn check_shard_contents(
+    schema: &DatasetSchema,
+    entry: &ShardEntry,
+    bytes: Bytes,
+    seen: &mut Seen,
+    problem: &mut impl FnMut(Option<u64>, String),
+) {
+    if let Err(e) = guarded(|| check_contents(schema, entry, bytes, seen, problem)) {
+        seen.complete = false;
+        problem(
+            None,
+            format!("the Parquet decoder failed on this file: {e}"),
+        );
+    }
+}
+
 /// Decode a shard and check schema, counts and every tensor's size; what it holds goes to `seen`.
 fn check_contents(
     schema: &DatasetSchema,
@@ -212,6 +231,7 @@ fn check_contents(
     seen: &mut Seen,
     problem: &mut impl FnMut(Option<u64>, String),
 ) {
+    let len = bytes.len() as u64;
     let builder = match ParquetRecordBatchReaderBuilder::try_new(bytes) {
         Ok(b) => b,
         Err(e) => {
@@ -219,6 +239,10 @@ fn check_contents(
             return;
         }
     };
+    if let Err(reason) = check_footer(builder.metadata(), len) {
+        problem(None, format!("corrupt footer: {reason}"));
+        return;
+    }
     match DatasetSchema::from_arrow(builder.schema()) {
         Ok(s) if &s == schema => {}
         Ok(_) => problem(
@@ -367,5 +391,81 @@ fn check_batch(
                 Err(e) => problem(row, format!("sample {id}: {e}")),
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tools::synth::SynthModel;
+    use crate::{DatasetReader, DatasetWriter, Provenance, WriterOptions};
+    use hslake_schemas::{CapturePoint, DType};
+
+    /// A one-shard dataset of a few small samples in `dir`: its schema, shard entry and bytes.
+    async fn one_shard(dir: &std::path::Path) -> (Dataset, DatasetSchema, ShardEntry, Vec<u8>) {
+        let schema = DatasetSchema::new(
+            "m",
+            "LlamaForCausalLM",
+            32,
+            4,
+            1000,
+            DType::Bf16,
+            vec![CapturePoint::LayerOutput(1), CapturePoint::LayerOutput(3)],
+        )
+        .unwrap();
+        let url = format!("file://{}", dir.display());
+        let ds = Dataset::create(&url, schema.clone(), Provenance::default())
+            .await
+            .unwrap();
+        let opts = WriterOptions {
+            row_group_target_bytes: 1 << 10,
+            ..Default::default()
+        };
+        let mut w = DatasetWriter::new(&ds, opts).await.unwrap();
+        let synth = SynthModel::new(schema.clone(), (3, 9), 5);
+        for id in 0..4 {
+            w.append(&synth.sample(id)).await.unwrap();
+        }
+        w.commit().await.unwrap();
+        let entry = ds.manifest(None).await.unwrap().shards[0].clone();
+        let bytes = std::fs::read(dir.join(&entry.path)).unwrap();
+        (ds, schema, entry, bytes)
+    }
+
+    #[tokio::test]
+    async fn no_flipped_bit_anywhere_in_a_shard_makes_verify_or_the_reader_panic() {
+        let tmp = tempfile::tempdir().unwrap();
+        let (ds, schema, entry, clean) = one_shard(tmp.path()).await;
+        let mut refused_footers = 0;
+        for at in 0..clean.len() {
+            for bit in [0x01u8, 0x10, 0x80] {
+                let mut b = clean.clone();
+                b[at] ^= bit;
+                let mut problems = vec![];
+                check_shard_contents(
+                    &schema,
+                    &entry,
+                    Bytes::from(b),
+                    &mut Seen::default(),
+                    &mut |_, p| problems.push(p),
+                );
+                refused_footers += problems.iter().any(|p| p.contains("corrupt footer")) as u32;
+            }
+        }
+        // Flips in the footer's offsets and sizes are among them, and are named as such.
+        assert!(refused_footers > 0);
+        // The reader (SQL, loader) returns an error for every flip it notices, never a panic,
+        // and names a footer it cannot trust as such.
+        let mut refused = 0;
+        for at in 0..clean.len() {
+            let mut b = clean.clone();
+            b[at] ^= 0x80;
+            std::fs::write(tmp.path().join(&entry.path), &b).unwrap();
+            let r = DatasetReader::open(&ds, None).await.unwrap();
+            if let Err(e) = r.read_row_group(0, 0, None).await {
+                refused += e.to_string().contains("corrupt footer") as u32;
+            }
+        }
+        assert!(refused > 0);
     }
 }

@@ -3,9 +3,11 @@
 //! - [`planes`]: the `plane_zstd` encoding of one tensor value;
 //! - [`decode`]: the one decoder of stored values, checked against their row's length;
 //! - [`codec`]: samples to record batches and back;
-//! - [`shard`]: how a shard's columns are written to Parquet.
+//! - [`shard`]: how a shard's columns are written to Parquet;
+//! - [`guard`]: Parquet's decoder run on bytes that may be corrupt.
 mod bf16_split;
 pub mod codec;
 pub mod decode;
+pub(crate) mod guard;
 pub mod planes;
 pub mod shard;

@@ -4,7 +4,7 @@
 use arrow_schema::{DataType, Field, Schema};
 use hslake_schemas::DatasetSchema;
 use parquet::basic::{Compression, ZstdLevel};
-use parquet::file::metadata::KeyValue;
+use parquet::file::metadata::{KeyValue, ParquetMetaData};
 use parquet::file::properties::{EnabledStatistics, WriterProperties};
 use parquet::schema::types::ColumnPath;
 
@@ -70,6 +70,56 @@ pub fn writer_properties(
         }
     }
     Ok(b.build())
+}
+
+/// Refuses a footer whose row groups, column chunks or pages do not lie inside the file's
+/// `file_len` bytes: a flipped bit there (a negative offset or size) is not an error to the
+/// Parquet reader but an assertion deep inside a read, that is a panic.
+pub(crate) fn check_footer(
+    meta: &ParquetMetaData,
+    file_len: u64,
+) -> std::result::Result<(), String> {
+    let inside = |start: i64, len: i64| {
+        start >= 0
+            && len >= 0
+            && (start as u64)
+                .checked_add(len as u64)
+                .is_some_and(|end| end <= file_len)
+    };
+    for (g, rg) in meta.row_groups().iter().enumerate() {
+        if rg.num_rows() < 0 {
+            return Err(format!("row group {g} has {} rows", rg.num_rows()));
+        }
+        for col in rg.columns() {
+            let start = col
+                .dictionary_page_offset()
+                .unwrap_or(col.data_page_offset());
+            let len = col.compressed_size();
+            if !inside(start, len) || !inside(col.data_page_offset(), 0) {
+                return Err(format!(
+                    "row group {g}, column {}: {len} bytes at offset {start} (data pages at {}) \
+                     do not lie inside the file's {file_len} bytes",
+                    col.column_path(),
+                    col.data_page_offset()
+                ));
+            }
+        }
+    }
+    for (g, columns) in meta.offset_index().into_iter().flatten().enumerate() {
+        for (c, index) in columns.iter().enumerate() {
+            for p in index.page_locations() {
+                let len = i64::from(p.compressed_page_size);
+                if !inside(p.offset, len) || p.first_row_index < 0 {
+                    return Err(format!(
+                        "row group {g}, column {c}: a page of {len} bytes at offset {} (first \
+                         row {}) does not lie inside the file's {file_len} bytes",
+                        p.offset, p.first_row_index
+                    ));
+                }
+            }
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]

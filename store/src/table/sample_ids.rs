@@ -12,6 +12,7 @@ use arrow_array::types::UInt64Type;
 use futures::{StreamExt, TryStreamExt};
 use parquet::arrow::{ParquetRecordBatchStreamBuilder, ProjectionMask};
 
+use crate::format::guard::guarded_async;
 use crate::io::location::Location;
 use crate::io::ranged::ShardFile;
 use crate::table::manifest::ShardEntry;
@@ -56,6 +57,12 @@ pub async fn shard_ids(loc: &Location, entry: &ShardEntry) -> Result<Arc<[u64]>>
 }
 
 async fn read_ids(loc: &Location, entry: &ShardEntry, shown: &str) -> Result<Vec<u64>> {
+    guarded_async(read_ids_unguarded(loc, entry, shown))
+        .await
+        .map_err(|e| StoreError::corrupt(shown, format!("the Parquet decoder failed: {e}")))?
+}
+
+async fn read_ids_unguarded(loc: &Location, entry: &ShardEntry, shown: &str) -> Result<Vec<u64>> {
     let file = ShardFile::new(loc.store.clone(), loc.path(&entry.path), entry.bytes);
     let builder = ParquetRecordBatchStreamBuilder::new(file)
         .await
