@@ -78,6 +78,31 @@ fn verify_exits_nonzero_naming_flipped_and_truncated_shards() {
 }
 
 #[test]
+fn a_shard_whose_footer_length_is_flipped_fails_sql_and_verify_without_a_panic() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("ds");
+    let url = format!("file://{}", dir.display());
+    synth(&url);
+    let file = &shards(&dir)[0];
+    let mut b = std::fs::read(file).unwrap();
+    // The footer's length (the 4 bytes before the closing magic) now points before the file.
+    let at = b.len() - 5;
+    b[at] ^= 0x80;
+    std::fs::write(file, b).unwrap();
+    let o = hslake(&["sql", &url, "SELECT sum(seq_len) FROM samples"]);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("the Parquet decoder failed"),
+        "{}",
+        stderr(&o)
+    );
+    let o = hslake(&["verify", &url]);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    let name = file.file_name().unwrap().to_string_lossy().to_string();
+    assert!(String::from_utf8_lossy(&o.stdout).contains(&name));
+}
+
+#[test]
 fn bad_input_gets_a_clear_error_and_no_panic() {
     let tmp = tempfile::tempdir().unwrap();
     let url = format!("file://{}", tmp.path().join("nothing").display());

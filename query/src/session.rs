@@ -17,6 +17,7 @@ use datafusion::sql::parser::{DFParser, Statement as DFStatement};
 use datafusion::sql::sqlparser::ast::Statement;
 use datafusion::sql::sqlparser::dialect::GenericDialect;
 use futures::{StreamExt, TryStreamExt};
+use hslake_store::format::guard::guarded_stream;
 use hslake_store::{Dataset, DatasetReader, Manifest};
 
 use crate::limits::QueryLimits;
@@ -206,7 +207,7 @@ impl QuerySession {
             .build_arc()?;
         let task = Arc::new(task.with_runtime(runtime));
         let stream = datafusion::physical_plan::execute_stream(plan, task)?;
-        Ok(self.locating(self.limits.guard(stream)))
+        Ok(self.locating(self.limits.guard(unpanicking(stream))))
     }
 
     /// `stream` with each [`QueryError::BadValue`] it fails with completed by the file, row
@@ -444,6 +445,22 @@ async fn versions_batch(ds: &Dataset, pinned: u64) -> Result<RecordBatch> {
         )),
     ];
     Ok(RecordBatch::try_new(schema, cols)?)
+}
+
+/// `stream` with a panic while polling it (DataFusion hands on one from its scan tasks) as its
+/// last error: DataFusion's Parquet scan asserts on some corrupt shards (a footer length past
+/// the file) instead of failing.
+fn unpanicking(stream: SendableRecordBatchStream) -> SendableRecordBatchStream {
+    let schema = stream.schema();
+    let guarded = guarded_stream(stream).map(|r| {
+        r.map_err(|m| {
+            DataFusionError::External(Box::new(hslake_store::StoreError::Corrupt {
+                path: "a shard of the dataset".into(),
+                reason: format!("the Parquet decoder failed while scanning: {m}"),
+            }))
+        })?
+    });
+    Box::pin(RecordBatchStreamAdapter::new(schema, guarded))
 }
 
 #[cfg(test)]

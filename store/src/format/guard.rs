@@ -1,13 +1,16 @@
 //! The Parquet decoder run on bytes that may be corrupt. parquet 59 asserts on some malformed
 //! input instead of returning an error (a page header whose encoding a flipped bit turned into
-//! a dictionary encoding, for one), so every decode of a shard runs through here: a panic
-//! inside becomes an error message, and is not printed as a panic.
+//! a dictionary encoding; a footer length past the file, in the metadata decoder DataFusion
+//! uses), so every decode of a shard runs through here: a panic inside becomes an error
+//! message, and is not printed as a panic.
 use std::any::Any;
 use std::cell::Cell;
 use std::future::Future;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Once;
 use std::task::Poll;
+
+use futures::Stream;
 
 thread_local! {
     /// This thread is inside [`guarded`]: a panic here is reported as an error instead.
@@ -39,7 +42,7 @@ fn message(payload: Box<dyn Any + Send>) -> String {
 }
 
 /// Runs `f`; a panic inside it is returned as its message.
-pub(crate) fn guarded<T>(f: impl FnOnce() -> T) -> Result<T, String> {
+pub fn guarded<T>(f: impl FnOnce() -> T) -> Result<T, String> {
     quiet_guarded_panics();
     let was = GUARDED.with(|g| g.replace(true));
     let result = catch_unwind(AssertUnwindSafe(f));
@@ -48,7 +51,7 @@ pub(crate) fn guarded<T>(f: impl FnOnce() -> T) -> Result<T, String> {
 }
 
 /// Runs `fut` with each poll [`guarded`]: a panic while polling ends it with the message.
-pub(crate) async fn guarded_async<F: Future>(fut: F) -> Result<F::Output, String> {
+pub async fn guarded_async<F: Future>(fut: F) -> Result<F::Output, String> {
     let mut fut = std::pin::pin!(fut);
     std::future::poll_fn(|cx| match guarded(|| fut.as_mut().poll(cx)) {
         Ok(Poll::Ready(v)) => Poll::Ready(Ok(v)),
@@ -56,6 +59,24 @@ pub(crate) async fn guarded_async<F: Future>(fut: F) -> Result<F::Output, String
         Err(m) => Poll::Ready(Err(m)),
     })
     .await
+}
+
+/// `stream` with each poll [`guarded`]: a panic while polling is its last item, as the message.
+pub fn guarded_stream<S: Stream>(stream: S) -> impl Stream<Item = Result<S::Item, String>> {
+    let mut stream = Box::pin(stream);
+    let mut failed = false;
+    futures::stream::poll_fn(move |cx| {
+        if failed {
+            return Poll::Ready(None);
+        }
+        match guarded(|| stream.as_mut().poll_next(cx)) {
+            Ok(p) => p.map(|item| item.map(Ok)),
+            Err(m) => {
+                failed = true;
+                Poll::Ready(Some(Err(m)))
+            }
+        }
+    })
 }
 
 #[cfg(test)]
@@ -84,5 +105,16 @@ mod tests {
         };
         assert_eq!(guarded_async(fut).await.unwrap_err(), "mid-stream");
         assert_eq!(guarded_async(async { 2 }).await, Ok(2));
+    }
+
+    #[tokio::test]
+    async fn a_stream_that_panics_ends_with_the_message() {
+        use futures::StreamExt;
+        let items = futures::stream::iter([1, 2, 3]).map(|i| {
+            assert!(i < 3, "item {i}");
+            i
+        });
+        let got: Vec<_> = guarded_stream(items).collect().await;
+        assert_eq!(got, vec![Ok(1), Ok(2), Err("item 3".to_string())]);
     }
 }

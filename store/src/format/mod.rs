@@ -8,6 +8,6 @@
 mod bf16_split;
 pub mod codec;
 pub mod decode;
-pub(crate) mod guard;
+pub mod guard;
 pub mod planes;
 pub mod shard;
