@@ -17,7 +17,7 @@ use datafusion::sql::parser::{DFParser, Statement as DFStatement};
 use datafusion::sql::sqlparser::ast::Statement;
 use datafusion::sql::sqlparser::dialect::GenericDialect;
 use futures::{StreamExt, TryStreamExt};
-use hslake_store::format::guard::guarded_stream;
+use hslake_store::format::guard::{decoder_failure, guarded_stream};
 use hslake_store::{Dataset, DatasetReader, Manifest};
 
 use crate::limits::QueryLimits;
@@ -456,7 +456,7 @@ fn unpanicking(stream: SendableRecordBatchStream) -> SendableRecordBatchStream {
         r.map_err(|m| {
             DataFusionError::External(Box::new(hslake_store::StoreError::Corrupt {
                 path: "a shard of the dataset".into(),
-                reason: format!("the Parquet decoder failed while scanning: {m}"),
+                reason: decoder_failure(&m),
             }))
         })?
     });

@@ -15,7 +15,7 @@ use parquet::file::statistics::Statistics;
 
 use crate::format::codec::decode_samples_from;
 use crate::format::decode::{with_file_metadata, TokenRows, TOKEN_CHECKSUM_COLUMN};
-use crate::format::guard::guarded_async;
+use crate::format::guard::{decoder_failure, guarded_async};
 use crate::format::shard::check_footer;
 use crate::io::counting::CountingStore;
 use crate::io::ranged::ShardFile;
@@ -231,9 +231,7 @@ impl DatasetReader {
         let batches: Vec<RecordBatch> =
             guarded_async(async { builder.build()?.try_collect().await })
                 .await
-                .map_err(|e| {
-                    StoreError::corrupt(&shown, format!("the Parquet decoder failed: {e}"))
-                })?
+                .map_err(|e| StoreError::corrupt(&shown, decoder_failure(&e)))?
                 .map_err(|e| StoreError::pq(&shown, e))?;
         let batch = match batches.len() {
             1 => Ok(batches.into_iter().next().expect("one batch")),

@@ -13,7 +13,7 @@ use object_store::ObjectStoreExt;
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 
 use crate::format::decode::{with_file_metadata, TensorColumn, TokenRows};
-use crate::format::guard::guarded;
+use crate::format::guard::{decoder_failure, guarded};
 use crate::format::shard::check_footer;
 use crate::table::manifest::{manifest_path, ShardEntry};
 use crate::table::sample_ids::SHOWN_DUPLICATES;
@@ -216,10 +216,7 @@ fn check_shard_contents(
 ) {
     if let Err(e) = guarded(|| check_contents(schema, entry, bytes, seen, problem)) {
         seen.complete = false;
-        problem(
-            None,
-            format!("the Parquet decoder failed on this file: {e}"),
-        );
+        problem(None, decoder_failure(&e));
     }
 }
 

@@ -47,7 +47,7 @@ pub use summary::CaptureSummary;
 
 use feed::{feed, Feed};
 use host::{BufferPool, HostBatch, SetShape};
-use rank::{CommInit, RankEvent, RankJob, RankOutput, RankReport, RankSetup, WarmUp};
+use rank::{CommInit, RankEvent, RankJob, RankOutput, RankReport, RankSetup, RankTimes, WarmUp};
 use splitter::{split_batches, SampleRows};
 use writer::{run_writer, WriterDone, WriterSetup};
 
@@ -253,7 +253,7 @@ impl Engine {
         let mut summary = job.summary.clone();
         summary.load_secs = self.load_secs;
         let mut errors = vec![];
-        let mut rank0 = None;
+        let mut rank0 = RankTimes::default();
         let mut returned_pool = None;
         let mut reported = None;
         let start = Instant::now();
@@ -312,9 +312,7 @@ impl Engine {
                 RankEvent::JobDone(t, pool) => Ok((t, pool)),
                 _ => Err(CaptureError::Pipeline("a rank answered out of turn".into())),
             });
-            let (t, pool) = times.into_iter().next().flatten().unwrap_or_default();
-            rank0 = Some(t);
-            returned_pool = pool;
+            (rank0, returned_pool) = times.into_iter().next().flatten().unwrap_or_default();
             if let Some(e) = root_cause(rank_errors) {
                 self.broken = Some(e.to_string());
                 ranks_lost.cancel();
@@ -341,7 +339,7 @@ impl Engine {
         if let Some(e) = root_cause(errors) {
             return Err(e);
         }
-        let t = rank0.unwrap_or_default();
+        let t = rank0;
         // The batches reported their time as they came; the rest (handing over the last one)
         // now, so that a job's reports add up to its summary.
         let rest = t.since(&reported.unwrap_or_default());

@@ -230,14 +230,19 @@ fn warm_up(model: &dyn DecoderModel, device: Device, w: &WarmUp, vocab: usize) -
     let ids: Vec<i64> = (0..n as u64)
         .map(|i| (i.wrapping_mul(2_654_435_761) % vocab.max(1) as u64) as i64)
         .collect();
-    let ids = Tensor::f_from_slice(&ids)?
-        .f_view([w.rows as i64, w.cols as i64])?
-        .f_to_device(device)?;
+    let ids = token_ids(&ids, w.rows as i64, w.cols as i64, device)?;
     drop(model.forward(&ids, &w.points)?);
     if let Device::Cuda(d) = device {
         tch::Cuda::synchronize(d as i64);
     }
     Ok(t.elapsed().as_secs_f64())
+}
+
+/// Row-major token `ids` as a `[rows, cols]` tensor on `device`.
+fn token_ids(ids: &[i64], rows: i64, cols: i64, device: Device) -> Result<Tensor> {
+    Ok(Tensor::f_from_slice(ids)?
+        .f_view([rows, cols])?
+        .f_to_device(device)?)
 }
 
 /// A batch whose host copy is in flight.
@@ -262,9 +267,7 @@ fn run_job(
     let mut pending: Option<InFlight> = None;
     for batch in job.batches.iter() {
         let t = Instant::now();
-        let ids = Tensor::f_from_slice(&batch.ids)?
-            .f_view([batch.rows, batch.cols])?
-            .f_to_device(device)?;
+        let ids = token_ids(&batch.ids, batch.rows, batch.cols, device)?;
         let states = model.forward(&ids, &job.points)?;
         if host.is_none() {
             continue;

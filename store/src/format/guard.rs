@@ -41,6 +41,11 @@ fn message(payload: Box<dyn Any + Send>) -> String {
     }
 }
 
+/// What a shard's decoding that panicked with `message` is reported as.
+pub fn decoder_failure(message: &str) -> String {
+    format!("the Parquet decoder failed: {message}")
+}
+
 /// Runs `f`; a panic inside it is returned as its message.
 pub fn guarded<T>(f: impl FnOnce() -> T) -> Result<T, String> {
     quiet_guarded_panics();

@@ -12,7 +12,7 @@ use arrow_array::types::UInt64Type;
 use futures::{StreamExt, TryStreamExt};
 use parquet::arrow::{ParquetRecordBatchStreamBuilder, ProjectionMask};
 
-use crate::format::guard::guarded_async;
+use crate::format::guard::{decoder_failure, guarded_async};
 use crate::io::location::Location;
 use crate::io::ranged::ShardFile;
 use crate::table::manifest::ShardEntry;
@@ -59,7 +59,7 @@ pub async fn shard_ids(loc: &Location, entry: &ShardEntry) -> Result<Arc<[u64]>>
 async fn read_ids(loc: &Location, entry: &ShardEntry, shown: &str) -> Result<Vec<u64>> {
     guarded_async(read_ids_unguarded(loc, entry, shown))
         .await
-        .map_err(|e| StoreError::corrupt(shown, format!("the Parquet decoder failed: {e}")))?
+        .map_err(|e| StoreError::corrupt(shown, decoder_failure(&e)))?
 }
 
 async fn read_ids_unguarded(loc: &Location, entry: &ShardEntry, shown: &str) -> Result<Vec<u64>> {
