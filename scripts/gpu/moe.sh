@@ -30,6 +30,8 @@
 # default), SAMPLES (default 32; SAMPLES_<step>, e.g. SAMPLES_ds8=160, for one step: a longer capture shows the
 # steady state, where the first batches' warm-up no longer counts), CAPTURE_ALSO (more captures per step, ';'-separated,
 # each "disk|shm [capture flags]", e.g. "shm;disk --writers 8": /dev/shm shows the writers without the disk; CAPTURE_ALSO_<step> for one step),
+# LAYERS_<step> (the captured layers of one step's prefill and captures, e.g. LAYERS_ds=1,2,3,4: EAGLE-3's four
+# points; default every layer of a short model, EAGLE-3's aux layers and the last of a long one),
 # CAPTURE_DEST (disk or shm: where the main capture writes, default disk; shm when a long capture's states do not fit the
 # disk beside the checkpoint: DeepSeek's bf16 53 GB leaves room for ~60 samples), ITERS
 # (default 3), WORK (scratch, default /tmp/hslake-moe),
@@ -56,8 +58,8 @@ df -h "$W" | tee -a "$OUT/moe_stages.txt"
 # ours MODEL_DIR LABEL STEP: our prefill and our capture of MODEL_DIR, its cosine against the reference
 ours() {
   local m=$1 label=$2 step=$3
-  local layers
-  layers=$(python3 "$HERE/moe_bench.py" layers "$m")
+  local layers lvar=LAYERS_$step
+  layers=${!lvar:-$(python3 "$HERE/moe_bench.py" layers "$m")}
   # One prefill per kernel named in MOE_KERNEL (side by side in this call); the capture uses the last. Quantized
   # steps with DEQUANT set run one prefill per dequantization kernel instead (with the last MoE kernel).
   local tps kernels=${MOE_KERNEL:-default} variants=() v
