@@ -17,11 +17,10 @@ use datafusion::sql::parser::{DFParser, Statement as DFStatement};
 use datafusion::sql::sqlparser::ast::Statement;
 use datafusion::sql::sqlparser::dialect::GenericDialect;
 use futures::{StreamExt, TryStreamExt};
-use hslake_store::format::guard::{decoder_failure, guarded_stream};
 use hslake_store::{Dataset, DatasetReader, Manifest};
 
 use crate::limits::QueryLimits;
-use crate::table::{CountingStore, ShardFile, ShardTable};
+use crate::table::{unpanicking, CountingStore, ShardFile, ShardTable};
 use crate::udf::register_tensor_functions;
 use crate::{QueryError, Result};
 
@@ -445,22 +444,6 @@ async fn versions_batch(ds: &Dataset, pinned: u64) -> Result<RecordBatch> {
         )),
     ];
     Ok(RecordBatch::try_new(schema, cols)?)
-}
-
-/// `stream` with a panic while polling it (DataFusion hands on one from its scan tasks) as its
-/// last error: DataFusion's Parquet scan asserts on some corrupt shards (a footer length past
-/// the file) instead of failing.
-fn unpanicking(stream: SendableRecordBatchStream) -> SendableRecordBatchStream {
-    let schema = stream.schema();
-    let guarded = guarded_stream(stream).map(|r| {
-        r.map_err(|m| {
-            DataFusionError::External(Box::new(hslake_store::StoreError::Corrupt {
-                path: "a shard of the dataset".into(),
-                reason: decoder_failure(&m),
-            }))
-        })?
-    });
-    Box::pin(RecordBatchStreamAdapter::new(schema, guarded))
 }
 
 #[cfg(test)]

@@ -22,14 +22,18 @@ use datafusion::logical_expr::{Expr, TableProviderFilterPushDown};
 use datafusion::physical_expr::expressions::Column;
 use datafusion::physical_expr::PhysicalExpr;
 use datafusion::physical_plan::empty::EmptyExec;
+use datafusion::physical_plan::execution_plan::CardinalityEffect;
 use datafusion::physical_plan::filter_pushdown::{
     ChildPushdownResult, FilterDescription, FilterPushdownPhase, FilterPushdownPropagation,
 };
 use datafusion::physical_plan::projection::ProjectionExec;
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
-use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties};
+use datafusion::physical_plan::{
+    ChildStats, DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties, StatisticsArgs,
+};
 use futures::StreamExt;
 use hslake_store::format::decode::{TokenRows, TOKEN_CHECKSUM_COLUMN};
+use hslake_store::format::guard::{decoder_failure, guarded_stream};
 pub use hslake_store::io::{CountingStore, ReadLog};
 use object_store::path::Path;
 
@@ -181,7 +185,10 @@ impl TableProvider for ShardTable {
                 .with_projection_indices(projection.cloned())?
                 .with_limit(limit)
                 .build();
-            return format.create_physical_plan(state, config).await;
+            return Ok(Arc::new(ShardScanExec {
+                input: format.create_physical_plan(state, config).await?,
+                check_tokens: false,
+            }));
         }
         // Tokens are checked against their row's checksum: the scan also reads both token
         // columns, the sample id (for the error) and the checksum, which the table does not
@@ -223,8 +230,9 @@ impl TableProvider for ShardTable {
             .with_projection_indices(Some(cols))?
             .with_limit(limit)
             .build();
-        let checked: Arc<dyn ExecutionPlan> = Arc::new(TokenCheckExec {
+        let checked: Arc<dyn ExecutionPlan> = Arc::new(ShardScanExec {
             input: format.create_physical_plan(state, config).await?,
+            check_tokens: true,
         });
         let shown = checked.schema();
         let exprs = (0..wanted.len()).map(|i| {
@@ -238,23 +246,38 @@ impl TableProvider for ShardTable {
     }
 }
 
-/// Checks each row's `input_ids` and `loss_mask` against its token checksum as batches leave
-/// the Parquet scan (rows of files that predate token checksums carry a null and pass). Its
-/// error names the sample; the session adds the file and row group.
+/// The Parquet scan of the shards as the table runs it. Every poll of the scan is guarded: parquet
+/// asserts on some corrupt input (store's `format::guard`), and unguarded that panic would be
+/// printed from a DataFusion worker thread before the query failed; here it becomes the query's
+/// named error where it happens. When the scan reads tokens, each row's `input_ids` and
+/// `loss_mask` are also checked against its token checksum (rows of files that predate token
+/// checksums carry a null and pass); that error names the sample and the session adds the file
+/// and row group. Rows pass through unchanged, so statistics, limits, filters, repartitioning
+/// and (without the token check) projections go on to the scan below.
 #[derive(Debug)]
-struct TokenCheckExec {
+struct ShardScanExec {
     input: Arc<dyn ExecutionPlan>,
+    check_tokens: bool,
 }
 
-impl DisplayAs for TokenCheckExec {
-    fn fmt_as(&self, _t: DisplayFormatType, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-        write!(f, "TokenCheckExec")
+impl ShardScanExec {
+    fn over(&self, input: Arc<dyn ExecutionPlan>) -> Arc<dyn ExecutionPlan> {
+        Arc::new(ShardScanExec {
+            input,
+            check_tokens: self.check_tokens,
+        })
     }
 }
 
-impl ExecutionPlan for TokenCheckExec {
+impl DisplayAs for ShardScanExec {
+    fn fmt_as(&self, _t: DisplayFormatType, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        write!(f, "ShardScanExec: check_tokens={}", self.check_tokens)
+    }
+}
+
+impl ExecutionPlan for ShardScanExec {
     fn name(&self) -> &str {
-        "TokenCheckExec"
+        "ShardScanExec"
     }
 
     fn properties(&self) -> &Arc<PlanProperties> {
@@ -274,6 +297,52 @@ impl ExecutionPlan for TokenCheckExec {
 
     fn maintains_input_order(&self) -> Vec<bool> {
         vec![true]
+    }
+
+    fn child_stats_requests(&self, partition: Option<usize>) -> Vec<ChildStats> {
+        vec![ChildStats::At(partition)]
+    }
+
+    fn statistics_from_inputs(
+        &self,
+        input_stats: &[Arc<Statistics>],
+        _args: &StatisticsArgs,
+    ) -> Result<Arc<Statistics>> {
+        Ok(input_stats[0].clone())
+    }
+
+    fn supports_limit_pushdown(&self) -> bool {
+        true
+    }
+
+    fn cardinality_effect(&self) -> CardinalityEffect {
+        CardinalityEffect::Equal
+    }
+
+    fn repartitioned(
+        &self,
+        target_partitions: usize,
+        config: &ConfigOptions,
+    ) -> Result<Option<Arc<dyn ExecutionPlan>>> {
+        Ok(self
+            .input
+            .repartitioned(target_partitions, config)?
+            .map(|input| self.over(input)))
+    }
+
+    // The token check needs the token, sample-id and checksum columns that a projection above
+    // it drops, so only a scan without it lets projections through.
+    fn try_swapping_with_projection(
+        &self,
+        projection: &ProjectionExec,
+    ) -> Result<Option<Arc<dyn ExecutionPlan>>> {
+        if self.check_tokens {
+            return Ok(None);
+        }
+        Ok(self
+            .input
+            .try_swapping_with_projection(projection)?
+            .map(|input| self.over(input)))
     }
 
     // Rows pass through unchanged, so filters on them may go on to the Parquet scan, which
@@ -300,9 +369,7 @@ impl ExecutionPlan for TokenCheckExec {
         self: Arc<Self>,
         mut children: Vec<Arc<dyn ExecutionPlan>>,
     ) -> Result<Arc<dyn ExecutionPlan>> {
-        Ok(Arc::new(TokenCheckExec {
-            input: children.swap_remove(0),
-        }))
+        Ok(self.over(children.swap_remove(0)))
     }
 
     fn execute(
@@ -310,9 +377,12 @@ impl ExecutionPlan for TokenCheckExec {
         partition: usize,
         context: Arc<TaskContext>,
     ) -> Result<SendableRecordBatchStream> {
-        let stream = self.input.execute(partition, context)?;
-        let schema = stream.schema();
-        let checked = stream.map(|batch| {
+        let scanned = unpanicking(self.input.execute(partition, context)?);
+        if !self.check_tokens {
+            return Ok(scanned);
+        }
+        let schema = scanned.schema();
+        let checked = scanned.map(|batch| {
             let batch = batch?;
             let corrupt = |e: hslake_store::StoreError| match e {
                 hslake_store::StoreError::BadValue {
@@ -341,6 +411,21 @@ impl ExecutionPlan for TokenCheckExec {
         });
         Ok(Box::pin(RecordBatchStreamAdapter::new(schema, checked)))
     }
+}
+
+/// `stream` polled through the store's decoder guard: a panic inside it (parquet asserting on a
+/// corrupt shard) ends it with a named error instead of unwinding through DataFusion.
+pub(crate) fn unpanicking(stream: SendableRecordBatchStream) -> SendableRecordBatchStream {
+    let schema = stream.schema();
+    let guarded = guarded_stream(stream).map(|r| {
+        r.map_err(|m| {
+            DataFusionError::External(Box::new(hslake_store::StoreError::Corrupt {
+                path: "a shard of the dataset".into(),
+                reason: decoder_failure(&m),
+            }))
+        })?
+    });
+    Box::pin(RecordBatchStreamAdapter::new(schema, guarded))
 }
 
 #[cfg(test)]
