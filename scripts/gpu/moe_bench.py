@@ -368,12 +368,17 @@ def main():
         from capture_util import read_dataset
         ref = np.load(model_dir + ".ref.npz")
         got, _ = read_dataset(dataset, only={int(k.split("/")[0]) for k in ref.files})
+        # The reference holds every default layer; a capture of fewer (LAYERS_<step>) is compared on the layers it
+        # holds. A referenced sample without one of them still fails (KeyError), and so does a capture sharing none.
+        captured = {col for rec in got.values() for col in rec if col.startswith("layer_")}
         per_layer = {}
         for key in ref.files:
             sid, col = key.split("/")
-            # The reference holds every default layer; a capture of fewer (LAYERS_<step>) is compared on its own.
-            if col in got[int(sid)]:
+            if col in captured:
                 per_layer.setdefault(col, []).append(token_cosines(got[int(sid)][col], ref[key]))
+        if not per_layer:
+            sys.exit(f"{label}: the capture in {dataset} holds none of the reference's layers "
+                     f"({sorted({k.split('/')[1] for k in ref.files})}); captured: {sorted(captured)}")
         worst = 1.0
         # Per layer, so that a drop that starts at the first MoE layer (a token routed to other
         # experts after a near tie in bf16) tells itself apart from one that grows with depth.
