@@ -15,4 +15,7 @@ start_s3_server
 trap stop_s3_server EXIT
 
 cargo test --workspace
+# The Python tests run against target/debug/hslake; the capture daemon's lost-rank test needs
+# the build that reads HSLAKE_TEST_FAIL_ALL_REDUCE, so the binary is rebuilt with it here.
+cargo build --bin hslake --features fault-injection
 python -m pytest -q tests/python

@@ -64,9 +64,14 @@ fn version_line() -> &'static str {
     static LINE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
     LINE.get_or_init(|| {
         format!(
-            "{} ({})",
+            "{} ({}){}",
             env!("CARGO_PKG_VERSION"),
-            hslake_store::build_info::describe()
+            hslake_store::build_info::describe(),
+            if cfg!(feature = "fault-injection") {
+                ", with test fault injection"
+            } else {
+                ""
+            }
         )
     })
 }

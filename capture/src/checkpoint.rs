@@ -10,7 +10,7 @@ use tch::{Device, Kind, Tensor};
 
 use crate::error::{CaptureError, Result, TensorProblem};
 use crate::load::{Shard, TensorSource};
-use crate::quant::Quantization;
+use crate::quant::config::Quantization;
 
 struct MappedFile {
     path: PathBuf,

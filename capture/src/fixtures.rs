@@ -7,8 +7,8 @@ use std::path::Path;
 use hslake_store::{Dataset, DatasetReader};
 use safetensors::tensor::TensorView;
 
-use crate::dry_run::tensors_read;
 use crate::models::{registry, ModelConfig};
+use crate::tools::dry_run::tensors_read;
 
 /// A 2-layer Llama: hidden 16, 4 query heads over 2 KV heads, MLP 32, vocabulary 50.
 pub(crate) const TINY_LLAMA: &str = r#"{"architectures": ["LlamaForCausalLM"], "hidden_size": 16, "intermediate_size": 32,

@@ -31,33 +31,27 @@
 mod batch;
 mod capture;
 mod checkpoint;
-mod comm;
-mod cuda;
-pub mod debug;
-mod dry_run;
 mod engine;
 mod error;
 #[cfg(test)]
 mod fixtures;
-mod fused_dequant;
+mod gpu;
 mod input;
-mod layers;
+mod kernels;
 mod load;
 mod models;
-mod moe;
-mod nccl;
-mod nvrtc;
-mod plane_split;
 mod quant;
-mod tp;
+mod tools;
 
 pub use capture::{capture, capture_with, CaptureOptions};
 pub use engine::{
-    CancelToken, CaptureJob, CaptureSummary, CheckedModel, CommitPolicy, DeviceKind, Engine,
-    EngineOptions, InputShard, NoProgress, PlaneSplit, PreparedJob, ProgressSink, RANK_GRACE,
+    CancelToken, CaptureJob, CaptureSummary, CheckedModel, CommitPolicy, Engine, EngineOptions,
+    InputShard, NoProgress, PlaneSplit, PreparedJob, ProgressSink, RANK_GRACE,
 };
 pub use error::{CaptureError, Result, TensorProblem};
+pub use gpu::DeviceKind;
 pub use hslake_schemas::Overlong;
 pub use input::{read_inputs, InputLimits, InputSample, Inputs};
-pub use load::{DequantKernel, MoeKernel, NormKernel, TpReduce};
+pub use kernels::{DequantKernel, Kernels, MoeKernel, NormKernel, TpReduce};
 pub use models::ModelInfo;
+pub use tools::debug;

@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use hslake_capture::{
-    capture_with, CancelToken, CaptureJob, CaptureOptions, CommitPolicy, DequantKernel, DeviceKind,
-    EngineOptions, InputShard, MoeKernel, NormKernel, Overlong, PlaneSplit, ProgressSink, TpReduce,
+    capture_with, CancelToken, CaptureJob, CaptureOptions, CommitPolicy, DeviceKind, EngineOptions,
+    InputShard, Kernels, Overlong, PlaneSplit, ProgressSink,
 };
 use hslake_schemas::{CapturePoint, DType};
 use hslake_store::WriterOptions;
@@ -72,29 +72,9 @@ pub struct ForwardArgs {
     /// Compute and stored dtype: bf16, f16 or f32.
     #[arg(long, default_value = "bf16")]
     pub dtype: DType,
-    /// RMS norm on cuda: fast (the mean square in one f32 pass, 40 % of the memory traffic;
-    /// about one element in 10^5 one unit in the last place off transformers) or exact
-    /// (transformers' own operations, bit-identical to it). CPU runs are always exact.
-    #[arg(long, default_value = "fast")]
-    pub norm: NormKernel,
-    /// How MoE layers run their routed experts: grouped (a layer's experts in two grouped GEMMs,
-    /// as transformers' grouped_mm experts; bf16 on CUDA, any dtype on CPU, other shapes fall
-    /// back to the loop; FP8/INT4 experts are dequantized a whole layer at a time, which needs
-    /// that layer's experts in bf16 as scratch) or loop (one GEMM pair per expert; quantized
-    /// experts dequantized one at a time).
-    #[arg(long, default_value = "grouped")]
-    pub moe_kernel: MoeKernel,
-    /// How FP8/INT4 weights are dequantized on cuda, a layer at a time as it runs: fused (one
-    /// kernel of ours, compiled at first use by NVRTC from the torch wheel: each stored byte
-    /// read once, the matrix written once) or torch (PyTorch operations, two or three passes).
-    /// Both give the same bits.
-    #[arg(long, default_value = "fused")]
-    pub dequant_kernel: DequantKernel,
-    /// With --tp > 1, what the row-parallel layers sum across ranks: f32 (f32 partial products
-    /// and sums, rounded to the dtype once, as at TP 1) or bf16 (partials rounded and summed in
-    /// the compute dtype: half the all-reduce bytes, two more roundings per layer).
-    #[arg(long, default_value = "f32")]
-    pub tp_reduce: TpReduce,
+    /// How the forward computes.
+    #[command(flatten)]
+    pub kernels: Kernels,
 }
 
 impl ForwardArgs {
@@ -104,10 +84,7 @@ impl ForwardArgs {
         o.tp = self.tp;
         o.device = device;
         o.dtype = self.dtype;
-        o.norm = self.norm;
-        o.moe = self.moe_kernel;
-        o.dequant = self.dequant_kernel;
-        o.tp_reduce = self.tp_reduce;
+        o.kernels = self.kernels;
         o
     }
 }
@@ -117,6 +94,15 @@ impl EngineArgs {
     pub fn options(&self) -> EngineOptions {
         let mut o = self.forward.options(self.device);
         o.gpu_memory_gib = self.gpu_memory_gib;
+        // On GPUs compression must keep up with the forward: every core but the ones running
+        // the ranks and the splitter writes.
+        let cores = std::thread::available_parallelism().map_or(4, |n| n.get());
+        o.writers = self.writers.unwrap_or(match self.device {
+            DeviceKind::Cpu => 1,
+            DeviceKind::Cuda => cores.saturating_sub(self.forward.tp + 1).max(1),
+        });
+        o.queue_depth = self.queue_depth;
+        o.plane_split = self.plane_split;
         o
     }
 }
@@ -215,8 +201,8 @@ mod overlong_name {
 }
 
 impl JobArgs {
-    /// The library's job for these arguments, run on an engine started with `engine`.
-    pub fn job(&self, engine: &EngineArgs) -> anyhow::Result<CaptureJob> {
+    /// The library's job for these arguments.
+    pub fn job(&self) -> anyhow::Result<CaptureJob> {
         let mut points = self.layers.clone();
         if self.final_norm {
             points.push(CapturePoint::FinalNorm);
@@ -242,15 +228,6 @@ impl JobArgs {
             every: self.commit_every,
             interval: Duration::from_secs_f64(self.commit_interval),
         };
-        // On GPUs compression must keep up with the forward: every core but the ones running
-        // the ranks and the splitter writes.
-        let cores = std::thread::available_parallelism().map_or(4, |n| n.get());
-        job.writers = engine.writers.unwrap_or(match engine.device {
-            DeviceKind::Cpu => 1,
-            DeviceKind::Cuda => cores.saturating_sub(engine.forward.tp + 1).max(1),
-        });
-        job.queue_depth = engine.queue_depth;
-        job.plane_split = engine.plane_split;
         job.writer_options = WriterOptions {
             zstd_level: self.zstd_level,
             ..WriterOptions::default()
@@ -264,7 +241,7 @@ impl Args {
     fn options(&self) -> anyhow::Result<CaptureOptions> {
         Ok(CaptureOptions {
             engine: self.engine.options(),
-            job: self.job.job(&self.engine)?,
+            job: self.job.job()?,
         })
     }
 }

@@ -1,16 +1,18 @@
 //! Everything about a model that can be checked before it loads: its config, the
-//! tensor-parallel split, the devices, and every tensor the model's own load reads (names,
-//! shapes, dtypes), from the checkpoint's headers alone.
+//! tensor-parallel split, the devices, where states are split into planes, and every tensor
+//! the model's own load reads (names, shapes, dtypes), from the checkpoint's headers alone.
 use std::sync::Arc;
 
 use tch::Kind;
 
 use super::memory::MemoryNeed;
-use super::options::{DeviceKind, EngineOptions};
+use super::options::EngineOptions;
 use crate::checkpoint::Checkpoint;
-use crate::dry_run::TensorSpec;
 use crate::error::{CaptureError, Result};
+use crate::gpu::DeviceKind;
+use crate::kernels::MoeKernel;
 use crate::models::{registry, ModelConfig, ModelInfo};
+use crate::tools::dry_run::TensorSpec;
 
 /// A checkpoint whose config, tensor-parallel split and every tensor (name, shape, dtype, as
 /// the model's own load reads them) have been checked, reading no tensor data.
@@ -21,13 +23,16 @@ pub struct CheckedModel {
     pub(super) info: ModelInfo,
     pub(super) checkpoint: Arc<Checkpoint>,
     pub(super) kind: Kind,
+    /// Rank 0 splits the states into planes before the host copy.
+    pub(super) split: bool,
     /// What rank 0 reads, as the dry run listed it (for the memory pre-flight).
     specs: Vec<TensorSpec>,
 }
 
 impl CheckedModel {
-    /// Reads the config, checks the TP size and the devices, and runs the model's load
-    /// against the checkpoint's headers; every tensor problem is reported at once.
+    /// Reads the config, checks the TP size and the devices, decides the plane split, and runs
+    /// the model's load against the checkpoint's headers; every tensor problem is reported at
+    /// once.
     pub fn check(options: EngineOptions) -> Result<Self> {
         let kind = options.compute_kind()?;
         let (config, quant) = registry::read_model(&options.model_dir)?;
@@ -36,7 +41,8 @@ impl CheckedModel {
         let mut info = config.info();
         info.quantization = quant.describe();
         let checkpoint = Checkpoint::open(&options.model_dir)?.with_quantization(quant);
-        let specs = crate::dry_run::check_checkpoint(&*config, &checkpoint, options.tp, kind)?;
+        let specs =
+            crate::tools::dry_run::check_checkpoint(&*config, &checkpoint, options.tp, kind)?;
         if options.device == DeviceKind::Cuda {
             let have = tch::Cuda::device_count() as usize;
             if !tch::Cuda::is_available() || have < options.tp {
@@ -46,12 +52,14 @@ impl CheckedModel {
                 )));
             }
         }
+        let split = options.split_on_rank0(info.hidden_size)?;
         Ok(CheckedModel {
             info,
             options,
             config,
             checkpoint: Arc::new(checkpoint),
             kind,
+            split,
             specs,
         })
     }
@@ -68,13 +76,13 @@ impl CheckedModel {
             captured,
             self.info.hidden_size,
             self.kind,
-            self.options.moe == crate::load::MoeKernel::Grouped,
+            self.options.kernels.moe == MoeKernel::Grouped,
         );
         let free = match (self.options.gpu_memory_gib, self.options.device) {
             (Some(gib), _) => Some((gib * (1u64 << 30) as f64) as u64),
             (None, DeviceKind::Cuda) => Some(
                 (0..self.options.tp)
-                    .map(crate::cuda::free_memory)
+                    .map(crate::gpu::cuda::free_memory)
                     .collect::<Result<Vec<u64>>>()?
                     .into_iter()
                     .min()

@@ -1,21 +1,23 @@
 //! Rank 0's captured states in host memory on their way to the writers: the batch message,
-//! the pinned buffers rank 0 copies into (recycled once the writers have encoded each sample
-//! from them, and kept from job to job), and the lease that hands a batch's buffers back when
-//! its last sample is done.
+//! the pinned buffers rank 0 copies into (sized here for each job, recycled once the writers
+//! have encoded each sample from them, and kept by the engine from job to job), and the lease
+//! that hands a batch's buffers back when its last sample is done.
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, Sender};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use hslake_schemas::DType;
 use tch::Tensor;
 
-use super::rank::RankTimes;
+use super::progress::RankTimes;
 use crate::batch::PaddedBatch;
-use crate::cuda::PinnedBuffer;
 use crate::error::{CaptureError, Result};
+use crate::gpu::cuda::PinnedBuffer;
+use crate::gpu::plane_split::SplitLayout;
 
 /// Rank 0's captured states for one batch, in host memory: one `[b, t, hidden]` per point, or
-/// one byte tensor per point laid out as [`crate::plane_split::SplitLayout`] says.
+/// one byte tensor per point laid out as [`crate::gpu::plane_split::SplitLayout`] says.
 pub(super) struct HostBatch {
     /// The batch they were computed from.
     pub input: Arc<PaddedBatch>,
@@ -57,6 +59,100 @@ pub(super) struct SetShape {
     pub per_set: usize,
     /// Bytes each buffer needs.
     pub bytes_each: usize,
+}
+
+/// Rank 0's host buffers as an engine keeps them between jobs, and how large each job needs
+/// them: pinned buffers on CUDA; none on the CPU, where rank 0 hands over the tensors its
+/// forward made.
+pub(super) struct HostBuffers {
+    /// The buffers between jobs (CUDA); `None` on the CPU, and while a job holds them.
+    pool: Option<BufferPool>,
+    cuda: bool,
+    /// Rank 0 splits states into planes before the copy.
+    split: bool,
+    /// Width of one token's state.
+    hidden: usize,
+    /// The states' dtype.
+    dtype: DType,
+    /// Batches that may wait for the writers.
+    queue_depth: usize,
+}
+
+impl HostBuffers {
+    /// No buffers yet, for rank 0 of an engine on CUDA (`cuda`) whose states are `hidden` wide
+    /// in `dtype` (split into planes where `split`), with `queue_depth` batches that may queue
+    /// for the writers.
+    pub fn new(cuda: bool, split: bool, hidden: usize, dtype: DType, queue_depth: usize) -> Self {
+        HostBuffers {
+            pool: cuda.then(BufferPool::default),
+            cuda,
+            split,
+            hidden,
+            dtype,
+            queue_depth,
+        }
+    }
+
+    /// The sets a job copies into, whose largest batch is `[rows, cols]` and which captures
+    /// `points` points: one per batch that can be queued, in flight or being split, each buffer
+    /// large enough for that batch (split into planes, with its row statistics, where the
+    /// engine splits).
+    fn shape(&self, (rows, cols): (usize, usize), points: usize) -> SetShape {
+        let largest_batch = rows * cols;
+        SetShape {
+            sets: self.queue_depth + 3,
+            per_set: points,
+            bytes_each: if self.split {
+                SplitLayout::bytes_for(largest_batch, self.hidden)
+            } else {
+                largest_batch * self.hidden * self.dtype.size()
+            },
+        }
+    }
+
+    /// Pins the sets of a job like [`HostBuffers::shape`]'s ahead of it (CUDA), logging the
+    /// time; a failure is only a warning, since the job pins what it lacks as it goes and
+    /// reports its own errors.
+    pub fn pin_ahead(&mut self, largest_batch: (usize, usize), points: usize) {
+        let shape = self.shape(largest_batch, points);
+        let Some(pool) = self.pool.as_mut() else {
+            return;
+        };
+        let t = Instant::now();
+        match pool.fill(shape) {
+            Ok(made) => tracing::info!(
+                "pinned {made} host buffers ({:.2} GB) for the first job in {:.2}s while the model loads",
+                (made * shape.bytes_each) as f64 / 1e9,
+                t.elapsed().as_secs_f64()
+            ),
+            Err(e) => tracing::warn!("host buffers are pinned as the job goes: {e}"),
+        }
+    }
+
+    /// The pool a job like [`HostBuffers::shape`]'s copies into on CUDA, whose sets come back
+    /// through `recycle`: the buffers kept from earlier jobs or pinned ahead, with more pinned
+    /// as the job needs them. Hand it back with [`HostBuffers::keep`].
+    pub fn lend(
+        &mut self,
+        largest_batch: (usize, usize),
+        points: usize,
+        recycle: Receiver<Vec<PinnedBuffer>>,
+    ) -> Option<BufferPool> {
+        if !self.cuda {
+            return None;
+        }
+        let shape = self.shape(largest_batch, points);
+        let mut pool = self.pool.take().unwrap_or_default();
+        pool.start_job(shape, recycle);
+        Some(pool)
+    }
+
+    /// Takes back a job's pool once nothing can return a set any more (the splitter and the
+    /// writers are gone): the sets that came back are kept for the next job.
+    pub fn keep(&mut self, mut pool: BufferPool) {
+        pool.end_job();
+        self.pool = Some(pool);
+    }
 }
 
 /// Rank 0's host buffers, kept by the engine from job to job: pinning costs about 0.1 s per
@@ -240,6 +336,20 @@ mod tests {
         drop(back);
         pool.end_job();
         made() - before
+    }
+
+    #[test]
+    fn a_job_sets_hold_its_largest_batch_raw_or_split_and_the_cpu_pins_none() {
+        let raw = HostBuffers::new(true, false, 6, DType::Bf16, 4);
+        // Queue depth 4, plus the batches in flight and being split; one buffer per point.
+        assert_eq!(raw.shape((3, 10), 2), shape(7, 2, 3 * 10 * 6 * 2));
+        let split = HostBuffers::new(true, true, 6, DType::Bf16, 4);
+        let planes = SplitLayout::bytes_for(30, 6);
+        assert!(planes > 3 * 10 * 6 * 2, "planes carry row statistics too");
+        assert_eq!(split.shape((3, 10), 2), shape(7, 2, planes));
+        let (_back, returned) = mpsc::channel();
+        let mut cpu = HostBuffers::new(false, false, 6, DType::F32, 4);
+        assert!(cpu.lend((3, 10), 2, returned).is_none());
     }
 
     #[test]

@@ -276,7 +276,7 @@ fn provenance(
     if engine.tp > 1 {
         extra.insert(
             "tp_reduce".to_string(),
-            serde_json::json!(engine.tp_reduce.name()),
+            serde_json::json!(engine.kernels.tp_reduce.name()),
         );
     }
     Provenance {

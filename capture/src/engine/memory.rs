@@ -2,8 +2,8 @@
 //! activations fit the memory its GPU has free, and what to change if they do not.
 use tch::Kind;
 
-use crate::dry_run::TensorSpec;
 use crate::error::{CaptureError, Result};
+use crate::tools::dry_run::TensorSpec;
 
 const GIB: f64 = (1u64 << 30) as f64;
 
@@ -90,7 +90,7 @@ impl MemoryNeed {
         // A stack smaller than one chunk is dequantized in one go: its temporaries are its own size.
         let stack_scratch = match stacks.values().max() {
             Some(&values) => {
-                values * e + values.min(crate::quant::DEQUANTIZE_CHUNK as u64) * (4 + e)
+                values * e + values.min(crate::quant::dequant::DEQUANTIZE_CHUNK as u64) * (4 + e)
             }
             None => 0,
         };

@@ -8,22 +8,17 @@
 //! queues), rank 0 hands captured states to a splitter through a queue of `queue_depth`
 //! batches, the splitter spreads samples over `writers` store writers, and each writer
 //! compresses, appends and commits under the job's commit policy.
-use std::rc::Rc;
 use std::sync::atomic::AtomicBool;
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender, SyncSender};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use hslake_schemas::DType;
-use tch::Device;
-
 use crate::batch::PaddedBatch;
-use crate::comm::{injected_fault, Communicator, FailingComm, LocalComm, SingleRank};
-use crate::cuda::PinnedBuffer;
 use crate::error::{CaptureError, Result};
+use crate::gpu::cuda::PinnedBuffer;
+use crate::gpu::group::{self, CommInit};
+use crate::gpu::DeviceKind;
 use crate::models::ModelInfo;
-use crate::nccl::{self, NcclComm};
-use crate::plane_split::SplitLayout;
 
 mod check;
 mod commit;
@@ -41,13 +36,14 @@ mod writer;
 pub use check::CheckedModel;
 pub use commit::CommitPolicy;
 pub use job::PreparedJob;
-pub use options::{CaptureJob, DeviceKind, EngineOptions, InputShard, PlaneSplit};
+pub use options::{CaptureJob, EngineOptions, InputShard, PlaneSplit};
 pub use progress::{CancelToken, NoProgress, ProgressSink};
 pub use summary::CaptureSummary;
 
 use feed::{feed, Feed};
-use host::{BufferPool, HostBatch, SetShape};
-use rank::{CommInit, RankEvent, RankJob, RankOutput, RankReport, RankSetup, RankTimes, WarmUp};
+use host::{BufferPool, HostBatch, HostBuffers};
+use progress::RankTimes;
+use rank::{RankEvent, RankJob, RankOutput, RankReport, RankSetup, WarmUp};
 use splitter::{split_batches, SampleRows};
 use writer::{run_writer, WriterDone, WriterSetup};
 
@@ -70,8 +66,8 @@ pub struct Engine {
     rank_failed: Arc<AtomicBool>,
     /// Why the engine cannot run jobs any more.
     broken: Option<String>,
-    /// Rank 0's pinned host buffers between jobs (CUDA).
-    pool: Option<BufferPool>,
+    /// Rank 0's host buffers between jobs.
+    host: HostBuffers,
 }
 
 impl Engine {
@@ -84,7 +80,7 @@ impl Engine {
     /// every rank has loaded (or with the first failure).
     /// On CUDA each rank then warms up on a small batch ([`WARM_UP_TOKENS`] tokens).
     pub fn load(checked: CheckedModel) -> Result<Engine> {
-        let comms = comm_inits(checked.options.device, checked.options.tp)?;
+        let comms = group::join_group(checked.options.device, checked.options.tp)?;
         let warm_up = (checked.options.device == DeviceKind::Cuda).then(|| WarmUp {
             rows: 1,
             cols: WARM_UP_TOKENS,
@@ -97,7 +93,7 @@ impl Engine {
     /// copy into are pinned while the ranks load, and each rank warms up on its largest batch,
     /// so that its forward loop pays for neither.
     pub fn load_for(checked: CheckedModel, first: &PreparedJob) -> Result<Engine> {
-        let comms = comm_inits(checked.options.device, checked.options.tp)?;
+        let comms = group::join_group(checked.options.device, checked.options.tp)?;
         let warm_up = (checked.options.device == DeviceKind::Cuda).then(|| first.warm_up());
         Engine::spawn(checked, comms, Some(first), warm_up)
     }
@@ -113,6 +109,14 @@ impl Engine {
         let t = Instant::now();
         let (report_tx, reports) = mpsc::channel();
         let rank_failed = Arc::new(AtomicBool::new(false));
+        let o = &checked.options;
+        let host = HostBuffers::new(
+            o.device == DeviceKind::Cuda,
+            checked.split,
+            checked.info.hidden_size,
+            o.dtype,
+            o.queue_depth,
+        );
         let mut engine = Engine {
             options: checked.options.clone(),
             info: checked.info.clone(),
@@ -122,22 +126,17 @@ impl Engine {
             reports,
             rank_failed: rank_failed.clone(),
             broken: None,
-            pool: None,
+            host,
         };
         for (rank, comm) in comms.into_iter().enumerate() {
             let setup = RankSetup {
                 rank,
                 config: checked.config.clone(),
                 checkpoint: checked.checkpoint.clone(),
-                device: match checked.options.device {
-                    DeviceKind::Cpu => Device::Cpu,
-                    DeviceKind::Cuda => Device::Cuda(rank),
-                },
+                device: checked.options.device.device(rank),
                 kind: checked.kind,
-                norm: checked.options.norm,
-                moe: checked.options.moe,
-                dequant: checked.options.dequant,
-                reduce: checked.options.tp_reduce,
+                kernels: checked.options.kernels,
+                split: checked.split,
                 warm_up: warm_up.clone(),
             };
             let (jobs_tx, jobs_rx) = mpsc::channel();
@@ -243,10 +242,6 @@ impl Engine {
     ) -> Result<CaptureSummary> {
         let opts = &job.job;
         let (hidden, dtype) = (self.info.hidden_size, self.options.dtype);
-        let split = self.split_on_rank(opts.plane_split, true)?;
-        if split {
-            tracing::info!("rank 0 splits states into planes before the host copy");
-        }
         // Raised when a writer or the splitter fails (the job's own error), or when the ranks
         // are lost and the splitter must stop waiting for them.
         let (writers_failed, ranks_lost) = (CancelToken::new(), CancelToken::new());
@@ -260,7 +255,7 @@ impl Engine {
         std::thread::scope(|s| -> Result<()> {
             let mut writer_txs = vec![];
             let mut writer_threads = vec![];
-            for i in 0..opts.writers {
+            for i in 0..self.options.writers {
                 // Two samples per writer: the bounded batch queue ahead of the splitter is the
                 // buffer that absorbs bursts; more here only hides a writer that cannot keep up.
                 let (tx, rx) = mpsc::sync_channel::<SampleRows>(2);
@@ -282,7 +277,7 @@ impl Engine {
                     .map_err(|e| CaptureError::Pipeline(format!("cannot start a writer: {e}")))?;
                 writer_threads.push(thread);
             }
-            let (host_tx, host_rx) = mpsc::sync_channel::<HostBatch>(opts.queue_depth);
+            let (host_tx, host_rx) = mpsc::sync_channel::<HostBatch>(self.options.queue_depth);
             let (recycle_tx, recycle_rx) = mpsc::channel::<Vec<PinnedBuffer>>();
             let (failed, lost) = (&writers_failed, &ranks_lost);
             let splitter = std::thread::Builder::new()
@@ -295,8 +290,10 @@ impl Engine {
                 })
                 .map_err(|e| CaptureError::Pipeline(format!("cannot start the splitter: {e}")))?;
 
-            let pool = self.buffer_pool(job, split, recycle_rx);
-            let (feeds, dispatched) = self.dispatch(job, host_tx, pool, split);
+            let pool = self
+                .host
+                .lend(job.largest_batch(), opts.points.len(), recycle_rx);
+            let (feeds, dispatched) = self.dispatch(job, host_tx, pool);
             let outcome = feed(
                 job,
                 &feeds,
@@ -332,9 +329,8 @@ impl Engine {
             Ok(())
         })?;
         // Every set that can come back has: the splitter and the writers are gone.
-        if let Some(mut pool) = returned_pool {
-            pool.end_job();
-            self.pool = Some(pool);
+        if let Some(pool) = returned_pool {
+            self.host.keep(pool);
         }
         if let Some(e) = root_cause(errors) {
             return Err(e);
@@ -350,97 +346,13 @@ impl Engine {
         Ok(summary)
     }
 
-    /// Whether rank 0 splits the states into planes (`plane_split`'s choice for this engine);
-    /// a split asked for where it cannot run is refused with the reason, and one that `auto`
-    /// passes over on CUDA is a warning where `warn`.
-    fn split_on_rank(&self, plane_split: PlaneSplit, warn: bool) -> Result<bool> {
-        let (dtype, hidden) = (self.options.dtype, self.info.hidden_size);
-        let cuda = self.options.device == DeviceKind::Cuda;
-        let cannot = if dtype != DType::Bf16 {
-            Some(format!("the states are {dtype}, not bf16"))
-        } else if !hidden.is_multiple_of(2) {
-            Some(format!("the hidden size {hidden} is odd"))
-        } else if cuda {
-            crate::plane_split::kernel(0).err()
-        } else {
-            None
-        };
-        let on_rank = match (plane_split, cannot) {
-            (PlaneSplit::Writers, _) => false,
-            (PlaneSplit::Rank0, Some(why)) => {
-                return Err(CaptureError::Option(format!(
-                    "--plane-split rank0: rank 0 cannot split these states: {why}"
-                )))
-            }
-            (PlaneSplit::Rank0, None) => true,
-            (PlaneSplit::Auto, None) => cuda,
-            (PlaneSplit::Auto, Some(why)) => {
-                if cuda && warn {
-                    tracing::warn!("the writers split states into planes (slower): {why}");
-                }
-                false
-            }
-        };
-        Ok(on_rank)
-    }
-
-    /// Pins the host buffer sets `job` needs (CUDA), logging the time; a failure is only a
-    /// warning, since the job pins what it lacks as it goes and reports its own errors.
+    /// Pins the host buffers `job` will copy into (CUDA), if it was prepared for this engine
+    /// and has something to do.
     fn pin_ahead(&mut self, job: &PreparedJob) {
-        let nothing_to_do = job.todo.is_empty();
-        if self.options.device != DeviceKind::Cuda || job.engine != self.options || nothing_to_do {
-            return;
+        if job.engine == self.options && !job.todo.is_empty() {
+            self.host
+                .pin_ahead(job.largest_batch(), job.job.points.len());
         }
-        let t = Instant::now();
-        let pinned = self
-            .split_on_rank(job.job.plane_split, false)
-            .and_then(|split| {
-                let shape = self.host_sets(job, split);
-                let pool = self.pool.get_or_insert_with(BufferPool::default);
-                pool.fill(shape).map(|made| (made, shape))
-            });
-        match pinned {
-            Ok((made, shape)) => tracing::info!(
-                "pinned {made} host buffers ({:.2} GB) for the first job in {:.2}s while the model loads",
-                (made * shape.bytes_each) as f64 / 1e9,
-                t.elapsed().as_secs_f64()
-            ),
-            Err(e) => tracing::warn!("host buffers are pinned as the job goes: {e}"),
-        }
-    }
-
-    /// The host buffer sets rank 0 copies `job`'s states into: one per batch that can be
-    /// queued, in flight or being split, each buffer large enough for the job's largest batch
-    /// (split into planes, with its row statistics, where `split`).
-    fn host_sets(&self, job: &PreparedJob, split: bool) -> SetShape {
-        let (rows, cols) = job.largest_batch();
-        let largest_batch = rows * cols;
-        SetShape {
-            sets: job.job.queue_depth + 3,
-            per_set: job.job.points.len(),
-            bytes_each: if split {
-                SplitLayout::bytes_for(largest_batch, self.info.hidden_size)
-            } else {
-                largest_batch * self.info.hidden_size * self.options.dtype.size()
-            },
-        }
-    }
-
-    /// Rank 0's pinned buffers for `job` on CUDA: the engine's, kept from earlier jobs or
-    /// pinned ahead, with more pinned as the job needs them; sets come back through `recycle`.
-    fn buffer_pool(
-        &mut self,
-        job: &PreparedJob,
-        split: bool,
-        recycle: Receiver<Vec<PinnedBuffer>>,
-    ) -> Option<BufferPool> {
-        if self.options.device != DeviceKind::Cuda {
-            return None;
-        }
-        let shape = self.host_sets(job, split);
-        let mut pool = self.pool.take().unwrap_or_default();
-        pool.start_job(shape, recycle);
-        Some(pool)
     }
 
     /// Gives every rank the job; returns the batch queues and how many ranks took the job
@@ -450,7 +362,6 @@ impl Engine {
         job: &PreparedJob,
         host: SyncSender<HostBatch>,
         mut pool: Option<BufferPool>,
-        split: bool,
     ) -> (Vec<SyncSender<Arc<PaddedBatch>>>, usize) {
         let mut host = Some(host);
         let mut feeds = vec![];
@@ -460,7 +371,6 @@ impl Engine {
                 (0, Some(host)) => Some(RankOutput {
                     host,
                     pool: pool.take(),
-                    split,
                 }),
                 _ => None,
             };
@@ -562,34 +472,6 @@ impl Drop for Engine {
     }
 }
 
-/// How each rank joins its group: alone, threads of this process, or NCCL over GPUs `0..tp`.
-pub(crate) fn comm_inits(device: DeviceKind, tp: usize) -> Result<Vec<CommInit>> {
-    fn joined(c: impl Communicator + 'static) -> Result<Rc<dyn Communicator>> {
-        Ok(Rc::new(c))
-    }
-    Ok(match (device, tp) {
-        (_, 1) => vec![Box::new(|| joined(SingleRank)) as CommInit],
-        (DeviceKind::Cpu, n) => {
-            let fault = injected_fault()?;
-            LocalComm::group(n)
-                .into_iter()
-                .map(|c| match fault {
-                    Some((rank, at)) if rank == c.rank() => {
-                        Box::new(move || joined(FailingComm::new(c, at))) as CommInit
-                    }
-                    _ => Box::new(move || joined(c)) as CommInit,
-                })
-                .collect()
-        }
-        (DeviceKind::Cuda, n) => {
-            let id = nccl::unique_id()?;
-            (0..n)
-                .map(|r| Box::new(move || joined(NcclComm::init(id, r, n)?)) as CommInit)
-                .collect()
-        }
-    })
-}
-
 /// Raises `flag` when `r` is an error, so the feeder stops; passes `r` on.
 fn flag_error<T>(flag: &CancelToken, r: Result<T>) -> Result<T> {
     if r.is_err() {
@@ -641,12 +523,15 @@ fn add_writer(summary: &mut CaptureSummary, w: WriterDone) {
 #[cfg(test)]
 mod tests {
     use std::collections::BTreeMap;
+    use std::rc::Rc;
     use std::sync::atomic::{AtomicU64, Ordering};
 
     use hslake_schemas::{CapturePoint, DType, FinitePolicy};
 
     use super::*;
     use crate::fixtures::{assert_close, values, write_inputs, write_model, TINY_LLAMA};
+    use crate::gpu::comm::{Communicator, LocalComm};
+    use crate::gpu::fault::FailingComm;
 
     fn engine_options(dir: &std::path::Path, tp: usize) -> EngineOptions {
         let mut o = EngineOptions::new(dir.join("m"));
@@ -724,7 +609,7 @@ mod tests {
                 assert!(b.len() * cols.unwrap() <= w.rows * w.cols);
             }
             assert!(w.rows * w.cols <= 40 && w.points == prepared.job.points);
-            let comms = comm_inits(DeviceKind::Cpu, 2).unwrap();
+            let comms = group::join_group(DeviceKind::Cpu, 2).unwrap();
             let mut warm = Engine::spawn(checked, comms, Some(&prepared), Some(w)).unwrap();
             warm.run_prepared(prepared, &NoProgress, &CancelToken::new())
                 .unwrap();
@@ -851,38 +736,31 @@ mod tests {
         // Mixed lengths, so that slots carry padding the split must leave out.
         write_inputs(&dir.join("in.jsonl"), 9);
         let errors = blocking(move || {
-            let mut options = engine_options(&dir, 1);
-            options.dtype = DType::Bf16;
-            let mut engine = Engine::start(options).unwrap();
-            let mut errors = vec![];
+            let options = |model: &str, dtype, split| {
+                let mut o = EngineOptions::new(dir.join(model));
+                o.dtype = dtype;
+                o.plane_split = split;
+                o.writers = 2;
+                o
+            };
             for (split, out) in [
                 (PlaneSplit::Writers, "writers"),
                 (PlaneSplit::Rank0, "rank0"),
             ] {
-                let mut j = job(&dir, "in.jsonl", out);
-                j.plane_split = split;
-                j.writers = 2;
+                let mut engine = Engine::start(options("m", DType::Bf16, split)).unwrap();
+                let j = job(&dir, "in.jsonl", out);
                 engine.run(&j, &NoProgress, &CancelToken::new()).unwrap();
             }
-            let mut j = job(&dir, "in.jsonl", "refused");
-            j.plane_split = PlaneSplit::Rank0;
             // The writers' finite policy reads the statistics rank 0 sends.
-            let mut nan_options = EngineOptions::new(dir.join("nan"));
-            nan_options.dtype = DType::Bf16;
-            let mut nan_engine = Engine::start(nan_options).unwrap();
-            errors.push(
-                nan_engine
-                    .run(&j, &NoProgress, &CancelToken::new())
-                    .unwrap_err(),
-            );
-            let mut f32_engine = Engine::start(engine_options(&dir, 1)).unwrap();
-            j.output = format!("file://{}", dir.join("f32").display());
-            errors.push(
-                f32_engine
-                    .run(&j, &NoProgress, &CancelToken::new())
-                    .unwrap_err(),
-            );
-            errors
+            let mut nan_engine =
+                Engine::start(options("nan", DType::Bf16, PlaneSplit::Rank0)).unwrap();
+            let refused = job(&dir, "in.jsonl", "refused");
+            let nan = nan_engine
+                .run(&refused, &NoProgress, &CancelToken::new())
+                .unwrap_err();
+            // A split rank 0 cannot run is refused before the model loads.
+            let f32 = Engine::start(options("m", DType::F32, PlaneSplit::Rank0)).err();
+            [Some(nan), f32]
         })
         .await;
         let url = |out: &str| format!("file://{}", d.path().join(out).display());
@@ -905,9 +783,12 @@ mod tests {
                 );
             }
         }
-        let err = errors[0].to_string();
+        let err = errors[0].as_ref().unwrap().to_string();
         assert!(err.contains("NaN"), "{err}");
-        let err = errors[1].to_string();
+        let err = errors[1]
+            .as_ref()
+            .expect("an f32 engine splitting on rank 0");
+        let err = err.to_string();
         assert!(err.contains("rank0") && err.contains("not bf16"), "{err}");
     }
 
@@ -1017,9 +898,10 @@ mod tests {
         write_model(&dir.join("m"), TINY_LLAMA, None);
         write_inputs(&dir.join("in.jsonl"), 30);
         let (summary, totals) = blocking(move || {
-            let mut engine = Engine::start(engine_options(&dir, 1)).unwrap();
+            let mut options = engine_options(&dir, 1);
+            options.writers = 2;
+            let mut engine = Engine::start(options).unwrap();
             let mut j = job(&dir, "in.jsonl", "ds");
-            j.writers = 2;
             j.commit = CommitPolicy {
                 every: 4,
                 interval: Duration::from_secs(60),

@@ -1,5 +1,6 @@
-//! What an engine is started with (the model and how it runs) and what one job asks of it
-//! (which samples, into which dataset, what to capture, how to write), with their checks.
+//! What an engine is started with (the model, how it runs, and its pipeline: writers, queue,
+//! plane split) and what one job asks of it (which samples, into which dataset, what to
+//! capture, how to write), with their checks.
 use std::path::PathBuf;
 
 use hslake_schemas::{CapturePoint, DType};
@@ -8,28 +9,9 @@ use tch::Kind;
 
 use super::commit::CommitPolicy;
 use crate::error::{CaptureError, Result};
-use crate::load::{DequantKernel, MoeKernel, NormKernel, TpReduce};
+use crate::gpu::DeviceKind;
+use crate::kernels::Kernels;
 use hslake_schemas::Overlong;
-
-/// Where the forward runs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum DeviceKind {
-    /// CPU; tensor parallelism through the in-process back end.
-    Cpu,
-    /// CUDA GPUs `0..tp`; tensor parallelism through NCCL.
-    Cuda,
-}
-
-impl std::str::FromStr for DeviceKind {
-    type Err = String;
-    fn from_str(s: &str) -> std::result::Result<Self, String> {
-        match s {
-            "cpu" => Ok(DeviceKind::Cpu),
-            "cuda" | "gpu" => Ok(DeviceKind::Cuda),
-            _ => Err(format!("unknown device {s:?}; expected cpu or cuda")),
-        }
-    }
-}
 
 /// Where captured states are split into the store's planes before compression.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -69,21 +51,21 @@ pub struct EngineOptions {
     pub device: DeviceKind,
     /// Compute (and stored) dtype: bf16, f16 or f32.
     pub dtype: DType,
-    /// How RMS norms are computed on CUDA.
-    pub norm: NormKernel,
-    /// How MoE layers run their routed experts.
-    pub moe: MoeKernel,
-    /// How FP8/INT4 weights are dequantized on a GPU.
-    pub dequant: DequantKernel,
-    /// What row-parallel linears sum across ranks when `tp > 1`.
-    pub tp_reduce: TpReduce,
+    /// How the forward computes.
+    pub kernels: Kernels,
     /// Memory per GPU the pre-flight assumes free, in GiB, instead of asking the driver
     /// (also checks a CPU run against it).
     pub gpu_memory_gib: Option<f64>,
+    /// Parallel store writers of every job (compression runs on these threads).
+    pub writers: usize,
+    /// Captured batches that may wait for the writers before the forward blocks.
+    pub queue_depth: usize,
+    /// Where states are split into planes.
+    pub plane_split: PlaneSplit,
 }
 
 impl EngineOptions {
-    /// Defaults (TP 1 on the CPU in bf16, fast norms, f32 TP reduction) for the model in
+    /// Defaults (TP 1 on the CPU in bf16, the default [`Kernels`], one writer) for the model in
     /// `model_dir`.
     pub fn new(model_dir: PathBuf) -> Self {
         EngineOptions {
@@ -91,11 +73,11 @@ impl EngineOptions {
             tp: 1,
             device: DeviceKind::Cpu,
             dtype: DType::Bf16,
-            norm: NormKernel::Fast,
-            moe: MoeKernel::Grouped,
-            dequant: DequantKernel::Fused,
-            tp_reduce: TpReduce::F32,
+            kernels: Kernels::default(),
             gpu_memory_gib: None,
+            writers: 1,
+            queue_depth: 4,
+            plane_split: PlaneSplit::Auto,
         }
     }
 
@@ -103,6 +85,11 @@ impl EngineOptions {
     pub(crate) fn compute_kind(&self) -> Result<Kind> {
         if self.tp == 0 {
             return Err(CaptureError::Option("--tp must be > 0".into()));
+        }
+        if self.writers == 0 || self.queue_depth == 0 {
+            return Err(CaptureError::Option(
+                "--writers and --queue-depth must be > 0".into(),
+            ));
         }
         if self
             .gpu_memory_gib
@@ -122,6 +109,44 @@ impl EngineOptions {
                 other.name()
             ))),
         }
+    }
+
+    /// Whether rank 0 splits the states of a model `hidden` wide into planes
+    /// ([`EngineOptions::plane_split`]'s choice for these options): a split asked for where
+    /// it cannot run is refused with the reason, and one that `auto` passes over on CUDA is a
+    /// warning. Decided once, before the load.
+    pub(crate) fn split_on_rank0(&self, hidden: usize) -> Result<bool> {
+        let dtype = self.dtype;
+        let cuda = self.device == DeviceKind::Cuda;
+        let cannot = if dtype != DType::Bf16 {
+            Some(format!("the states are {dtype}, not bf16"))
+        } else if !hidden.is_multiple_of(2) {
+            Some(format!("the hidden size {hidden} is odd"))
+        } else if cuda {
+            crate::gpu::plane_split::kernel(0).err()
+        } else {
+            None
+        };
+        let on_rank = match (self.plane_split, cannot) {
+            (PlaneSplit::Writers, _) => false,
+            (PlaneSplit::Rank0, Some(why)) => {
+                return Err(CaptureError::Option(format!(
+                    "--plane-split rank0: rank 0 cannot split these states: {why}"
+                )))
+            }
+            (PlaneSplit::Rank0, None) => true,
+            (PlaneSplit::Auto, None) => cuda,
+            (PlaneSplit::Auto, Some(why)) => {
+                if cuda {
+                    tracing::warn!("the writers split states into planes (slower): {why}");
+                }
+                false
+            }
+        };
+        if on_rank {
+            tracing::info!("rank 0 splits states into planes before the host copy");
+        }
+        Ok(on_rank)
     }
 }
 
@@ -144,14 +169,8 @@ pub struct CaptureJob {
     pub resume: bool,
     /// When each writer commits.
     pub commit: CommitPolicy,
-    /// Parallel store writers (compression runs on these threads).
-    pub writers: usize,
-    /// Captured batches that may wait for the writers before the forward blocks.
-    pub queue_depth: usize,
     /// Shard layout and compression.
     pub writer_options: WriterOptions,
-    /// Where states are split into planes.
-    pub plane_split: PlaneSplit,
     /// Only the samples of this part of the input (several processes, one dataset).
     pub shard: Option<InputShard>,
 }
@@ -222,19 +241,16 @@ impl CaptureJob {
             overlong: Overlong::Truncate,
             resume: false,
             commit: CommitPolicy::default(),
-            writers: 1,
-            queue_depth: 4,
             writer_options: WriterOptions::default(),
-            plane_split: PlaneSplit::Auto,
             shard: None,
         }
     }
 
     /// Refuses sizes that cannot work.
     pub(crate) fn check(&self) -> Result<()> {
-        if self.max_tokens_per_batch == 0 || self.writers == 0 || self.queue_depth == 0 {
+        if self.max_tokens_per_batch == 0 {
             return Err(CaptureError::Option(
-                "--max-tokens-per-batch, writers and queue depth must be > 0".into(),
+                "--max-tokens-per-batch must be > 0".into(),
             ));
         }
         if self.max_seq_len == Some(0) {

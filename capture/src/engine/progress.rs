@@ -1,8 +1,9 @@
 //! How a running job reports progress and is told to stop: a callback the caller implements
-//! (the CLI draws a bar, the daemon records job state) and a cancel token. The library itself
-//! draws nothing.
+//! (the CLI draws a bar, the daemon records job state), a cancel token, and the times rank 0
+//! reports as it goes. The library itself draws nothing.
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 /// Receives a job's progress; called from the engine's writer threads, so it must be `Sync`.
 /// Every method has a default that ignores the event.
@@ -69,5 +70,24 @@ impl CancelToken {
     /// Whether a stop was requested.
     pub fn is_cancelled(&self) -> bool {
         self.0.load(Ordering::Relaxed)
+    }
+}
+
+/// Time rank 0 spent on one job.
+#[derive(Debug, Default, Clone, Copy)]
+pub(super) struct RankTimes {
+    /// Forward and device-to-host copies.
+    pub compute: Duration,
+    /// Blocked because the writers' queue (or every pinned buffer) was full.
+    pub storage_wait: Duration,
+}
+
+impl RankTimes {
+    /// The time spent since `earlier` (a copy of these times taken before).
+    pub(super) fn since(&self, earlier: &RankTimes) -> RankTimes {
+        RankTimes {
+            compute: self.compute.saturating_sub(earlier.compute),
+            storage_wait: self.storage_wait.saturating_sub(earlier.storage_wait),
+        }
     }
 }

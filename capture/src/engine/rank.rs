@@ -6,23 +6,23 @@ use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{Receiver, Sender, SyncSender};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use hslake_schemas::CapturePoint;
 use tch::{Device, Kind, Tensor};
 
 use super::host::{BufferPool, HostBatch};
+use super::progress::RankTimes;
 use crate::batch::PaddedBatch;
 use crate::checkpoint::Checkpoint;
-use crate::comm::Communicator;
-use crate::cuda::{CopyStream, PendingCopy, PinnedBuffer};
 use crate::error::{CaptureError, Result};
-use crate::load::{DequantKernel, LoadCtx, MoeKernel, NormKernel, TpReduce};
+use crate::gpu::comm::Communicator;
+use crate::gpu::cuda::{CopyStream, PendingCopy, PinnedBuffer};
+use crate::gpu::group::CommInit;
+use crate::gpu::plane_split;
+use crate::kernels::Kernels;
+use crate::load::LoadCtx;
 use crate::models::{DecoderModel, ModelConfig};
-use crate::plane_split;
-
-/// Joins the rank's group; runs on the rank's own thread (NCCL communicators stay there).
-pub(crate) type CommInit = Box<dyn FnOnce() -> Result<Rc<dyn Communicator>> + Send>;
 
 /// Everything a rank thread needs to load its slice of the model.
 pub(super) struct RankSetup {
@@ -36,14 +36,11 @@ pub(super) struct RankSetup {
     pub device: Device,
     /// The compute dtype.
     pub kind: Kind,
-    /// How RMS norms are computed.
-    pub norm: NormKernel,
-    /// How MoE layers run their routed experts.
-    pub moe: MoeKernel,
-    /// How quantized weights are dequantized.
-    pub dequant: DequantKernel,
-    /// What row-parallel linears sum across ranks.
-    pub reduce: TpReduce,
+    /// How the layers compute.
+    pub kernels: Kernels,
+    /// Rank 0 splits the states into the store's planes before the copy
+    /// (`crate::gpu::plane_split`).
+    pub split: bool,
     /// A forward pass to run once loaded, before reporting so.
     pub warm_up: Option<WarmUp>,
 }
@@ -77,27 +74,6 @@ pub(super) struct RankOutput {
     pub host: SyncSender<HostBatch>,
     /// Pinned buffers to copy into (CUDA runs), handed back when the job is done.
     pub pool: Option<BufferPool>,
-    /// Split the states into the store's planes before the copy (`crate::plane_split`).
-    pub split: bool,
-}
-
-/// Time rank 0 spent on one job.
-#[derive(Debug, Default, Clone, Copy)]
-pub(super) struct RankTimes {
-    /// Forward and device-to-host copies.
-    pub compute: Duration,
-    /// Blocked because the writers' queue (or every pinned buffer) was full.
-    pub storage_wait: Duration,
-}
-
-impl RankTimes {
-    /// The time spent since `earlier` (a copy of these times taken before).
-    pub(super) fn since(&self, earlier: &RankTimes) -> RankTimes {
-        RankTimes {
-            compute: self.compute.saturating_sub(earlier.compute),
-            storage_wait: self.storage_wait.saturating_sub(earlier.storage_wait),
-        }
-    }
 }
 
 /// What a rank tells its engine.
@@ -183,7 +159,7 @@ fn serve(setup: RankSetup, comm: CommInit, jobs: Receiver<RankJob>, report: &dyn
     }
     report(RankEvent::Loaded);
     for job in jobs {
-        match run_job(&*model, copier.as_ref(), device, job) {
+        match run_job(&*model, copier.as_ref(), device, setup.split, job) {
             Ok((times, pool)) => report(RankEvent::JobDone(times, pool)),
             Err(e) => {
                 // No other rank may wait forever in a collective with this one.
@@ -204,10 +180,7 @@ fn load(
         comm,
         device: setup.device,
         kind: setup.kind,
-        norm: setup.norm,
-        moe: setup.moe,
-        dequant: setup.dequant,
-        reduce: setup.reduce,
+        kernels: setup.kernels,
     };
     let model = setup.config.load(&ctx)?;
     let copier = match setup.device {
@@ -255,14 +228,15 @@ fn run_job(
     model: &dyn DecoderModel,
     copier: Option<&CopyStream>,
     device: Device,
+    split: bool,
     job: RankJob,
 ) -> Result<(RankTimes, Option<BufferPool>)> {
     let mut times = RankTimes::default();
     // What the batches handed over so far have reported of `times`.
     let mut reported = RankTimes::default();
-    let (mut host, mut pool, split) = match job.output {
-        Some(o) => (Some(o.host), o.pool, o.split),
-        None => (None, None, false),
+    let (mut host, mut pool) = match job.output {
+        Some(o) => (Some(o.host), o.pool),
+        None => (None, None),
     };
     let mut pending: Option<InFlight> = None;
     for batch in job.batches.iter() {

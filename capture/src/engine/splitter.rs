@@ -9,12 +9,12 @@ use hslake_schemas::{DType, Sample, TensorData, TensorStats};
 use tch::Tensor;
 
 use super::host::{BatchLease, HostBatch};
+use super::progress::RankTimes;
 use super::progress::{CancelToken, ProgressSink};
-use super::rank::RankTimes;
-use crate::cuda::PinnedBuffer;
 use crate::error::{CaptureError, Result};
+use crate::gpu::cuda::PinnedBuffer;
+use crate::gpu::plane_split::{sample_stats, SplitLayout};
 use crate::input::InputSample;
-use crate::plane_split::{sample_stats, SplitLayout};
 
 /// One sample on its way to a writer: views of its real tokens in the batch's host tensors.
 pub(super) struct SampleRows {

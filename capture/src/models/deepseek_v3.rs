@@ -1,7 +1,7 @@
 //! `DeepseekV3ForCausalLM` (DeepSeek-V3/R1, Kimi-K2 with `model_type` `kimi_k2`, and the
 //! language model of Kimi-K2.5, which nests this config under `text_config`): multi-head
 //! latent attention (MLA) and, after `first_k_dense_replace` dense layers, mixtures of experts
-//! with a shared expert and DeepSeek's grouped sigmoid router (see [`crate::moe`]).
+//! with a shared expert and DeepSeek's grouped sigmoid router (see [`crate::models::moe`]).
 //!
 //! MLA, per layer: queries come from `q_proj`, or from the low-rank `q_a_proj` -> RMS norm ->
 //! `q_b_proj` when `q_lora_rank` is set; keys and values from one latent
@@ -27,10 +27,10 @@ use super::hf_config::ConfigFile;
 use super::llama::{self, SelfAttention, StackConfig, StackShape};
 use super::{DecoderModel, ModelConfig, ModelInfo};
 use crate::error::{CaptureError, Result};
-use crate::layers::{RmsNorm, Rope, RopeScaling, RopeTables};
 use crate::load::LoadCtx;
-use crate::moe::{MoeLayers, MoeSpec, Routing};
-use crate::tp::{check_split, ColumnParallelLinear, ReplicatedLinear, RowParallelLinear};
+use crate::models::layers::{RmsNorm, Rope, RopeScaling, RopeTables};
+use crate::models::moe::{MoeLayers, MoeSpec, Routing};
+use crate::models::tp::{check_split, ColumnParallelLinear, ReplicatedLinear, RowParallelLinear};
 
 /// transformers builds MLA's two latent norms with the default epsilon, not `rms_norm_eps`.
 const LATENT_NORM_EPS: f64 = 1e-6;
@@ -439,7 +439,7 @@ mod tests {
     }
 
     fn shapes(cfg: &dyn ModelConfig) -> std::collections::BTreeMap<String, Vec<usize>> {
-        crate::dry_run::tensors_read(cfg)
+        crate::tools::dry_run::tensors_read(cfg)
             .unwrap()
             .into_iter()
             .map(|s| (s.name, s.shape))

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 
 use crate::error::{CaptureError, Result};
-use crate::layers::{Rope, RopeScaling};
+use crate::models::layers::{Rope, RopeScaling};
 
 /// A checkpoint's `config.json`, read but not yet interpreted.
 pub(crate) struct ConfigFile {

@@ -9,10 +9,12 @@ use tch::{Kind, Tensor};
 use super::hf_config::{ConfigFile, RawConfig};
 use super::{Captures, DecoderModel, ModelConfig, ModelInfo};
 use crate::error::{CaptureError, Result};
-use crate::layers::{RmsNorm, Rope, RopeTables, Rotary};
 use crate::load::LoadCtx;
-use crate::moe::{FeedForward, MoeLayers};
-use crate::tp::{check_split, ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding};
+use crate::models::layers::{RmsNorm, Rope, RopeTables, Rotary};
+use crate::models::moe::{FeedForward, MoeLayers};
+use crate::models::tp::{
+    check_split, ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding,
+};
 
 /// Llama's validated runtime config. Mistral, Qwen2 and Qwen3 are Llama-shaped: they read
 /// their configs into the same fields and name their own model.
@@ -466,7 +468,7 @@ mod tests {
             ]
         );
         let c = parse(&ConfigFile::for_test(serde_json::json!({"mlp_bias": true}))).unwrap();
-        let biases = crate::dry_run::tensors_read(&*c)
+        let biases = crate::tools::dry_run::tensors_read(&*c)
             .unwrap()
             .into_iter()
             .filter(|s| s.name.ends_with(".bias"))

@@ -1,7 +1,9 @@
 //! Decoder families, one file each, read top-down: config, attention, decoder layer, model.
 //! Each family owns its validated config (parsed from `config.json` by the entry the
 //! [`registry`] holds for it) and its loading; every model runs prefill only (no KV cache, no
-//! LM head) and returns the residual stream at the requested capture points.
+//! LM head) and returns the residual stream at the requested capture points. The families are
+//! built from the blocks beside them: [`layers`] (norms, rotary embeddings, the MLP), [`tp`]
+//! (tensor-parallel linears) and [`moe`] (mixture-of-experts feed-forwards).
 use hslake_schemas::CapturePoint;
 use tch::Tensor;
 
@@ -10,12 +12,15 @@ use crate::load::LoadCtx;
 
 mod deepseek_v3;
 mod hf_config;
+pub(crate) mod layers;
 mod llama;
 mod mistral;
+pub(crate) mod moe;
 mod qwen2;
 mod qwen3;
 mod qwen3_moe;
 pub(crate) mod registry;
+pub(crate) mod tp;
 
 /// What the rest of the capture needs to know of a checkpoint's model: its architecture's
 /// name and the sizes the dataset schema and the input checks depend on.

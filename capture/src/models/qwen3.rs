@@ -9,8 +9,8 @@ use super::hf_config::ConfigFile;
 use super::llama::{self, LlamaConfig, SelfAttention};
 use super::ModelConfig;
 use crate::error::Result;
-use crate::layers::{RmsNorm, RopeTables};
 use crate::load::LoadCtx;
+use crate::models::layers::{RmsNorm, RopeTables};
 
 /// `Qwen3ForCausalLM`: explicit `head_dim`, `attention_bias` on q/k/v and o; sliding-window
 /// configs are refused.
@@ -82,7 +82,7 @@ mod tests {
             serde_json::json!({"num_attention_heads": 4, "head_dim": 32}),
         ))
         .unwrap();
-        let specs = crate::dry_run::tensors_read(&*c).unwrap();
+        let specs = crate::tools::dry_run::tensors_read(&*c).unwrap();
         let shape = |name: &str| {
             specs
                 .iter()

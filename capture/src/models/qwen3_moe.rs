@@ -6,14 +6,14 @@
 //! top `num_experts_per_tok`, renormalised if `norm_topk_prob`. No shared expert.
 //!
 //! Checkpoint layout: as Qwen3, and in sparse layers `model.layers.<i>.mlp.gate.weight` and
-//! `model.layers.<i>.mlp.experts.<j>.{gate,up,down}_proj.weight` (see [`crate::moe`]).
+//! `model.layers.<i>.mlp.experts.<j>.{gate,up,down}_proj.weight` (see [`crate::models::moe`]).
 use serde::Deserialize;
 
 use super::hf_config::ConfigFile;
 use super::llama::{self, LlamaConfig};
 use super::{qwen3, ModelConfig};
 use crate::error::{CaptureError, Result};
-use crate::moe::{MoeLayers, MoeSpec, Routing};
+use crate::models::moe::{MoeLayers, MoeSpec, Routing};
 
 const NAME: &str = "Qwen3MoeForCausalLM";
 
@@ -91,7 +91,7 @@ mod tests {
     }
 
     fn names(cfg: &dyn ModelConfig) -> Vec<String> {
-        crate::dry_run::tensors_read(cfg)
+        crate::tools::dry_run::tensors_read(cfg)
             .unwrap()
             .into_iter()
             .map(|s| s.name)

@@ -8,7 +8,7 @@ use std::path::Path;
 use super::hf_config::ConfigFile;
 use super::{deepseek_v3, llama, mistral, qwen2, qwen3, qwen3_moe, ModelConfig};
 use crate::error::{CaptureError, Result};
-use crate::quant::Quantization;
+use crate::quant::config::Quantization;
 
 /// One implemented architecture.
 struct Entry {

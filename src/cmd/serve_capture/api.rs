@@ -207,9 +207,7 @@ async fn submit(State(d): State<Arc<Daemon>>, headers: HeaderMap, body: Bytes) -
     authorize(&d, &headers)?;
     let bad = |m: String| ApiError(StatusCode::BAD_REQUEST, m);
     let spec: JobArgs = serde_json::from_slice(&body).map_err(|e| bad(format!("job JSON: {e}")))?;
-    let job = spec
-        .job(&d.engine_args)
-        .map_err(|e| bad(format!("{e:#}")))?;
+    let job = spec.job().map_err(|e| bad(format!("{e:#}")))?;
     let (model, options) = (d.model.clone(), d.engine_options.clone());
     let span = tracing::info_span!("submission", output = %spec.output);
     tokio::task::spawn_blocking(move || {

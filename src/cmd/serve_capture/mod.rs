@@ -48,7 +48,6 @@ pub struct Args {
 /// The daemon's shared state: the engine's identity, the jobs and their progress.
 pub struct Daemon {
     token: String,
-    engine_args: EngineArgs,
     engine_options: EngineOptions,
     model: ModelInfo,
     state: StateStore,
@@ -272,7 +271,7 @@ async fn worker(d: Arc<Daemon>, mut engine: Engine) -> Result<()> {
             .record(id, StatusRecord::now(JobState::Running))
             .instrument(span.clone())
             .await;
-        let mut job = match recorded.and_then(|()| spec.job(&d.engine_args)) {
+        let mut job = match recorded.and_then(|()| spec.job()) {
             Ok(job) => job,
             Err(e) => {
                 fail(&d, id, format!("{e:#}")).instrument(span).await;
@@ -412,7 +411,6 @@ pub async fn run(args: Args) -> Result<ExitCode> {
     let metrics = Arc::new(Metrics::new());
     let d = Arc::new(Daemon {
         token,
-        engine_args: args.engine.clone(),
         engine_options,
         model: checked.model().clone(),
         state,

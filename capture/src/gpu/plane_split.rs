@@ -20,9 +20,9 @@ use std::sync::OnceLock;
 use hslake_schemas::{RowSums, TensorStats};
 use tch::{Device, Kind, Tensor};
 
-use crate::cuda::Kernel;
 use crate::error::{CaptureError, Result};
-use crate::nvrtc;
+use crate::gpu::cuda::Kernel;
+use crate::gpu::nvrtc;
 
 /// Bytes of statistics per token row: four f64.
 pub(crate) const ROW_STATS: usize = 32;

@@ -8,8 +8,8 @@ use std::ffi::{c_char, c_int, c_void, CStr};
 
 use tch::{Device, Kind, Tensor};
 
-use crate::comm::Communicator;
 use crate::error::{CaptureError, Result};
+use crate::gpu::comm::Communicator;
 
 /// NCCL's opaque 128-byte rendezvous token; plain bytes, so it can be handed to every rank thread.
 #[repr(C)]
@@ -91,7 +91,7 @@ pub struct NcclComm {
 impl NcclComm {
     /// Joins the group (blocks until all `world` ranks have called this); uses GPU `rank`.
     pub fn init(id: UniqueId, rank: usize, world: usize) -> Result<Self> {
-        crate::cuda::set_device(rank)?;
+        crate::gpu::cuda::set_device(rank)?;
         let mut comm = std::ptr::null_mut();
         // SAFETY: `comm` is a valid out-pointer; `id` is passed by value as NCCL expects.
         check(

@@ -4,8 +4,9 @@
 use tch::{Device, Kind, Tensor};
 
 use crate::error::Result;
-use crate::load::{LoadCtx, NormKernel};
-use crate::tp::{ColumnParallelLinear, RowParallelLinear};
+use crate::kernels::NormKernel;
+use crate::load::LoadCtx;
+use crate::models::tp::{ColumnParallelLinear, RowParallelLinear};
 
 /// Rotary position embedding parameters: the base frequency and how it is rescaled.
 #[derive(Debug, Clone, PartialEq)]
@@ -70,7 +71,7 @@ impl RmsNorm {
         Ok(RmsNorm {
             weight: ctx.full(&format!("{prefix}.weight"), &[dim])?,
             eps,
-            fast: ctx.norm == NormKernel::Fast && ctx.device.is_cuda(),
+            fast: ctx.kernels.norm == NormKernel::Fast && ctx.device.is_cuda(),
         })
     }
 

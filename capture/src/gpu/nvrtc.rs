@@ -2,8 +2,8 @@
 //! source at first use, so a build needs no CUDA toolkit.
 use std::ffi::{c_char, c_int, c_void, CStr, CString};
 
-use crate::cuda::{self, Library};
 use crate::error::{CaptureError, Result};
+use crate::gpu::cuda::{self, Library};
 
 type NvrtcProgram = *mut c_void;
 

@@ -8,11 +8,12 @@ use std::rc::Rc;
 use tch::{Device, Kind, Tensor};
 
 use crate::checkpoint::Checkpoint;
-use crate::comm::Communicator;
 use crate::error::{CaptureError, Result, TensorProblem};
-use crate::load::{DequantKernel, LoadCtx, MoeKernel, NormKernel, Shard, TensorSource};
+use crate::gpu::comm::Communicator;
+use crate::kernels::{Kernels, MoeKernel};
+use crate::load::{LoadCtx, Shard, TensorSource};
 use crate::models::ModelConfig;
-use crate::quant::Quantization;
+use crate::quant::config::Quantization;
 
 /// A tensor a model reads: its checkpoint name and full (unsharded) shape, and what rank 0
 /// holds of it in device memory.
@@ -117,11 +118,12 @@ impl DryRun<'_> {
             comm: Rc::new(NoCollectives { world: tp }),
             device: Device::Cpu,
             kind,
-            norm: NormKernel::Exact,
-            // No data is read, so there is nothing to stack for grouped experts.
-            moe: MoeKernel::Loop,
-            dequant: DequantKernel::Torch,
-            reduce: Default::default(),
+            // No data is read, so there is nothing to stack for grouped experts; the other
+            // choices only say how loaded weights compute, which a dry run never does.
+            kernels: Kernels {
+                moe: MoeKernel::Loop,
+                ..Kernels::default()
+            },
         };
         cfg.load(&ctx).map(drop)
     }
@@ -376,7 +378,7 @@ mod tests {
         safetensors::serialize_to_file(views, None, &dir.join("model.safetensors")).unwrap();
         let config: serde_json::Value = serde_json::json!({"quantization_config": {
             "quant_method": "fp8", "fmt": "e4m3", "weight_block_size": [4, 8]}});
-        let quant = crate::quant::Quantization::from_config(&config).unwrap();
+        let quant = crate::quant::config::Quantization::from_config(&config).unwrap();
         Checkpoint::open(dir).unwrap().with_quantization(quant)
     }
 

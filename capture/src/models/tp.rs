@@ -6,10 +6,11 @@ use std::rc::Rc;
 
 use tch::{Device, Kind, Tensor};
 
-use crate::comm::Communicator;
 use crate::error::{CaptureError, Result};
-use crate::load::{LoadCtx, TpReduce};
-use crate::quant::Weight;
+use crate::gpu::comm::Communicator;
+use crate::kernels::TpReduce;
+use crate::load::LoadCtx;
+use crate::quant::weight::Weight;
 
 /// Checks that `tp` ranks can split every one of `counts` (name, size) evenly; the error names
 /// them all and the sizes that would work.
@@ -54,7 +55,7 @@ impl ColumnParallelLinear {
     ) -> Result<Self> {
         let weights = parts
             .iter()
-            .map(|(prefix, out)| ctx.linear_split(prefix, *out, in_features, 0))
+            .map(|(prefix, out)| Weight::split(ctx, prefix, *out, in_features, 0))
             .collect::<Result<Vec<_>>>()?;
         let prefixes: Vec<&str> = parts.iter().map(|(p, _)| *p).collect();
         let weight = Weight::cat(ctx, &prefixes, weights)?;
@@ -92,7 +93,7 @@ impl RowParallelLinear {
         out_features: usize,
         bias: bool,
     ) -> Result<Self> {
-        let weight = ctx.linear_split(prefix, out_features, in_features, 1)?;
+        let weight = Weight::split(ctx, prefix, out_features, in_features, 1)?;
         // The bias is added once, after the sum, so every rank holds all of it.
         let bias = if bias {
             Some(ctx.full(&format!("{prefix}.bias"), &[out_features])?)
@@ -140,7 +141,7 @@ impl PartialSum {
     pub fn new(ctx: &LoadCtx) -> Self {
         PartialSum {
             comm: ctx.comm.clone(),
-            reduce: ctx.reduce,
+            reduce: ctx.kernels.tp_reduce,
         }
     }
 
@@ -188,7 +189,7 @@ impl ReplicatedLinear {
         out_features: usize,
         bias: bool,
     ) -> Result<Self> {
-        let weight = ctx.linear_full(prefix, out_features, in_features)?;
+        let weight = Weight::full(ctx, prefix, out_features, in_features)?;
         let bias = if bias {
             Some(ctx.full(&format!("{prefix}.bias"), &[out_features])?)
         } else {
@@ -280,7 +281,8 @@ impl VocabParallelEmbedding {
 mod tests {
     use super::*;
     use crate::checkpoint::Checkpoint;
-    use crate::comm::LocalComm;
+    use crate::gpu::comm::LocalComm;
+    use crate::kernels::Kernels;
     use safetensors::tensor::TensorView;
 
     /// A checkpoint of f32 tensors whose values are `0, 1, 2, ...` scaled by `1/8`.
@@ -312,10 +314,7 @@ mod tests {
             comm: Rc::new(comm),
             device: Device::Cpu,
             kind: Kind::Float,
-            norm: Default::default(),
-            reduce: TpReduce::F32,
-            moe: Default::default(),
-            dequant: Default::default(),
+            kernels: Kernels::default(),
         }
     }
 
@@ -415,7 +414,7 @@ mod tests {
                         let w = Checkpoint::open(dir).unwrap();
                         let mut c = ctx(&w, comm);
                         c.kind = Kind::BFloat16;
-                        c.reduce = reduce;
+                        c.kernels.tp_reduce = reduce;
                         let model = cfg.load(&c).unwrap();
                         let ids = Tensor::from_slice(ids).view([2, 12]);
                         let states = model.forward(&ids, points).unwrap();

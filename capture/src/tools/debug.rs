@@ -8,13 +8,14 @@ use hslake_schemas::CapturePoint;
 use tch::{Device, Kind, Tensor};
 
 use crate::checkpoint::Checkpoint;
-use crate::comm::{sync, Communicator, TimedComm};
-use crate::cuda::{CopyStream, PinnedBuffer};
-use crate::engine::{comm_inits, DeviceKind, EngineOptions};
+use crate::engine::EngineOptions;
 use crate::error::{CaptureError, Result};
+use crate::gpu::comm::{sync, Communicator, TimedComm};
+use crate::gpu::cuda::{CopyStream, PinnedBuffer};
+use crate::gpu::group;
+use crate::gpu::nccl::{self, NcclComm};
 use crate::load::LoadCtx;
 use crate::models::{registry, ModelConfig};
-use crate::nccl::{self, NcclComm};
 
 /// What [`nccl_check`] found.
 #[derive(Debug, Clone)]
@@ -48,7 +49,7 @@ pub fn nccl_check() -> Result<NcclReport> {
 /// token ids.
 #[derive(Debug, Clone)]
 pub struct PrefillOptions {
-    /// The model, device, TP size and reduction, dtype and norm kernel.
+    /// The model, device, TP size, dtype and kernels.
     pub engine: EngineOptions,
     /// Sequences per batch.
     pub batch: i64,
@@ -103,11 +104,11 @@ pub fn prefill(opts: &PrefillOptions) -> Result<PrefillReport> {
     let kind = e.compute_kind()?;
     let (config, quant) = registry::read_model(&e.model_dir)?;
     let checkpoint = Checkpoint::open(&e.model_dir)?.with_quantization(quant);
-    crate::dry_run::check_checkpoint(&*config, &checkpoint, e.tp, kind)?;
+    crate::tools::dry_run::check_checkpoint(&*config, &checkpoint, e.tp, kind)?;
     let vocab = config.info().vocab_size as i64;
     let ids = Tensor::f_randint(vocab, [opts.batch * opts.seq], (Kind::Int64, Device::Cpu))?;
     let ids = Vec::<i64>::try_from(ids)?;
-    let comms = comm_inits(e.device, e.tp)?;
+    let comms = group::join_group(e.device, e.tp)?;
     let runs: Vec<Result<RankRun>> = std::thread::scope(|s| {
         let handles: Vec<_> = comms
             .into_iter()
@@ -162,10 +163,7 @@ fn run_rank(
     ids: &[i64],
 ) -> Result<RankRun> {
     let e = &opts.engine;
-    let device = match e.device {
-        DeviceKind::Cpu => Device::Cpu,
-        DeviceKind::Cuda => Device::Cuda(rank),
-    };
+    let device = e.device.device(rank);
     let timed = opts
         .profile
         .then(|| Rc::new(TimedComm::new(comm.clone(), device)));
@@ -178,10 +176,7 @@ fn run_rank(
         },
         device,
         kind,
-        norm: e.norm,
-        reduce: e.tp_reduce,
-        moe: e.moe,
-        dequant: e.dequant,
+        kernels: e.kernels,
     };
     let model = config.load(&ctx)?;
     sync(device);
@@ -304,8 +299,8 @@ pub struct DequantCase {
 /// every output dtype, FP8 with whole and partial tiles, INT4 with groups of 32 and 128, a
 /// stack of experts; and the time of each (`iters` timed runs after a warm-up).
 pub fn dequant_check(iters: usize) -> Result<Vec<DequantCase>> {
-    use crate::load::DequantKernel;
-    use crate::quant::Weight;
+    use crate::kernels::DequantKernel;
+    use crate::quant::weight::Weight;
     if !tch::Cuda::is_available() {
         return Err(CaptureError::Cuda("CUDA is not available".into()));
     }
@@ -428,7 +423,7 @@ pub struct SplitReport {
 /// (padding the kernel must skip, a sample of one token, an empty slot) holding NaN, ±Inf and
 /// values near bf16's largest; then its time (`iters` timed runs after a warm-up).
 pub fn split_check(iters: usize) -> Result<SplitReport> {
-    use crate::plane_split::{row_field, split, SplitLayout, ROW_STATS};
+    use crate::gpu::plane_split::{row_field, split, SplitLayout, ROW_STATS};
     if !tch::Cuda::is_available() {
         return Err(CaptureError::Cuda("CUDA is not available".into()));
     }

@@ -2,7 +2,7 @@
 //! first use by NVRTC (the runtime compiler the torch wheel ships) and launched on libtorch's
 //! stream.
 //!
-//! Why a kernel of our own: the exact PyTorch formulation in `quant.rs` takes two or three
+//! Why a kernel of our own: the exact PyTorch formulation in `dequant.rs` takes two or three
 //! passes over memory with slow mixed-dtype kernels (0.97 ms for 117 M FP8 values on an H200,
 //! where reading 1 byte and writing 2 per value at its bandwidth takes under 0.1 ms). A MoE
 //! layer dequantizes billions of values per batch, so that pass decided FP8 and INT4
@@ -14,9 +14,9 @@ use std::sync::OnceLock;
 
 use tch::{Device, Kind, Tensor};
 
-use crate::cuda::{self, Kernel};
 use crate::error::Result;
-use crate::nvrtc;
+use crate::gpu::cuda::{self, Kernel};
+use crate::gpu::nvrtc;
 
 /// The kernels. No headers (NVRTC finds none without a CUDA toolkit): the e4m3 decoding is
 /// written out from the format's definition; the rounding is PTX's `cvt.rn` (compute capability

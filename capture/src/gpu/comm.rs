@@ -1,6 +1,6 @@
-//! Collectives between tensor-parallel ranks: the [`Communicator`] trait and its
-//! in-process back end (one thread per rank, CPU tensors), used to test TP without GPUs.
-//! The NCCL back end lives in [`crate::nccl`].
+//! Collectives between tensor-parallel ranks: the [`Communicator`] trait and its in-process
+//! back end (one thread per rank, CPU tensors), used to test TP without GPUs. The NCCL back
+//! end lives in [`super::nccl`]; how each rank joins its group, in [`super::group`].
 use std::cell::Cell;
 use std::rc::Rc;
 use std::sync::{Arc, Condvar, Mutex};
@@ -122,73 +122,6 @@ impl LocalComm {
             return Err(aborted());
         }
         Ok(())
-    }
-}
-
-/// Environment variable that injects a communicator failure into in-process (CPU) groups:
-/// `RANK:N` makes rank RANK's N-th all-reduce fail. For tests of what a lost rank does to a
-/// long-running process (the capture daemon must fail the job and exit with the cause).
-pub const FAULT_ENV: &str = "HSLAKE_TEST_FAIL_ALL_REDUCE";
-
-/// The (rank, call) that [`FAULT_ENV`] names, if it is set.
-pub(crate) fn injected_fault() -> Result<Option<(usize, usize)>> {
-    match std::env::var(FAULT_ENV) {
-        Ok(v) => parse_fault(&v).map(Some),
-        Err(_) => Ok(None),
-    }
-}
-
-/// `RANK:N` as (rank, call), N >= 1.
-fn parse_fault(v: &str) -> Result<(usize, usize)> {
-    let parsed = v
-        .split_once(':')
-        .and_then(|(r, n)| Some((r.trim().parse().ok()?, n.trim().parse().ok()?)));
-    match parsed {
-        Some((rank, call)) if call > 0 => Ok((rank, call)),
-        _ => Err(CaptureError::Option(format!(
-            "{FAULT_ENV}={v:?}; expected RANK:N with N >= 1 (rank RANK's N-th all-reduce fails)"
-        ))),
-    }
-}
-
-/// A rank of an in-process group whose `fail_at`-th all-reduce fails: an injected
-/// communicator failure (see [`FAULT_ENV`]).
-pub(crate) struct FailingComm {
-    inner: LocalComm,
-    fail_at: usize,
-    calls: Cell<usize>,
-}
-
-impl FailingComm {
-    /// `inner`, failing at its `fail_at`-th all-reduce (counted from 1).
-    pub(crate) fn new(inner: LocalComm, fail_at: usize) -> Self {
-        FailingComm {
-            inner,
-            fail_at,
-            calls: Cell::new(0),
-        }
-    }
-}
-
-impl Communicator for FailingComm {
-    fn rank(&self) -> usize {
-        self.inner.rank()
-    }
-    fn world_size(&self) -> usize {
-        self.inner.world_size()
-    }
-    fn all_reduce_sum(&self, t: &mut Tensor) -> Result<()> {
-        self.calls.set(self.calls.get() + 1);
-        if self.calls.get() == self.fail_at {
-            return Err(CaptureError::Comm {
-                rank: self.rank(),
-                message: "injected failure".into(),
-            });
-        }
-        self.inner.all_reduce_sum(t)
-    }
-    fn abort(&self) {
-        self.inner.abort()
     }
 }
 
@@ -346,14 +279,6 @@ fn deep_copy(x: &Tensor) -> Result<Tensor> {
 mod tests {
     use super::*;
 
-    #[test]
-    fn an_injected_fault_names_a_rank_and_a_call_from_one() {
-        assert_eq!(parse_fault("1:12").unwrap(), (1, 12));
-        for bad in ["1", "1:0", "x:3", ""] {
-            let e = parse_fault(bad).unwrap_err().to_string();
-            assert!(e.contains(FAULT_ENV) && e.contains("RANK:N"), "{e}");
-        }
-    }
     use tch::Kind;
 
     #[test]

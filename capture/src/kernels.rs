@@ -1,0 +1,211 @@
+//! How the forward computes: the kernel choices, declared once here with their docs, names and
+//! defaults, and carried whole as one [`Kernels`] value from the command line (with the `clap`
+//! feature, the CLI flattens this very type) through the engine to every layer's load.
+
+/// Declares a kernel choice: the enum with its documented variants (the default marked
+/// `#[default]`), and the names the command line takes (`name`, `Display`, `FromStr`), so that
+/// each choice's names are written once; an unknown name is refused listing the known ones.
+macro_rules! kernel_choice {
+    (
+        $(#[$meta:meta])*
+        $ty:ident, $what:literal, $hint:literal {
+            $( $(#[$vmeta:meta])* $variant:ident = $name:literal $(| $alias:literal)* ),+ $(,)?
+        }
+    ) => {
+        $(#[$meta])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+        pub enum $ty {
+            $( $(#[$vmeta])* $variant ),+
+        }
+
+        impl $ty {
+            /// The name the command line takes.
+            pub fn name(self) -> &'static str {
+                match self {
+                    $( $ty::$variant => $name ),+
+                }
+            }
+        }
+
+        impl std::fmt::Display for $ty {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str(self.name())
+            }
+        }
+
+        impl std::str::FromStr for $ty {
+            type Err = String;
+            fn from_str(s: &str) -> std::result::Result<Self, String> {
+                match s {
+                    $( $name $(| $alias)* => Ok($ty::$variant), )+
+                    _ => Err(format!(
+                        "unknown {} {s:?}; expected {}{}",
+                        $what,
+                        [$($name),+].join(" or "),
+                        $hint
+                    )),
+                }
+            }
+        }
+    };
+}
+
+kernel_choice! {
+    /// How RMS norms are computed on CUDA.
+    NormKernel, "norm kernel", "" {
+        /// transformers' own sequence of operations (an f32 copy of `x`, its square, their mean,
+        /// `(x * rstd)` rounded to the compute dtype, then `* weight` rounded again):
+        /// bit-identical to transformers.
+        Exact = "exact",
+        /// The same two roundings, but the mean square comes from one f32 reduction over `x` (no
+        /// f32 copy, no squared copy): 40 % of the memory traffic. `rstd` can differ from the
+        /// exact one in its last f32 bit, which moves a bf16 rounding in about one element in
+        /// 10^5.
+        #[default]
+        Fast = "fast",
+    }
+}
+
+kernel_choice! {
+    /// How a MoE layer runs its routed experts.
+    MoeKernel, "MoE kernel", "" {
+        /// One GEMM pair per expert over its tokens (a stable sort by expert first); quantized
+        /// experts are dequantized one at a time.
+        Loop = "loop",
+        /// All of a layer's experts in two grouped GEMMs (libtorch's `_grouped_mm`, as
+        /// transformers' `grouped_mm` experts run), their weights stacked at load; a quantized
+        /// stack is dequantized whole as the layer runs. Shapes the kernel cannot take keep the
+        /// loop. The default: on an H200 1.49x the loop on Qwen3-30B-A3B's 128 narrow experts,
+        /// equal on DeepSeek-V3's 256 wide ones.
+        #[default]
+        Grouped = "grouped",
+    }
+}
+
+kernel_choice! {
+    /// How FP8 and INT4 weights are dequantized on a GPU (on the CPU always with PyTorch
+    /// operations). Both give the same bits.
+    DequantKernel, "dequantization kernel", "" {
+        /// One kernel of our own per weight, compiled at first use by NVRTC: reads each stored
+        /// byte once and writes the matrix once (falls back to `torch` where it does not apply).
+        #[default]
+        Fused = "fused",
+        /// PyTorch operations: two or three passes over memory.
+        Torch = "torch",
+    }
+}
+
+kernel_choice! {
+    /// What a row-parallel linear sums across tensor-parallel ranks (unused at TP 1, where there
+    /// is nothing to sum and the GEMM rounds its output once, as transformers' does).
+    TpReduce, "tensor-parallel reduction", " (the compute dtype)" {
+        /// Each rank's partial product stays in f32 (a bf16 x bf16 -> f32 GEMM), the all-reduce
+        /// sums f32, and the sum (plus bias) is rounded to the compute dtype once: the single
+        /// rounding of TP 1, at twice the all-reduce bytes.
+        #[default]
+        F32 = "f32",
+        /// Partial products rounded to the compute dtype and summed in it: every row-parallel
+        /// layer rounds twice more than at TP 1, and the error compounds through the depth.
+        /// "bf16" is what the compute dtype is in practice; "compute" says it for f16.
+        Compute = "bf16" | "compute",
+    }
+}
+
+/// The kernel choices of a forward, fixed for an engine's life. Each field's doc is its flag's
+/// help text (`--norm`, `--moe-kernel`, `--dequant-kernel`, `--tp-reduce`), and each default
+/// is its enum's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[cfg_attr(feature = "clap", derive(clap::Args))]
+pub struct Kernels {
+    /// RMS norm on cuda: fast (the mean square in one f32 pass, 40 % of the memory traffic;
+    /// about one element in 10^5 one unit in the last place off transformers) or exact
+    /// (transformers' own operations, bit-identical to it). CPU runs are always exact.
+    #[cfg_attr(feature = "clap", arg(long, default_value_t))]
+    pub norm: NormKernel,
+    /// How MoE layers run their routed experts: grouped (a layer's experts in two grouped GEMMs,
+    /// as transformers' grouped_mm experts; bf16 on CUDA, any dtype on CPU, other shapes fall
+    /// back to the loop; FP8/INT4 experts are dequantized a whole layer at a time, which needs
+    /// that layer's experts in bf16 as scratch) or loop (one GEMM pair per expert; quantized
+    /// experts dequantized one at a time).
+    #[cfg_attr(
+        feature = "clap",
+        arg(long = "moe-kernel", value_name = "MOE_KERNEL", default_value_t)
+    )]
+    pub moe: MoeKernel,
+    /// How FP8/INT4 weights are dequantized on cuda, a layer at a time as it runs: fused (one
+    /// kernel of ours, compiled at first use by NVRTC from the torch wheel: each stored byte
+    /// read once, the matrix written once) or torch (PyTorch operations, two or three passes).
+    /// Both give the same bits.
+    #[cfg_attr(
+        feature = "clap",
+        arg(
+            long = "dequant-kernel",
+            value_name = "DEQUANT_KERNEL",
+            default_value_t
+        )
+    )]
+    pub dequant: DequantKernel,
+    /// With --tp > 1, what the row-parallel layers sum across ranks: f32 (f32 partial products
+    /// and sums, rounded to the dtype once, as at TP 1) or bf16 (partials rounded and summed in
+    /// the compute dtype: half the all-reduce bytes, two more roundings per layer).
+    #[cfg_attr(feature = "clap", arg(long, default_value_t))]
+    pub tp_reduce: TpReduce,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn norm_kernel_parses_and_names_the_choices() {
+        assert_eq!("fast".parse::<NormKernel>(), Ok(NormKernel::Fast));
+        assert_eq!("exact".parse::<NormKernel>(), Ok(NormKernel::Exact));
+        let err = "fused".parse::<NormKernel>().unwrap_err();
+        assert_eq!(err, "unknown norm kernel \"fused\"; expected exact or fast");
+    }
+
+    #[test]
+    fn tp_reduce_parses_both_names_and_prints_the_cli_one() {
+        assert_eq!("f32".parse::<TpReduce>(), Ok(TpReduce::F32));
+        assert_eq!("bf16".parse::<TpReduce>(), Ok(TpReduce::Compute));
+        assert_eq!("compute".parse::<TpReduce>(), Ok(TpReduce::Compute));
+        assert_eq!(TpReduce::Compute.to_string(), "bf16");
+        let err = "f16x".parse::<TpReduce>().unwrap_err();
+        assert_eq!(
+            err,
+            "unknown tensor-parallel reduction \"f16x\"; expected f32 or bf16 (the compute dtype)"
+        );
+    }
+
+    #[test]
+    fn every_name_parses_back_to_its_choice_and_unknown_ones_list_the_names() {
+        for k in [MoeKernel::Loop, MoeKernel::Grouped] {
+            assert_eq!(k.to_string().parse::<MoeKernel>(), Ok(k));
+        }
+        for k in [DequantKernel::Fused, DequantKernel::Torch] {
+            assert_eq!(k.to_string().parse::<DequantKernel>(), Ok(k));
+        }
+        assert_eq!(
+            "x".parse::<MoeKernel>().unwrap_err(),
+            "unknown MoE kernel \"x\"; expected loop or grouped"
+        );
+        assert_eq!(
+            "x".parse::<DequantKernel>().unwrap_err(),
+            "unknown dequantization kernel \"x\"; expected fused or torch"
+        );
+    }
+
+    #[test]
+    fn the_defaults_are_fast_norms_grouped_experts_fused_dequantization_and_f32_sums() {
+        let k = Kernels::default();
+        assert_eq!(
+            (k.norm, k.moe, k.dequant, k.tp_reduce),
+            (
+                NormKernel::Fast,
+                MoeKernel::Grouped,
+                DequantKernel::Fused,
+                TpReduce::F32
+            )
+        );
+    }
+}

@@ -1,0 +1,4 @@
+//! Tools around the forward: the pre-flight check of a checkpoint against a model's load
+//! ([`dry_run`]), and the checks and measurements behind `hslake debug` ([`debug`]).
+pub mod debug;
+pub(crate) mod dry_run;
