@@ -38,6 +38,7 @@ fn main() {
     println!("cargo::metadata=link_args={}", link_args.join("\t"));
     println!("cargo::rustc-link-lib=dylib:+verbatim=libnccl.so.2");
     println!("cargo::rustc-link-lib=dylib:+verbatim=libcudart.so.13");
-    // The runtime compiler of fused_dequant.rs's kernels, from the same wheel folder.
+    // The runtime compiler of our kernels (quant/fused.rs, gpu/plane_split.rs), from the same
+    // wheel folder.
     println!("cargo::rustc-link-lib=dylib:+verbatim=libnvrtc.so.13");
 }
