@@ -9,7 +9,7 @@ use tokenizers::Tokenizer;
 use crate::conversation::{Conversation, Role};
 use crate::encode::{EncodePath, Encoder};
 use crate::error::{PrepareError, RecordError, Result};
-use crate::mask::{token_mask, turn_spans, MaskMethod};
+use crate::mask::{token_mask, turn_spans, MaskMethod, PrefixText};
 use crate::skeleton::{Skeleton, Skeletons};
 use crate::template::{read_template_source, ChatTemplate};
 
@@ -299,20 +299,21 @@ impl ChatTokenizer {
         skeleton: Option<&Skeleton>,
     ) -> Result<Vec<(usize, usize)>, RecordError> {
         let roles: Vec<Role> = conv.messages.iter().map(|m| m.role).collect();
+        let filled = skeleton.map(|s| s.filled(&conv.messages));
         let mut built = None;
         turn_spans(full, &roles, &self.end_of_turn, |i, prompt| {
-            if let Some(text) = skeleton.and_then(|s| s.prefix(&conv.messages, i, prompt)) {
+            if let Some(text) = filled.as_ref().and_then(|f| f.prefix(i, prompt)) {
                 return Ok(text);
             }
             match (i, prompt) {
                 // No history: nothing rendered (transformers refuses to render an empty conversation).
-                (0, false) => Ok(String::new()),
+                (0, false) => Ok(PrefixText::default()),
                 _ => {
                     let values = match values {
                         Some(v) => v,
                         None => built.insert(ChatTemplate::message_values(&conv.messages)?),
                     };
-                    Ok(self.template.render(&values[..i], prompt)?.text)
+                    Ok(self.template.render(&values[..i], prompt)?.text.into())
                 }
             }
         })
