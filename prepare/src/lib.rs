@@ -33,7 +33,7 @@ pub use encode::EncodePath;
 pub use error::{PrepareError, RecordError, Result};
 pub use hslake_schemas::Overlong;
 pub use mask::MaskMethod;
-pub use output::{Sample, SampleWriter};
+pub use output::{check_output, same_file, Sample, SampleWriter};
 pub use pipeline::{prepare, prepare_file, PrepareOptions, Summary};
 pub use regenerate::{
     regenerate, regenerated_records, ProgressFile, RegenCounters, RegenOptions, RegenReport,
