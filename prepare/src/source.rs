@@ -230,6 +230,15 @@ fn batch_to_json(batch: &arrow_array::RecordBatch) -> Result<Vec<Value>, String>
         .collect()
 }
 
+/// The local file an input names: a plain path, or the path of a `file://` URL; `None` for
+/// other stores.
+pub fn local_input_path(input: &str) -> Option<PathBuf> {
+    if !input.contains("://") {
+        return Some(PathBuf::from(input));
+    }
+    hslake_store::location::parse(input).ok()?.local_dir()
+}
+
 /// Copies an object-store URL (`s3://…`, `file://…`) into `dir`, keeping its file name, so the
 /// readers above can read it; a plain path is returned as is.
 pub async fn fetch_input(input: &str, dir: &Path) -> Result<PathBuf> {
