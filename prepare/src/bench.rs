@@ -9,6 +9,7 @@ use crate::chat_tokenizer::{ChatTokenizer, LossOn, TemplateKwargs};
 use crate::conversation::Conversation;
 use crate::encode::Encoder;
 use crate::error::{PrepareError, Result};
+use crate::limits::Limits;
 use crate::mask::token_mask;
 use crate::output::{Sample, SampleWriter};
 use crate::source::{read_conversations, FileFormat};
@@ -60,7 +61,8 @@ pub fn bench_stages(model_dir: &Path, input: &Path, kwargs: &TemplateKwargs) -> 
     // Per conversation, like every other stage.
     out[0].cpu_us /= n.max(1) as f64;
     out[0].wall_us /= n.max(1) as f64;
-    let tok = ChatTokenizer::from_model_dir(model_dir, LossOn::Assistant, kwargs)?;
+    let tok =
+        ChatTokenizer::from_model_dir(model_dir, LossOn::Assistant, kwargs, Limits::default())?;
     convs.retain(|c| tok.tokenize(c).is_ok());
     let n = convs.len();
 

@@ -9,7 +9,8 @@ use tokenizers::Tokenizer;
 use crate::conversation::{Conversation, Role};
 use crate::encode::{EncodePath, Encoder};
 use crate::error::{PrepareError, RecordError, Result};
-use crate::mask::{token_mask, turn_spans, MaskMethod};
+use crate::limits::Limits;
+use crate::mask::{token_mask, turn_spans, MaskMethod, PrefixText};
 use crate::skeleton::{Skeleton, Skeletons};
 use crate::template::{read_template_source, ChatTemplate};
 
@@ -53,6 +54,7 @@ pub struct ChatTokenizer {
     end_of_turn: Vec<String>,
     loss_on: LossOn,
     skeletons: Skeletons,
+    limits: Limits,
 }
 
 /// The variables a template gets beyond the conversation (e.g. `enable_thinking`).
@@ -101,11 +103,13 @@ fn end_of_turn_strings(
 }
 
 impl ChatTokenizer {
-    /// Loads `tokenizer.json` and the chat template of a Hugging Face model directory.
+    /// Loads `tokenizer.json` and the chat template of a Hugging Face model directory; every
+    /// conversation and rendering is held to `limits`.
     pub fn from_model_dir(
         model_dir: &Path,
         loss_on: LossOn,
         kwargs: &TemplateKwargs,
+        limits: Limits,
     ) -> Result<Self> {
         let tok_path = model_dir.join("tokenizer.json");
         if !tok_path.exists() {
@@ -124,7 +128,7 @@ impl ChatTokenizer {
         tokenizer.with_padding(None);
         let encoder = Encoder::new(&tokenizer);
         let source = read_template_source(model_dir)?;
-        let template = ChatTemplate::new(&source, kwargs)?;
+        let template = ChatTemplate::new(&source, kwargs, &limits)?;
         let eos = source
             .special_tokens
             .iter()
@@ -144,7 +148,13 @@ impl ChatTokenizer {
             end_of_turn,
             loss_on,
             skeletons: Skeletons::default(),
+            limits,
         })
+    }
+
+    /// The bounds every conversation and rendering is held to.
+    pub fn limits(&self) -> &Limits {
+        &self.limits
     }
 
     /// How the turn-by-turn mask gets the renderings of each conversation's prefixes: from
@@ -200,6 +210,7 @@ impl ChatTokenizer {
         if conv.messages.is_empty() {
             return Err(RecordError::Empty);
         }
+        self.limits.check(conv)?;
         if self.loss_on == LossOn::Assistant && !conv.has_assistant() {
             return Err(RecordError::NoAssistant);
         }
@@ -210,6 +221,10 @@ impl ChatTokenizer {
                 let values = ChatTemplate::message_values(&conv.messages)?;
                 Ok(self.template.render(&values, false)?.text)
             })?;
+            // A filled skeleton is refused where rendering it would have been.
+            if text.len() > self.limits.max_record_bytes {
+                return Err(crate::limits::rendered_over(self.limits.max_record_bytes));
+            }
             let spans = self.spans_from(&text, conv, None, Some(&*skeleton).filter(|_| usable))?;
             return self.encode(&text, &spans);
         }
@@ -299,20 +314,21 @@ impl ChatTokenizer {
         skeleton: Option<&Skeleton>,
     ) -> Result<Vec<(usize, usize)>, RecordError> {
         let roles: Vec<Role> = conv.messages.iter().map(|m| m.role).collect();
+        let filled = skeleton.map(|s| s.filled(&conv.messages));
         let mut built = None;
         turn_spans(full, &roles, &self.end_of_turn, |i, prompt| {
-            if let Some(text) = skeleton.and_then(|s| s.prefix(&conv.messages, i, prompt)) {
+            if let Some(text) = filled.as_ref().and_then(|f| f.prefix(i, prompt)) {
                 return Ok(text);
             }
             match (i, prompt) {
                 // No history: nothing rendered (transformers refuses to render an empty conversation).
-                (0, false) => Ok(String::new()),
+                (0, false) => Ok(PrefixText::default()),
                 _ => {
                     let values = match values {
                         Some(v) => v,
                         None => built.insert(ChatTemplate::message_values(&conv.messages)?),
                     };
-                    Ok(self.template.render(&values[..i], prompt)?.text)
+                    Ok(self.template.render(&values[..i], prompt)?.text.into())
                 }
             }
         })
@@ -323,6 +339,8 @@ impl ChatTokenizer {
 #[cfg(test)]
 pub(crate) mod test_model {
     use std::path::{Path, PathBuf};
+
+    use super::{ChatTokenizer, Limits, LossOn};
 
     /// The words of the vocabulary; a word's id is its index.
     pub const WORDS: &[&str] = &[
@@ -344,6 +362,11 @@ pub(crate) mod test_model {
 
     /// The same text with the assistant's content and end-of-turn token in a generation block.
     pub const CHATML_MARKED: &str = "{% for m in messages %}{% if m['role'] == 'assistant' %}{{ '<|im_start|>assistant\\n' }}{% generation %}{{ m['content'] + '<|im_end|>' }}{% endgeneration %}{{ '\\n' }}{% else %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>' + '\\n' }}{% endif %}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}";
+
+    /// Loads the model in `dir` for the assistant's mask, held to `limits`.
+    pub fn load(dir: &Path, limits: Limits) -> crate::error::Result<ChatTokenizer> {
+        ChatTokenizer::from_model_dir(dir, LossOn::Assistant, &Default::default(), limits)
+    }
 
     /// Writes the model with `template` under `dir`.
     pub fn write(dir: &Path, template: &str) -> PathBuf {
@@ -379,7 +402,9 @@ mod tests {
     fn tokenizer(template: &str, loss_on: LossOn) -> (tempfile::TempDir, ChatTokenizer) {
         let dir = tempfile::tempdir().unwrap();
         let model = test_model::write(dir.path(), template);
-        let tok = ChatTokenizer::from_model_dir(&model, loss_on, &Default::default()).unwrap();
+        let tok =
+            ChatTokenizer::from_model_dir(&model, loss_on, &Default::default(), Limits::default())
+                .unwrap();
         (dir, tok)
     }
 
@@ -566,8 +591,7 @@ mod tests {
         json["truncation"] = serde_json::json!({"direction": "Right", "max_length": 3, "strategy": "LongestFirst", "stride": 0});
         json["padding"] = serde_json::json!({"strategy": {"Fixed": 64}, "direction": "Right", "pad_to_multiple_of": null, "pad_id": 0, "pad_type_id": 0, "pad_token": "[UNK]"});
         std::fs::write(&path, json.to_string()).unwrap();
-        let tok =
-            ChatTokenizer::from_model_dir(&model, LossOn::Assistant, &Default::default()).unwrap();
+        let tok = test_model::load(&model, Limits::default()).unwrap();
         let t = tok
             .tokenize(&conv(&[
                 (Role::User, "q"),
@@ -575,6 +599,28 @@ mod tests {
             ]))
             .unwrap();
         assert_eq!(t.input_ids, [1, 4, 9, 2, 1, 5, 7, 8, 2]);
+    }
+
+    #[test]
+    fn refuses_renderings_over_the_byte_bound_whether_rendered_or_filled() {
+        let dir = tempfile::tempdir().unwrap();
+        let model = test_model::write(dir.path(), test_model::CHATML);
+        let limits = Limits {
+            max_record_bytes: 100,
+            ..Default::default()
+        };
+        let tok = test_model::load(&model, limits).unwrap();
+        // 73 bytes of text, 134 rendered.
+        let long = conv(&[(Role::User, "q"), (Role::Assistant, &"hello ".repeat(12))]);
+        let over = crate::limits::rendered_over(100);
+        assert_eq!(tok.tokenize(&long), Err(over.clone()));
+        for _ in 0..20 {
+            tok.tokenize(&conv(&[(Role::User, "q"), (Role::Assistant, "hi")]))
+                .unwrap();
+        }
+        // Now the filled skeleton stands for the rendering, and is refused the same way.
+        assert_eq!(tok.skeleton(&long, true).unwrap().checked(), 16);
+        assert_eq!(tok.tokenize(&long), Err(over));
     }
 
     #[test]
@@ -603,17 +649,14 @@ mod tests {
             r#"{"eos_token_id": [2, 0]}"#,
         )
         .unwrap();
-        let tok =
-            ChatTokenizer::from_model_dir(&model, LossOn::Assistant, &Default::default()).unwrap();
+        let tok = test_model::load(&model, Limits::default()).unwrap();
         assert_eq!(tok.end_of_turn(), ["<|im_end|>", "[UNK]"]);
         std::fs::write(
             model.join("generation_config.json"),
             r#"{"eos_token_id": 99}"#,
         )
         .unwrap();
-        let e = ChatTokenizer::from_model_dir(&model, LossOn::Assistant, &Default::default())
-            .err()
-            .unwrap();
+        let e = test_model::load(&model, Limits::default()).err().unwrap();
         assert!(
             e.to_string()
                 .contains("eos_token_id 99 is not in the tokenizer's vocabulary"),
@@ -624,7 +667,7 @@ mod tests {
     #[test]
     fn names_a_model_without_tokenizer_json() {
         let dir = tempfile::tempdir().unwrap();
-        let e = ChatTokenizer::from_model_dir(dir.path(), LossOn::Assistant, &Default::default())
+        let e = test_model::load(dir.path(), Limits::default())
             .err()
             .unwrap();
         assert!(e.to_string().contains("no tokenizer.json"), "{e}");

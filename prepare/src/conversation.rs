@@ -73,6 +73,14 @@ impl Conversation {
         self.messages.iter().any(|m| m.role == Role::Assistant)
     }
 
+    /// Bytes of text in all messages, reasoning included.
+    pub fn text_bytes(&self) -> usize {
+        self.messages
+            .iter()
+            .map(|m| m.content.len() + m.reasoning.as_ref().map_or(0, String::len))
+            .sum()
+    }
+
     /// The record form the progress file and `--regenerate` output use (OpenAI `messages`).
     pub fn to_json(&self) -> Value {
         let messages: Vec<Value> = self

@@ -72,6 +72,32 @@ pub enum RecordError {
     /// The regeneration server did not answer this conversation.
     #[error("regeneration failed: {0}")]
     Regeneration(String),
+    /// More text than `--max-record-bytes`, in the record's messages or as the template renders
+    /// them: tokenizing a long run of text without spaces takes ~100 bytes of memory per byte.
+    #[error("{what} is over --max-record-bytes {max}{}", bytes.map(|b| format!(" ({b} bytes)")).unwrap_or_default())]
+    TooLarge {
+        /// `the messages' text` or `the rendered text`.
+        what: &'static str,
+        /// Its size, where known (a rendering is stopped at the bound).
+        bytes: Option<usize>,
+        /// The bound.
+        max: usize,
+    },
+    /// More messages than `--max-turns`: the turn-by-turn mask renders one prefix per assistant
+    /// turn, so its cost grows with the square of the turns.
+    #[error("{turns} messages, more than --max-turns {max}")]
+    TooManyTurns {
+        /// Messages in the conversation.
+        turns: usize,
+        /// The bound.
+        max: usize,
+    },
+    /// One rendering of the chat template used up its budget of steps and bytes.
+    #[error("chat template ran out of fuel: one rendering may take {fuel} (one per instruction, one per 64 bytes it builds); loops or string growth past that are refused (--template-fuel)")]
+    OutOfFuel {
+        /// The budget of one rendering.
+        fuel: u64,
+    },
 }
 
 impl RecordError {
@@ -90,14 +116,26 @@ impl RecordError {
             RecordError::TooLong { .. } => "longer than --max-seq-len",
             RecordError::DuplicateId { .. } => "duplicate id",
             RecordError::Regeneration(_) => "regeneration failed",
+            RecordError::TooLarge { .. } => "over --max-record-bytes",
+            RecordError::TooManyTurns { .. } => "over --max-turns",
+            RecordError::OutOfFuel { .. } => "template out of fuel",
         }
     }
 }
 
-/// Everything that stops a prepare run; each names the file or model it concerns.
+/// Everything that stops a prepare run; each names the file, model or option it concerns.
 #[derive(Debug, Error)]
 #[non_exhaustive]
 pub enum PrepareError {
+    /// An option out of its range, or options that contradict each other; checked before any
+    /// work starts.
+    #[error("{option}: {message}")]
+    Argument {
+        /// The option, e.g. `--max-seq-len`.
+        option: &'static str,
+        /// What is wrong and what was expected.
+        message: String,
+    },
     /// Reading or writing a file failed.
     #[error("{path}: {source}")]
     Io {

@@ -5,9 +5,9 @@
 //!
 //! ```no_run
 //! use std::path::Path;
-//! use hslake_prepare::{prepare_file, ChatTokenizer, LossOn, PrepareOptions};
+//! use hslake_prepare::{prepare_file, ChatTokenizer, Limits, LossOn, PrepareOptions};
 //!
-//! let tok = ChatTokenizer::from_model_dir(Path::new("SmolLM2-135M-Instruct"), LossOn::Assistant, &Default::default())?;
+//! let tok = ChatTokenizer::from_model_dir(Path::new("SmolLM2-135M-Instruct"), LossOn::Assistant, &Default::default(), Limits::default())?;
 //! let (samples, summary) = prepare_file(Path::new("chats.jsonl"), &tok, &PrepareOptions::default())?;
 //! println!("{} samples, {:.1} % of tokens with loss ({})", samples.len(), 100.0 * summary.loss_fraction(), summary.mask_method);
 //! # Ok::<(), hslake_prepare::PrepareError>(())
@@ -19,6 +19,7 @@ pub mod chat_tokenizer;
 pub mod conversation;
 pub mod encode;
 pub mod error;
+pub mod limits;
 pub mod mask;
 pub mod output;
 pub mod pipeline;
@@ -26,18 +27,21 @@ pub mod regenerate;
 pub mod skeleton;
 pub mod source;
 pub mod template;
+mod template_functions;
 
 pub use chat_tokenizer::{ChatTokenizer, LossOn, TemplateKwargs, Tokenized};
 pub use conversation::{parse_conversation, Conversation, Message, Role};
 pub use encode::EncodePath;
 pub use error::{PrepareError, RecordError, Result};
 pub use hslake_schemas::Overlong;
+pub use limits::Limits;
 pub use mask::MaskMethod;
-pub use output::{Sample, SampleWriter};
+pub use output::{check_output, same_file, Sample, SampleWriter};
 pub use pipeline::{prepare, prepare_file, PrepareOptions, Summary};
 pub use regenerate::{
     regenerate, regenerated_records, ProgressFile, RegenCounters, RegenOptions, RegenReport,
 };
 pub use source::{
-    fetch_input, open_records, read_conversations, ConversationRecord, FileFormat, RawRecord,
+    fetch_input, local_input_path, open_records, read_conversations, ConversationRecord,
+    FileFormat, RawRecord,
 };

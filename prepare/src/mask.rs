@@ -33,50 +33,144 @@ impl std::fmt::Display for MaskMethod {
     }
 }
 
+/// A rendering of a conversation's first messages: the first `shared` bytes of the rendering of
+/// the whole conversation, then `tail`. Skeletons know how much of each prefix's rendering the
+/// whole rendering repeats, so a prefix costs only its tail (usually the generation prompt), and
+/// the mask of a conversation stays linear in its length however many turns it has.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PrefixText {
+    /// Bytes shared with the whole conversation's rendering, from its start.
+    pub shared: usize,
+    /// What follows them.
+    pub tail: String,
+}
+
+impl From<String> for PrefixText {
+    fn from(tail: String) -> Self {
+        PrefixText { shared: 0, tail }
+    }
+}
+
+impl From<&str> for PrefixText {
+    fn from(tail: &str) -> Self {
+        tail.to_string().into()
+    }
+}
+
+impl PrefixText {
+    /// Length of the rendering in bytes.
+    pub fn len(&self) -> usize {
+        self.shared + self.tail.len()
+    }
+
+    /// Whether the rendering is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    // Whether the rendering is a prefix of `full`, whose first `shared` bytes it repeats.
+    fn is_prefix_of(&self, full: &str) -> bool {
+        full.get(self.shared..)
+            .is_some_and(|rest| rest.starts_with(&self.tail))
+    }
+}
+
 /// Byte spans `[start, end)` of the assistant's turns in `full`, by the turn-by-turn method.
 /// `render_prefix(i, with_prompt)` renders the first `i` messages, with or without the
-/// generation prompt.
+/// generation prompt. Apart from those renderings, the work is linear in `full`'s length.
 pub fn turn_spans(
     full: &str,
     roles: &[Role],
     end_of_turn: &[String],
-    mut render_prefix: impl FnMut(usize, bool) -> Result<String, RecordError>,
+    mut render_prefix: impl FnMut(usize, bool) -> Result<PrefixText, RecordError>,
 ) -> Result<Vec<(usize, usize)>, RecordError> {
     let mut spans = vec![];
+    let mut ends = EndsOfTurn::new(end_of_turn);
     for (index, role) in roles.iter().enumerate() {
         if *role != Role::Assistant {
             continue;
         }
         let prompted = render_prefix(index, true)?;
-        let start = if full.starts_with(&prompted) {
+        let start = if prompted.is_prefix_of(full) {
             prompted.len()
         } else {
             let history = render_prefix(index, false)?;
-            let prompt = prompted
-                .strip_prefix(history.as_str())
-                .filter(|_| full.starts_with(&history));
-            let shared = prompt.map_or(0, |p| common_prefix_len(p, &full[history.len()..]));
-            if shared == 0 {
-                return Err(RecordError::NotPrefixStable { index });
+            let shared = if history.is_prefix_of(full) {
+                prompt_shared(full, history.len(), &prompted)
+            } else {
+                None
+            };
+            match shared {
+                Some(n) if n > 0 => history.len() + n,
+                _ => return Err(RecordError::NotPrefixStable { index }),
             }
-            history.len() + shared
         };
-        let rest = &full[start..];
-        let end = end_of_turn
-            .iter()
-            .filter_map(|eot| rest.find(eot.as_str()).map(|p| p + eot.len()))
-            .min()
+        let end = ends
+            .first_end(full, start)
             .ok_or_else(|| RecordError::NoEndOfTurn {
                 index,
                 eot: end_of_turn.join(" or "),
             })?;
-        spans.push((start, start + end));
+        spans.push((start, end));
     }
     Ok(spans)
 }
 
-// Bytes of the longest common prefix, ending on a character boundary.
-fn common_prefix_len(a: &str, b: &str) -> usize {
+// Where the history (`full[..history]`, the first messages without the prompt) is followed by the
+// generation prompt in `prompted`: the bytes of that prompt the whole rendering shares, or `None`
+// when `prompted` does not start with the history.
+fn prompt_shared(full: &str, history: usize, prompted: &PrefixText) -> Option<usize> {
+    let (shared, tail) = (prompted.shared, prompted.tail.as_str());
+    if history <= shared {
+        // The prompt starts inside the shared bytes, which match the whole rendering.
+        Some(shared - history + common_prefix_len(tail, full.get(shared..)?))
+    } else {
+        let prompt = tail.strip_prefix(full.get(shared..history)?)?;
+        Some(common_prefix_len(prompt, full.get(history..)?))
+    }
+}
+
+// The end of the first end-of-turn string at or after a position. Each string's next match is
+// kept, so that for turns asked in order the text is searched once per string, not once per turn
+// (a string that never occurs, such as Llama 3's `<|end_of_text|>` in a chat, would otherwise be
+// searched for to the end of the text at every turn).
+struct EndsOfTurn<'a> {
+    strings: &'a [String],
+    // Per string: the position searched from, and the first match at or after it.
+    next: Vec<Option<(usize, Option<usize>)>>,
+}
+
+impl<'a> EndsOfTurn<'a> {
+    fn new(strings: &'a [String]) -> Self {
+        EndsOfTurn {
+            strings,
+            next: vec![None; strings.len()],
+        }
+    }
+
+    fn first_end(&mut self, full: &str, from: usize) -> Option<usize> {
+        let mut first: Option<usize> = None;
+        for (eot, next) in self.strings.iter().zip(&mut self.next) {
+            let found = match *next {
+                Some((searched, found)) if searched <= from && found.is_none_or(|p| p >= from) => {
+                    found
+                }
+                _ => {
+                    let found = full.get(from..)?.find(eot.as_str()).map(|p| p + from);
+                    *next = Some((from, found));
+                    found
+                }
+            };
+            if let Some(p) = found {
+                first = Some(first.map_or(p + eot.len(), |e| e.min(p + eot.len())));
+            }
+        }
+        first
+    }
+}
+
+/// Bytes of the longest common prefix, ending on a character boundary.
+pub(crate) fn common_prefix_len(a: &str, b: &str) -> usize {
     a.char_indices()
         .zip(b.chars())
         .find(|((_, x), y)| x != y)
@@ -124,7 +218,7 @@ mod tests {
         let full = CHATML[3];
         let spans = turn_spans(full, &roles, &eot(), |i, prompt| {
             assert!(prompt, "the prompted prefix is a prefix here");
-            Ok(CHATML[i / 2 + 1].to_string())
+            Ok(CHATML[i / 2 + 1].into())
         })
         .unwrap();
         let texts: Vec<&str> = spans.iter().map(|&(s, e)| &full[s..e]).collect();
@@ -169,6 +263,63 @@ mod tests {
         })
         .unwrap_err();
         assert_eq!(e, RecordError::NotPrefixStable { index: 1 });
+    }
+
+    #[test]
+    fn prefixes_sharing_the_whole_rendering_give_the_spans_of_rendered_ones() {
+        let roles = [Role::User, Role::Assistant, Role::User, Role::Assistant];
+        let full = CHATML[3];
+        // Each prompted prefix as the whole rendering's bytes up to its prompt, then the prompt.
+        let shared = turn_spans(full, &roles, &eot(), |i, _| {
+            let text = CHATML[i / 2 + 1];
+            Ok(PrefixText {
+                shared: text.len() - 3,
+                tail: "<a>".into(),
+            })
+        })
+        .unwrap();
+        let rendered = turn_spans(full, &roles, &eot(), |i, _| Ok(CHATML[i / 2 + 1].into()));
+        assert_eq!(shared, rendered.unwrap());
+        // A prompt the turn lacks (Qwen3's empty think block), after a history the whole shares:
+        // the history may end inside the shared bytes or inside the tail.
+        let (roles, full) = ([Role::User, Role::Assistant], "<u>q</e><a>x</e>");
+        for (shared, tail) in [
+            (11, "<t></t>"),
+            (3, "q</e><a><t></t>"),
+            (0, "<u>q</e><a><t></t>"),
+        ] {
+            let spans = turn_spans(full, &roles, &eot(), |_, prompt| {
+                Ok(if prompt {
+                    PrefixText {
+                        shared,
+                        tail: tail.into(),
+                    }
+                } else {
+                    PrefixText {
+                        shared: 8,
+                        tail: String::new(),
+                    }
+                })
+            })
+            .unwrap();
+            assert_eq!(&full[spans[0].0..spans[0].1], "x</e>", "{shared} {tail}");
+        }
+    }
+
+    #[test]
+    fn searches_for_each_end_of_turn_string_once_for_turns_in_order() {
+        let strings = vec!["</e>".to_string(), "<never>".to_string()];
+        let full = "a</e>b</e>c</e>";
+        let mut ends = EndsOfTurn::new(&strings);
+        assert_eq!(ends.first_end(full, 0), Some(5));
+        assert_eq!(ends.first_end(full, 5), Some(10));
+        assert_eq!(ends.first_end(full, 6), Some(10));
+        assert_eq!(ends.first_end(full, 11), Some(15));
+        // The string that never occurs was searched for once, from the first turn on.
+        assert_eq!(ends.next[1], Some((0, None)));
+        assert_eq!(ends.first_end(full, 15), None);
+        // Turns asked out of order are searched again.
+        assert_eq!(ends.first_end(full, 1), Some(5));
     }
 
     #[test]

@@ -23,6 +23,9 @@ pub struct PrepareOptions {
     pub strict: bool,
     /// Records tokenized together (one parallel step).
     pub chunk_size: usize,
+    /// Bytes of message text a chunk holds at most (a chunk ends early once it holds this
+    /// much), so that chunks of long records do not hold gigabytes before they are tokenized.
+    pub chunk_bytes: usize,
 }
 
 impl Default for PrepareOptions {
@@ -32,7 +35,23 @@ impl Default for PrepareOptions {
             overlong: Overlong::Truncate,
             strict: false,
             chunk_size: 1024,
+            chunk_bytes: 64 << 20,
         }
+    }
+}
+
+impl PrepareOptions {
+    /// Refuses `max_seq_len` 0: every sample would be empty, and capture refuses those.
+    pub fn validate(&self) -> Result<()> {
+        if self.max_seq_len == Some(0) {
+            return Err(PrepareError::Argument {
+                option: "--max-seq-len",
+                message: "must be at least 1; a sample of 0 tokens holds nothing to capture \
+                          (hslake capture refuses --max-seq-len 0 too)"
+                    .into(),
+            });
+        }
+        Ok(())
     }
 }
 
@@ -176,52 +195,83 @@ pub fn prepare<I>(
     opts: &PrepareOptions,
     emit: impl FnMut(Sample) -> Result<()> + Send,
     on_drop: impl FnMut(&str, &RecordError) + Send,
-    progress: impl Fn(u64) + Sync,
+    progress: impl Fn(u64) + Sync + Send,
 ) -> Result<Summary>
 where
     I: Iterator<Item = Result<ConversationRecord>> + Send,
 {
-    let mut finisher = Finisher {
-        input,
-        opts,
-        summary: Summary::new(tok),
-        seen: HashMap::new(),
-        emit,
-        on_drop,
-    };
-    let mut records = records.fuse();
-    let chunk_size = opts.chunk_size.max(1);
-    let read = |records: &mut std::iter::Fuse<I>| -> Result<Vec<ConversationRecord>> {
-        records.by_ref().take(chunk_size).collect()
-    };
-    let mut next = read(&mut records)?;
-    let mut pending: Option<(Vec<ConversationRecord>, Vec<TokenizeResult>)> = None;
-    while !next.is_empty() || pending.is_some() {
-        let chunk = std::mem::take(&mut next);
-        let (side, results) = rayon::join(
-            || -> Result<Vec<ConversationRecord>> {
-                if let Some((done, results)) = pending.take() {
-                    finisher.finish(&done, results)?;
-                    progress(finisher.summary.conversations);
+    opts.validate()?;
+    // Threads of their own: a template can nest values as deep as its fuel allows, and freeing
+    // them takes that much stack, more than rayon's default threads have.
+    let stack = tok.limits().render_stack();
+    let pool = rayon::ThreadPoolBuilder::new()
+        .stack_size(stack)
+        .build()
+        .map_err(|e| PrepareError::Argument {
+            option: "--template-fuel",
+            message: format!(
+                "cannot start the tokenizing threads with {} MiB of stack each, which a rendering \
+                 with this fuel may need: {e}",
+                stack >> 20
+            ),
+        })?;
+    pool.install(|| {
+        let mut finisher = Finisher {
+            input,
+            opts,
+            summary: Summary::new(tok),
+            seen: HashMap::new(),
+            emit,
+            on_drop,
+        };
+        let mut records = records.fuse();
+        let chunk_size = opts.chunk_size.max(1);
+        // A record over the tokenizer's bounds is refused as it is read, so its text is not held.
+        let read = |records: &mut std::iter::Fuse<I>| -> Result<Vec<ConversationRecord>> {
+            let (mut chunk, mut bytes) = (Vec::new(), 0usize);
+            while chunk.len() < chunk_size && bytes < opts.chunk_bytes {
+                let Some(mut record) = records.next().transpose()? else {
+                    break;
+                };
+                if let Ok(c) = &record.conversation {
+                    match tok.limits().check(c) {
+                        Ok(()) => bytes += c.text_bytes(),
+                        Err(e) => record.conversation = Err(e),
+                    }
                 }
-                read(&mut records)
-            },
-            || {
-                chunk
-                    .par_iter()
-                    .map(|r| {
-                        r.conversation
-                            .as_ref()
-                            .map_err(Clone::clone)
-                            .and_then(|c| tok.tokenize(c))
-                    })
-                    .collect::<Vec<_>>()
-            },
-        );
-        next = side?;
-        pending = (!chunk.is_empty()).then_some((chunk, results));
-    }
-    Ok(finisher.summary)
+                chunk.push(record);
+            }
+            Ok(chunk)
+        };
+        let mut next = read(&mut records)?;
+        let mut pending: Option<(Vec<ConversationRecord>, Vec<TokenizeResult>)> = None;
+        while !next.is_empty() || pending.is_some() {
+            let chunk = std::mem::take(&mut next);
+            let (side, results) = rayon::join(
+                || -> Result<Vec<ConversationRecord>> {
+                    if let Some((done, results)) = pending.take() {
+                        finisher.finish(&done, results)?;
+                        progress(finisher.summary.conversations);
+                    }
+                    read(&mut records)
+                },
+                || {
+                    chunk
+                        .par_iter()
+                        .map(|r| {
+                            r.conversation
+                                .as_ref()
+                                .map_err(Clone::clone)
+                                .and_then(|c| tok.tokenize(c))
+                        })
+                        .collect::<Vec<_>>()
+                },
+            );
+            next = side?;
+            pending = (!chunk.is_empty()).then_some((chunk, results));
+        }
+        Ok(finisher.summary)
+    })
 }
 
 /// Reads a conversations file whole into samples: the call `hslake capture` makes to take
@@ -252,6 +302,7 @@ mod tests {
     use super::*;
     use crate::chat_tokenizer::test_model;
     use crate::conversation::{Conversation, Message, Role};
+    use crate::limits::Limits;
 
     fn record(index: u64, id: Option<u64>, answer: &str) -> Result<ConversationRecord> {
         let messages = vec![
@@ -269,11 +320,21 @@ mod tests {
         records: Vec<Result<ConversationRecord>>,
         opts: PrepareOptions,
     ) -> (Result<Summary>, Vec<Sample>, Vec<String>) {
+        let (summary, samples, dropped, _) = run_limited(records, opts, Limits::default());
+        (summary, samples, dropped)
+    }
+
+    // Also the progress reported after each chunk.
+    fn run_limited(
+        records: Vec<Result<ConversationRecord>>,
+        opts: PrepareOptions,
+        limits: Limits,
+    ) -> (Result<Summary>, Vec<Sample>, Vec<String>, Vec<u64>) {
         let dir = tempfile::tempdir().unwrap();
         let model = test_model::write(dir.path(), test_model::CHATML);
-        let tok =
-            ChatTokenizer::from_model_dir(&model, LossOn::Assistant, &Default::default()).unwrap();
+        let tok = test_model::load(&model, limits).unwrap();
         let (mut samples, mut dropped) = (vec![], vec![]);
+        let progress = std::sync::Mutex::new(vec![]);
         let summary = prepare(
             Path::new("in.jsonl"),
             records.into_iter(),
@@ -284,9 +345,140 @@ mod tests {
                 Ok(())
             },
             |loc, reason| dropped.push(format!("{loc}: {reason}")),
+            |n| progress.lock().unwrap().push(n),
+        );
+        (summary, samples, dropped, progress.into_inner().unwrap())
+    }
+
+    #[test]
+    fn refuses_records_over_the_bounds_by_name_and_goes_on() {
+        let mut long = record(1, None, "hello there").unwrap();
+        if let Ok(c) = &mut long.conversation {
+            c.messages.push(Message::new(Role::User, "q"));
+        }
+        let records = vec![
+            record(0, None, "a"),
+            Ok(long),
+            record(2, None, &"hello ".repeat(12)),
+            record(3, None, "a"),
+        ];
+        // 63 bytes rendered for the two short records.
+        let limits = Limits {
+            max_record_bytes: 70,
+            max_turns: 2,
+            ..Default::default()
+        };
+        let (summary, samples, dropped, _) =
+            run_limited(records, PrepareOptions::default(), limits);
+        assert_eq!(
+            dropped,
+            [
+                "line 2: 3 messages, more than --max-turns 2",
+                "line 3: the messages' text is over --max-record-bytes 70 (73 bytes)"
+            ]
+        );
+        assert_eq!(samples.iter().map(|s| s.id).collect::<Vec<_>>(), [0, 3]);
+        let summary = summary.unwrap();
+        assert_eq!(summary.dropped.get("over --max-turns"), Some(&1));
+        assert_eq!(summary.dropped.get("over --max-record-bytes"), Some(&1));
+    }
+
+    #[test]
+    fn ends_a_chunk_once_it_holds_its_bytes_of_text() {
+        let records = (0..5).map(|i| record(i, None, "hello there")).collect();
+        let opts = PrepareOptions {
+            chunk_bytes: 20,
+            ..Default::default()
+        };
+        let (summary, samples, _, progress) = run_limited(records, opts, Limits::default());
+        assert_eq!(summary.unwrap().samples, 5);
+        assert_eq!(
+            samples.iter().map(|s| s.id).collect::<Vec<_>>(),
+            [0, 1, 2, 3, 4]
+        );
+        // 12 bytes per record: a chunk ends with the record that reaches 20.
+        assert_eq!(progress, [2, 4, 5]);
+    }
+
+    #[test]
+    fn frees_values_nested_as_deep_as_the_fuel_allows() {
+        // Nests lists until the fuel runs out: 200,000 levels, ten times what a default thread's
+        // stack can free (the process aborted with a stack overflow).
+        let nest = format!(
+            "{{% set ns = namespace(x=[]) %}}{{% for i in range(100000) %}}{{% set ns.x = {}ns.x{} %}}{{% endfor %}}",
+            "[".repeat(20),
+            "]".repeat(20)
+        );
+        let dir = tempfile::tempdir().unwrap();
+        let model = test_model::write(
+            dir.path(),
+            &format!(
+                "{{% if messages[0]['content'] == 'nest' %}}{nest}{{% else %}}{}{{% endif %}}",
+                test_model::CHATML
+            ),
+        );
+        let limits = Limits {
+            template_fuel: 400_000,
+            ..Default::default()
+        };
+        let tok = test_model::load(&model, limits).unwrap();
+        let mut nesting = record(0, None, "a").unwrap();
+        if let Ok(c) = &mut nesting.conversation {
+            c.messages[0].content = "nest".into();
+        }
+        let (mut samples, mut dropped) = (0, vec![]);
+        let summary = prepare(
+            Path::new("in.jsonl"),
+            vec![Ok(nesting), record(1, None, "a")].into_iter(),
+            &tok,
+            &PrepareOptions::default(),
+            |_| {
+                samples += 1;
+                Ok(())
+            },
+            |loc, reason| dropped.push(format!("{loc}: {reason}")),
+            |_| {},
+        )
+        .unwrap();
+        assert_eq!((summary.samples, samples), (1, 1));
+        assert_eq!(dropped.len(), 1);
+        assert!(
+            dropped[0].starts_with("line 1: chat template ran out of fuel"),
+            "{dropped:?}"
+        );
+    }
+
+    #[test]
+    fn refuses_max_seq_len_0() {
+        let zero = PrepareOptions {
+            max_seq_len: Some(0),
+            ..Default::default()
+        };
+        let e = zero.validate().unwrap_err().to_string();
+        assert!(e.starts_with("--max-seq-len: must be at least 1"), "{e}");
+        // And before reading a record.
+        let mut read = 0;
+        let records = std::iter::from_fn(|| {
+            read += 1;
+            Some(record(0, None, "a"))
+        });
+        let dir = tempfile::tempdir().unwrap();
+        let tok = test_model::load(
+            &test_model::write(dir.path(), test_model::CHATML),
+            Limits::default(),
+        )
+        .unwrap();
+        let r = prepare(
+            Path::new("in.jsonl"),
+            records,
+            &tok,
+            &zero,
+            |_| Ok(()),
+            |_, _| {},
             |_| {},
         );
-        (summary, samples, dropped)
+        assert!(r.is_err());
+        assert_eq!(read, 0);
     }
 
     #[test]

@@ -2,9 +2,10 @@
 //! or row (Parquet, 0-based); a URL input is fetched through the store's object-store URLs first.
 use std::collections::VecDeque;
 use std::fs::File;
-use std::io::{BufRead, BufReader};
+use std::io::BufReader;
 use std::path::{Path, PathBuf};
 
+use hslake_schemas::{JsonLine, JsonLines, MAX_LINE_BYTES};
 use object_store::ObjectStoreExt;
 use parquet::arrow::arrow_reader::{ParquetRecordBatchReader, ParquetRecordBatchReaderBuilder};
 use serde_json::Value;
@@ -81,10 +82,7 @@ impl ConversationRecord {
 }
 
 enum Inner {
-    Jsonl {
-        reader: BufReader<File>,
-        line: u64,
-    },
+    Jsonl(JsonLines<BufReader<File>>),
     Parquet {
         reader: ParquetRecordBatchReader,
         pending: VecDeque<Value>,
@@ -97,16 +95,18 @@ pub struct Records {
     path: PathBuf,
     inner: Inner,
     index: u64,
+    // After a JSONL line without a line break within the bound: nothing after it is a record.
+    ended: bool,
 }
 
 /// Opens a JSONL or Parquet file (by extension) for reading record by record.
 pub fn open_records(path: &Path) -> Result<Records> {
     let file = File::open(path).map_err(io_err(path))?;
     let inner = match FileFormat::of_path(path) {
-        FileFormat::Jsonl => Inner::Jsonl {
-            reader: BufReader::with_capacity(1 << 20, file),
-            line: 0,
-        },
+        FileFormat::Jsonl => Inner::Jsonl(JsonLines::new(
+            BufReader::with_capacity(1 << 20, file),
+            MAX_LINE_BYTES,
+        )),
         FileFormat::Parquet => {
             let bad = |e: parquet::errors::ParquetError| PrepareError::Input {
                 path: path.to_path_buf(),
@@ -128,6 +128,7 @@ pub fn open_records(path: &Path) -> Result<Records> {
         path: path.to_path_buf(),
         inner,
         index: 0,
+        ended: false,
     })
 }
 
@@ -155,22 +156,22 @@ impl Iterator for Records {
 
     fn next(&mut self) -> Option<Self::Item> {
         let (location, value) = match &mut self.inner {
-            Inner::Jsonl { reader, line } => {
-                let mut buf = Vec::new();
-                loop {
-                    buf.clear();
-                    match reader.read_until(b'\n', &mut buf) {
-                        Ok(0) => return None,
-                        Ok(_) => {}
-                        Err(e) => return Some(Err(io_err(&self.path)(e))),
-                    }
-                    *line += 1;
-                    if !buf.iter().all(|b| b.is_ascii_whitespace()) {
-                        break;
-                    }
+            Inner::Jsonl(_) if self.ended => return None,
+            Inner::Jsonl(lines) => match lines.next_line() {
+                Err(e) => return Some(Err(io_err(&self.path)(e))),
+                Ok(None) => return None,
+                Ok(Some(JsonLine::Text { number, bytes })) => {
+                    (format!("line {number}"), parse_line(bytes))
                 }
-                (format!("line {line}"), parse_line(&buf))
-            }
+                Ok(Some(JsonLine::TooLong { number })) => {
+                    let message = format!("line {number}: {}", lines.too_long_reason());
+                    self.ended = true;
+                    return Some(Err(PrepareError::Input {
+                        path: self.path.clone(),
+                        message,
+                    }));
+                }
+            },
             Inner::Parquet {
                 reader,
                 pending,
@@ -227,6 +228,15 @@ fn batch_to_json(batch: &arrow_array::RecordBatch) -> Result<Vec<Value>, String>
             serde_json::from_slice(l).map_err(|e| format!("cannot convert rows to records: {e}"))
         })
         .collect()
+}
+
+/// The local file an input names: a plain path, or the path of a `file://` URL; `None` for
+/// other stores.
+pub fn local_input_path(input: &str) -> Option<PathBuf> {
+    if !input.contains("://") {
+        return Some(PathBuf::from(input));
+    }
+    hslake_store::location::parse(input).ok()?.local_dir()
 }
 
 /// Copies an object-store URL (`s3://…`, `file://…`) into `dir`, keeping its file name, so the

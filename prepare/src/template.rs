@@ -5,12 +5,14 @@
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 
-use minijinja::value::{Enumerator, Kwargs, Object, Value, ValueKind};
+use minijinja::value::{Enumerator, Object, Value};
 use minijinja::{Environment, Error, ErrorKind};
 use regex::Regex;
 
 use crate::conversation::Message;
 use crate::error::{io_err, PrepareError, RecordError, Result};
+use crate::limits::Limits;
+use crate::template_functions::{raise_exception, strftime_now, tojson};
 
 // Private-use code points mark where `{% generation %}` blocks start and end in the rendered
 // text; a message containing them is refused so a marker can never come from the data.
@@ -26,6 +28,30 @@ pub struct ChatTemplate {
     globals: Arc<[(String, Value)]>,
     // Whether the skeleton copy (`SKELETON`) was compiled, or why the template does not qualify.
     skeleton: Result<(), String>,
+    // Fuel of one rendering (set on `env`) and the most bytes it may output.
+    fuel: u64,
+    max_output: usize,
+    // The variables the template reads that no rendering gives it (comma-separated), to name
+    // in the error of a rendering that reads one.
+    not_given: String,
+}
+
+/// The variables hslake itself passes to every rendering; `--chat-template-kwargs` may not set
+/// them (transformers refuses them the same way, as duplicate keyword arguments).
+pub const RESERVED_VARIABLES: [&str; 2] = ["messages", "add_generation_prompt"];
+
+/// Refuses template variables that would replace the conversation or the generation prompt.
+pub fn check_kwargs(extra: &serde_json::Map<String, serde_json::Value>) -> Result<()> {
+    match RESERVED_VARIABLES.iter().find(|k| extra.contains_key(**k)) {
+        Some(k) => Err(PrepareError::Argument {
+            option: "--chat-template-kwargs",
+            message: format!(
+                "sets {k:?}, which hslake passes to the template itself (the conversation and \
+                 the generation prompt); expected other variables, e.g. {{\"enable_thinking\": false}}"
+            ),
+        }),
+        None => Ok(()),
+    }
 }
 
 const SKELETON: &str = "chat_template_skeleton";
@@ -99,121 +125,6 @@ fn rewrite_generation_tags(src: &str) -> String {
             format!("{{%${{1}} if true %}}{{{{ '{GEN_END}' }}}}{{% endif ${{2}}%}}"),
         )
         .into_owned()
-}
-
-// Python's json.dumps(x, ensure_ascii=False, indent=indent, sort_keys=sort_keys), which
-// transformers installs as `tojson` in place of Jinja's HTML-escaping one.
-fn py_json(
-    v: &Value,
-    indent: Option<usize>,
-    sort_keys: bool,
-    level: usize,
-    out: &mut String,
-) -> Result<(), Error> {
-    let newline = |out: &mut String, level: usize| {
-        if let Some(n) = indent {
-            out.push('\n');
-            out.extend(std::iter::repeat_n(' ', n * level));
-        }
-    };
-    let item_sep = if indent.is_some() { "," } else { ", " };
-    match v.kind() {
-        ValueKind::Undefined | ValueKind::None => out.push_str("null"),
-        ValueKind::Bool => out.push_str(if v.is_true() { "true" } else { "false" }),
-        // minijinja prints numbers as Python does (2.0 stays 2.0).
-        ValueKind::Number => out.push_str(&v.to_string()),
-        ValueKind::String => out.push_str(
-            &serde_json::to_string(v.as_str().unwrap_or_default())
-                .map_err(|e| Error::new(ErrorKind::InvalidOperation, e.to_string()))?,
-        ),
-        ValueKind::Seq | ValueKind::Iterable => {
-            let items: Vec<Value> = v.try_iter()?.collect();
-            if items.is_empty() {
-                out.push_str("[]");
-                return Ok(());
-            }
-            out.push('[');
-            for (i, item) in items.iter().enumerate() {
-                if i > 0 {
-                    out.push_str(item_sep);
-                }
-                newline(out, level + 1);
-                py_json(item, indent, sort_keys, level + 1, out)?;
-            }
-            newline(out, level);
-            out.push(']');
-        }
-        ValueKind::Map => {
-            let mut keys: Vec<Value> = v.try_iter()?.collect();
-            if sort_keys {
-                keys.sort();
-            }
-            if keys.is_empty() {
-                out.push_str("{}");
-                return Ok(());
-            }
-            out.push('{');
-            for (i, k) in keys.iter().enumerate() {
-                if i > 0 {
-                    out.push_str(item_sep);
-                }
-                newline(out, level + 1);
-                let key = k
-                    .as_str()
-                    .map(str::to_string)
-                    .unwrap_or_else(|| k.to_string());
-                out.push_str(
-                    &serde_json::to_string(&key)
-                        .map_err(|e| Error::new(ErrorKind::InvalidOperation, e.to_string()))?,
-                );
-                out.push_str(": ");
-                py_json(&v.get_item(k)?, indent, sort_keys, level + 1, out)?;
-            }
-            newline(out, level);
-            out.push('}');
-        }
-        _ => {
-            return Err(Error::new(
-                ErrorKind::InvalidOperation,
-                format!("tojson: cannot serialise a value of kind {}", v.kind()),
-            ))
-        }
-    }
-    Ok(())
-}
-
-fn tojson(v: Value, kwargs: Kwargs) -> Result<String, Error> {
-    let indent: Option<usize> = kwargs.get("indent")?;
-    let sort_keys: Option<bool> = kwargs.get("sort_keys")?;
-    let ensure_ascii: Option<bool> = kwargs.get("ensure_ascii")?;
-    if ensure_ascii == Some(true) {
-        return Err(Error::new(
-            ErrorKind::InvalidOperation,
-            "tojson: ensure_ascii=True is not supported",
-        ));
-    }
-    kwargs.assert_all_used()?;
-    let mut out = String::new();
-    py_json(&v, indent, sort_keys.unwrap_or(false), 0, &mut out)?;
-    Ok(out)
-}
-
-fn raise_exception(message: String) -> Result<Value, Error> {
-    Err(Error::new(ErrorKind::InvalidOperation, message))
-}
-
-fn strftime_now(format: String) -> Result<String, Error> {
-    use std::fmt::Write;
-    let mut out = String::new();
-    // chrono reports an unknown specifier as a formatting error; write! surfaces it instead of
-    // the panic `to_string` would raise.
-    write!(out, "{}", chrono::Local::now().format(&format)).map_err(|_| {
-        Error::new(
-            ErrorKind::InvalidOperation,
-            format!("strftime_now: invalid format {format:?}"),
-        )
-    })?;
-    Ok(out)
 }
 
 // A special token in tokenizer_config.json: a string or an AddedToken object with `content`.
@@ -297,11 +208,15 @@ pub fn read_template_source(model_dir: &Path) -> Result<TemplateSource> {
 
 impl ChatTemplate {
     /// Compiles a template. `extra` are further variables (e.g. `enable_thinking`), as
-    /// transformers' `apply_chat_template(**kwargs)`.
+    /// transformers' `apply_chat_template(**kwargs)`; every rendering gets `limits`' fuel and
+    /// may output at most `limits.max_record_bytes`.
     pub fn new(
         source: &TemplateSource,
         extra: &serde_json::Map<String, serde_json::Value>,
+        limits: &Limits,
     ) -> Result<Self> {
+        check_kwargs(extra)?;
+        limits.validate()?;
         let has_generation = generation_tag().is_match(&source.text);
         let text = if has_generation {
             rewrite_generation_tags(&source.text)
@@ -309,6 +224,7 @@ impl ChatTemplate {
             source.text.clone()
         };
         let mut env = Environment::new();
+        env.set_fuel(Some(limits.template_fuel));
         let syntax = minijinja::syntax::SyntaxConfig::builder()
             .trim_blocks(true)
             .lstrip_blocks(true)
@@ -340,6 +256,27 @@ impl ChatTemplate {
                 message: format!("{e:#}"),
             }
         })?;
+        let not_given = {
+            let tmpl =
+                env.get_template("chat_template")
+                    .map_err(|e| PrepareError::TemplateSyntax {
+                        path: source.path.clone(),
+                        message: format!("{e:#}"),
+                    })?;
+            let given: Vec<&str> = RESERVED_VARIABLES
+                .into_iter()
+                .chain(source.special_tokens.iter().map(|(k, _)| k.as_str()))
+                .chain(extra.keys().map(String::as_str))
+                .chain(env.globals().map(|(k, _)| k))
+                .collect();
+            let mut names: Vec<String> = tmpl
+                .undeclared_variables(false)
+                .into_iter()
+                .filter(|n| !given.contains(&n.as_str()))
+                .collect();
+            names.sort();
+            names.join(", ")
+        };
         let mut globals: Vec<(String, Value)> = source
             .special_tokens
             .iter()
@@ -367,6 +304,9 @@ impl ChatTemplate {
             has_generation,
             globals: globals.into(),
             skeleton,
+            fuel: limits.template_fuel,
+            max_output: limits.max_record_bytes,
+            not_given,
         })
     }
 
@@ -449,8 +389,48 @@ impl ChatTemplate {
             messages: Value::from(messages),
             add_generation_prompt,
         };
-        tmpl.render(Value::from_object(vars))
-            .map_err(|e| RecordError::Template(template_error_text(&e)))
+        let mut out = CappedOutput {
+            bytes: vec![],
+            max: self.max_output,
+            over: false,
+        };
+        let rendered = tmpl.render_captured_to(Value::from_object(vars), &mut out);
+        if out.over {
+            return Err(crate::limits::rendered_over(self.max_output));
+        }
+        match rendered {
+            Ok(_) => String::from_utf8(out.bytes)
+                .map_err(|e| RecordError::Template(format!("output is not UTF-8: {e}"))),
+            Err(e) if e.kind() == ErrorKind::OutOfFuel => {
+                Err(RecordError::OutOfFuel { fuel: self.fuel })
+            }
+            Err(e) => Err(RecordError::Template(template_error_text(
+                &e,
+                &self.not_given,
+            ))),
+        }
+    }
+}
+
+// A rendering's output, refused before it grows past `max` bytes.
+struct CappedOutput {
+    bytes: Vec<u8>,
+    max: usize,
+    over: bool,
+}
+
+impl std::io::Write for CappedOutput {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if buf.len() > self.max - self.bytes.len() {
+            self.over = true;
+            return Err(std::io::Error::other("output bound reached"));
+        }
+        self.bytes.extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
     }
 }
 
@@ -478,10 +458,20 @@ fn json_value(v: &serde_json::Value) -> Value {
     }
 }
 
-// raise_exception's message alone; other errors with minijinja's kind and line.
-fn template_error_text(e: &Error) -> String {
+// raise_exception's message alone; other errors with minijinja's kind and line. `not_given`:
+// the variables the template reads that it is not given.
+fn template_error_text(e: &Error, not_given: &str) -> String {
     match (e.kind(), e.detail()) {
         (ErrorKind::InvalidOperation, Some(d)) => d.to_string(),
+        // The environment has no loader: the only templates are the chat template itself.
+        (ErrorKind::TemplateNotFound, _) => format!(
+            "{e}; a chat template cannot include, import or extend files or other templates"
+        ),
+        (ErrorKind::UndefinedError, _) if !not_given.is_empty() => format!(
+            "{e}; the template reads {not_given}, which it is not given: a chat template sees \
+             the conversation, add_generation_prompt, the special tokens and \
+             --chat-template-kwargs, nothing of the environment or of files"
+        ),
         _ => e.to_string(),
     }
 }
@@ -520,18 +510,41 @@ fn split_markers(raw: &str) -> Result<Rendered, RecordError> {
     })
 }
 
+/// A template of `text` with an end-of-sequence token, for tests.
+#[cfg(test)]
+pub(crate) fn test_template(text: &str, limits: Limits) -> ChatTemplate {
+    let src = TemplateSource {
+        text: text.into(),
+        path: "t.jinja".into(),
+        special_tokens: vec![("eos_token".into(), "</s>".into())],
+    };
+    ChatTemplate::new(&src, &Default::default(), &limits).unwrap()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::conversation::Role;
 
     fn template(text: &str) -> ChatTemplate {
-        let src = TemplateSource {
-            text: text.into(),
-            path: "t.jinja".into(),
-            special_tokens: vec![("eos_token".into(), "</s>".into())],
-        };
-        ChatTemplate::new(&src, &Default::default()).unwrap()
+        test_template(text, Limits::default())
+    }
+
+    // A small fuel, so that refusals come quickly and allocate little.
+    const FUEL: u64 = 100_000;
+
+    fn fueled(text: &str) -> ChatTemplate {
+        test_template(
+            text,
+            Limits {
+                template_fuel: FUEL,
+                ..Default::default()
+            },
+        )
+    }
+
+    fn render_err(t: &ChatTemplate) -> RecordError {
+        render(t, &[Message::new(Role::User, "x")], false).unwrap_err()
     }
 
     fn render(t: &ChatTemplate, msgs: &[Message], gen: bool) -> Result<Rendered, RecordError> {
@@ -579,11 +592,119 @@ mod tests {
     }
 
     #[test]
-    fn formats_tojson_like_python_json_dumps() {
-        let t =
-            template("{{ {'a': [1, 2.0, 'ü'], 'b': none} | tojson }}|{{ [1] | tojson(indent=2) }}");
-        let r = render(&t, &[Message::new(Role::User, "x")], false).unwrap();
-        assert_eq!(r.text, "{\"a\": [1, 2.0, \"ü\"], \"b\": null}|[\n  1\n]");
+    fn leaves_out_renderings_that_double_strings_past_their_fuel() {
+        // 2^40 bytes: before fuel, the failed allocation aborted the process.
+        for doubling in [
+            "{% set ns = namespace(s='x') %}{% for i in range(40) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}{{ ns.s | length }}",
+            "{% set ns = namespace(s='x') %}{% for i in range(40) %}{% set ns.s = ns.s + ns.s %}{% endfor %}{{ ns.s | length }}",
+            "{% macro d(s, n) %}{% if n > 0 %}{{ d(s ~ s, n - 1) }}{% else %}{{ s | length }}{% endif %}{% endmacro %}{{ d('x', 40) }}",
+            "{% set ns = namespace(s='xy') %}{% for i in range(40) %}{% set ns.s = ns.s.replace('x', ns.s) %}{% endfor %}{{ ns.s | length }}",
+            "{% set ns = namespace(s='x') %}{% for i in range(40) %}{% set ns.s = [ns.s, ns.s] | join %}{% endfor %}{{ ns.s | length }}",
+            "{{ [1, 2] | tojson(indent=1000000000000) }}",
+            "{{ 'x' * 10000000000 }}",
+        ] {
+            assert_eq!(
+                render_err(&fueled(doubling)),
+                RecordError::OutOfFuel { fuel: FUEL },
+                "{doubling}"
+            );
+        }
+    }
+
+    #[test]
+    fn leaves_out_renderings_that_loop_past_their_fuel() {
+        // 10^12 iterations ran until killed.
+        let loops = "{% for i in range(10000) %}{% for j in range(10000) %}{% for k in range(10000) %}{% endfor %}{% endfor %}{% endfor %}";
+        assert_eq!(
+            render_err(&fueled(loops)),
+            RecordError::OutOfFuel { fuel: FUEL }
+        );
+        assert_eq!(
+            RecordError::OutOfFuel { fuel: FUEL }.to_string(),
+            "chat template ran out of fuel: one rendering may take 100000 (one per instruction, one per 64 bytes it builds); loops or string growth past that are refused (--template-fuel)"
+        );
+    }
+
+    #[test]
+    fn stops_an_output_at_the_record_byte_bound() {
+        let bounded = |text| {
+            let limits = Limits {
+                max_record_bytes: 5000,
+                ..Default::default()
+            };
+            render(
+                &test_template(text, limits),
+                &[Message::new(Role::User, "x")],
+                false,
+            )
+        };
+        assert_eq!(
+            bounded("{% for i in range(100) %}{{ 'x' * 100 }}{% endfor %}")
+                .unwrap_err()
+                .to_string(),
+            "the rendered text is over --max-record-bytes 5000"
+        );
+        let exactly = bounded("{% for i in range(50) %}{{ 'x' * 100 }}{% endfor %}");
+        assert_eq!(exactly.unwrap().text.len(), 5000);
+    }
+
+    #[test]
+    fn refuses_templates_that_read_files_or_the_environment_by_name() {
+        for (src, named) in [
+            ("{% include '/etc/passwd' %}", "/etc/passwd"),
+            ("{% import '/etc/hosts' as h %}", "/etc/hosts"),
+            ("{% extends '/etc/hostname' %}", "/etc/hostname"),
+            ("{% from 'x.jinja' import m %}", "x.jinja"),
+        ] {
+            let e = render_err(&template(src)).to_string();
+            assert!(e.contains(named), "{src}: {e}");
+            assert!(
+                e.contains("a chat template cannot include, import or extend files"),
+                "{src}: {e}"
+            );
+        }
+        for (src, named) in [
+            (
+                "{{ getenv('HOME') }}",
+                "unknown function: getenv is unknown",
+            ),
+            (
+                "{{ open('/etc/passwd').read() }}",
+                "unknown function: open is unknown",
+            ),
+            (
+                "{{ os.environ['HOME'] }}",
+                "the template reads os, which it is not given",
+            ),
+            (
+                "{{ environ.HOME }}",
+                "the template reads environ, which it is not given",
+            ),
+        ] {
+            let e = render_err(&template(src)).to_string();
+            assert!(e.contains(named), "{src}: {e}");
+        }
+    }
+
+    #[test]
+    fn refuses_kwargs_that_replace_the_conversation() {
+        let src = TemplateSource {
+            text: "{{ messages | length }}".into(),
+            path: "t.jinja".into(),
+            special_tokens: vec![],
+        };
+        for key in ["messages", "add_generation_prompt"] {
+            let extra: serde_json::Map<String, serde_json::Value> =
+                serde_json::from_str(&format!(r#"{{"{key}": []}}"#)).unwrap();
+            let e = ChatTemplate::new(&src, &extra, &Limits::default())
+                .err()
+                .unwrap()
+                .to_string();
+            assert!(
+                e.starts_with(&format!("--chat-template-kwargs: sets \"{key}\"")),
+                "{e}"
+            );
+        }
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! The contract every part of hslake shares: tensor dtypes, shape schemas,
 //! capture points and their layer convention, the dataset schema, its Arrow
-//! form, and validation of one sample with errors that name what is wrong.
+//! form, validation of one sample with errors that name what is wrong, and the bounded line
+//! reader of the JSONL files capture and prepare take as input.
 //!
 //! ```
 //! use hslake_schemas::{CapturePoint, DType, DatasetSchema, Sample, TensorData};
@@ -23,6 +24,7 @@ mod arrow_schema_conv;
 mod dataset;
 mod dtype;
 mod error;
+mod jsonl;
 mod point;
 mod sample;
 mod stats;
@@ -33,6 +35,7 @@ pub use arrow_schema_conv::{
 pub use dataset::{DatasetSchema, FORMAT_VERSION, OLDEST_FORMAT_VERSION};
 pub use dtype::{bf16_bits_to_f32, f32_to_bf16_bits, f32_to_fp8_e4m3, fp8_e4m3_to_f32, DType};
 pub use error::SchemaError;
+pub use jsonl::{JsonLine, JsonLines, MAX_LINE_BYTES};
 pub use point::{CapturePoint, LAYER_CONVENTION};
 pub use sample::{FinitePolicy, Overlong, Sample, TensorData};
 pub use stats::{tensor_stats, RowSums, TensorStats};

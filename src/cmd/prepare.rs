@@ -8,9 +8,10 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use clap::Parser;
 use hslake_prepare::{
-    fetch_input, prepare, read_conversations, regenerate, regenerated_records, ChatTokenizer,
-    ConversationRecord, FileFormat, LossOn, Overlong, PrepareOptions, ProgressFile, RegenCounters,
-    RegenOptions, SampleWriter, Summary,
+    check_output, fetch_input, local_input_path, prepare, read_conversations, regenerate,
+    regenerated_records, same_file, ChatTokenizer, ConversationRecord, FileFormat, Limits, LossOn,
+    Overlong, PrepareOptions, ProgressFile, RegenCounters, RegenOptions, SampleWriter, Summary,
+    TemplateKwargs,
 };
 use indicatif::{ProgressBar, ProgressStyle};
 
@@ -44,6 +45,15 @@ pub struct Args {
     /// Extra template variables as a JSON object, e.g. '{"enable_thinking": false}'.
     #[arg(long)]
     chat_template_kwargs: Option<String>,
+    /// Most bytes of text per conversation, in its messages and as the template renders it (e.g. 8MiB); a longer one is left out.
+    #[arg(long, default_value_t = hslake_prepare::limits::DEFAULT_MAX_RECORD_BYTES as u64, value_parser = super::parse_size)]
+    max_record_bytes: u64,
+    /// Most messages per conversation; a longer one is left out.
+    #[arg(long, default_value_t = hslake_prepare::limits::DEFAULT_MAX_TURNS)]
+    max_turns: usize,
+    /// Fuel of one rendering of the chat template: one per instruction, one per 64 bytes built; a rendering that runs out leaves its record out.
+    #[arg(long, default_value_t = hslake_prepare::limits::DEFAULT_TEMPLATE_FUEL)]
+    template_fuel: u64,
     /// Also write every left-out record's location and reason to this JSONL file.
     #[arg(long)]
     rejects: Option<PathBuf>,
@@ -119,15 +129,104 @@ impl Rejects {
     }
 }
 
-/// Runs `hslake prepare`.
-pub async fn run(a: Args) -> Result<std::process::ExitCode> {
-    let kwargs: hslake_prepare::TemplateKwargs = match &a.chat_template_kwargs {
+// What the arguments resolve to once checked.
+struct Checked {
+    kwargs: TemplateKwargs,
+    opts: PrepareOptions,
+    limits: Limits,
+}
+
+// Every check that needs no model and no input record, so that a bad argument is refused at once
+// and before anything is written.
+fn check_arguments(a: &Args) -> Result<Checked> {
+    let kwargs: TemplateKwargs = match &a.chat_template_kwargs {
         Some(s) => {
             serde_json::from_str(s).context("--chat-template-kwargs: expected a JSON object")?
         }
         None => Default::default(),
     };
-    let tok = Arc::new(ChatTokenizer::from_model_dir(&a.model, a.loss_on, &kwargs)?);
+    hslake_prepare::template::check_kwargs(&kwargs)?;
+    let limits = Limits {
+        max_record_bytes: usize::try_from(a.max_record_bytes).unwrap_or(usize::MAX),
+        max_turns: a.max_turns,
+        template_fuel: a.template_fuel,
+    };
+    limits.validate()?;
+    let opts = PrepareOptions {
+        max_seq_len: a.max_seq_len,
+        overlong: a.overlong,
+        strict: a.strict,
+        ..Default::default()
+    };
+    opts.validate()?;
+    let input = local_input_path(&a.input);
+    if let Some(input) = &input {
+        let meta = std::fs::metadata(input)
+            .with_context(|| format!("--input {}: cannot read", input.display()))?;
+        if meta.is_dir() {
+            bail!(
+                "--input {}: is a directory; expected a JSONL or Parquet file",
+                input.display()
+            );
+        }
+    }
+    let inputs: Vec<&Path> = input.as_deref().into_iter().collect();
+    check_output(&a.output, &inputs)?;
+    let mut written = vec![("--output", a.output.clone())];
+    if a.regenerate {
+        written.push(("--progress-file", progress_path(a)));
+    }
+    if let Some(r) = &a.rejects {
+        written.push(("--rejects", r.clone()));
+    }
+    for (i, (flag, path)) in written.iter().enumerate() {
+        if path.is_dir() {
+            bail!(
+                "{flag} {}: is a directory; expected a file path",
+                path.display()
+            );
+        }
+        if let Some(input) = inputs.iter().find(|input| same_file(path, input)) {
+            bail!(
+                "{flag} {}: is the input {}; writing it would destroy the conversations; \
+                 expected another path",
+                path.display(),
+                input.display()
+            );
+        }
+        if let Some((other, _)) = written[..i].iter().find(|(_, p)| same_file(path, p)) {
+            bail!(
+                "{flag} {}: is also {other}; expected a path of its own",
+                path.display()
+            );
+        }
+    }
+    Ok(Checked {
+        kwargs,
+        opts,
+        limits,
+    })
+}
+
+// Where answered conversations are kept.
+fn progress_path(a: &Args) -> PathBuf {
+    a.progress_file.clone().unwrap_or_else(|| {
+        let mut p = a.output.clone().into_os_string();
+        p.push(".regen.jsonl");
+        PathBuf::from(p)
+    })
+}
+
+/// Runs `hslake prepare`.
+pub async fn run(a: Args) -> Result<std::process::ExitCode> {
+    let Checked {
+        kwargs,
+        opts,
+        limits,
+    } = check_arguments(&a)?;
+    let tok = Arc::new(ChatTokenizer::from_model_dir(
+        &a.model, a.loss_on, &kwargs, limits,
+    )?);
     tracing::info!(model = %a.model.display(), mask = %tok.mask_method(), prefixes = %tok.prefix_renderings(), encode = %tok.encode_path(), loss_on = ?a.loss_on, end_of_turn = ?tok.end_of_turn(), "loaded chat template and tokenizer");
     let format = a.format.unwrap_or_else(|| FileFormat::of_path(&a.output));
     let fetched = tempfile::tempdir().context("cannot create a temporary directory")?;
@@ -143,15 +242,9 @@ pub async fn run(a: Args) -> Result<std::process::ExitCode> {
             None => None,
         },
     };
-    let opts = PrepareOptions {
-        max_seq_len: a.max_seq_len,
-        overlong: a.overlong,
-        strict: a.strict,
-        ..Default::default()
-    };
     let started = Instant::now();
     let summary = if a.regenerate {
-        let records = regenerate_all(&a, &input).await?;
+        let records = regenerate_all(&a, &input, tok.limits()).await?;
         tokenize_all(
             &input,
             records.into_iter().map(Ok),
@@ -178,18 +271,24 @@ pub async fn run(a: Args) -> Result<std::process::ExitCode> {
     Ok(std::process::ExitCode::SUCCESS)
 }
 
-async fn regenerate_all(a: &Args, input: &Path) -> Result<Vec<ConversationRecord>> {
+async fn regenerate_all(
+    a: &Args,
+    input: &Path,
+    limits: &Limits,
+) -> Result<Vec<ConversationRecord>> {
     let endpoint = a
         .endpoint
         .clone()
         .context("--regenerate needs --endpoint")?;
-    let progress_path = a.progress_file.clone().unwrap_or_else(|| {
-        let mut p = a.output.clone().into_os_string();
-        p.push(".regen.jsonl");
-        PathBuf::from(p)
-    });
-    let records: Vec<ConversationRecord> =
+    let progress_path = progress_path(a);
+    let mut records: Vec<ConversationRecord> =
         read_conversations(input)?.collect::<hslake_prepare::Result<_>>()?;
+    // A record over the bounds is not sent to the server; tokenizing names it.
+    for r in &mut records {
+        if let Ok(Err(e)) = r.conversation.as_ref().map(|c| limits.check(c)) {
+            r.conversation = Err(e);
+        }
+    }
     let mut progress = ProgressFile::open(&progress_path)?;
     let opts = RegenOptions {
         endpoint,

@@ -1,18 +1,15 @@
 //! JSONL inputs: one JSON object per line, each parsed with serde_json into an input record.
-//! Lines are read with a length bound, so a file without line breaks is refused instead of
-//! being buffered until memory runs out.
+//! Lines are read through the schemas crate's bounded reader, so a file without line breaks is
+//! refused instead of being buffered until memory runs out.
 use std::fs::File;
-use std::io::{BufRead, BufReader, Read};
+use std::io::BufReader;
 use std::path::Path;
 
+use hslake_schemas::{JsonLine, JsonLines};
 use serde_json::Value;
 
 use super::{input_err, RawId, Record};
 use crate::error::{CaptureError, Result};
-
-/// The longest JSONL line accepted: far above any real sample (a million tokens is ~10 MB of
-/// JSON), and a bound on what a file without line breaks (`/dev/zero`) can make us buffer.
-pub(super) const MAX_LINE_BYTES: usize = 256 << 20;
 
 /// Every record of a JSONL file whose lines are at most `max_line` bytes; blank lines are
 /// skipped (but counted in line numbers).
@@ -21,33 +18,19 @@ pub(super) fn read_jsonl(path: &Path, max_line: usize) -> Result<Vec<Record>> {
         path: path.to_path_buf(),
         source,
     };
-    let mut reader = BufReader::with_capacity(1 << 20, File::open(path).map_err(io)?);
+    let reader = BufReader::with_capacity(1 << 20, File::open(path).map_err(io)?);
+    let mut lines = JsonLines::new(reader, max_line);
     let mut out = vec![];
-    let mut line = Vec::new();
-    for number in 1.. {
-        line.clear();
-        let n = (&mut reader)
-            .take(max_line as u64 + 1)
-            .read_until(b'\n', &mut line)
-            .map_err(io)?;
-        if n == 0 {
-            break;
-        }
-        let location = format!("line {number}");
-        if n > max_line && line.last() != Some(&b'\n') {
-            return Err(input_err(
-                path,
-                &location,
-                format!(
-                    "longer than {max_line} bytes without a line break; expected one JSON object \
-                     per line (is this a JSONL file?)"
-                ),
-            ));
-        }
-        if line.trim_ascii().is_empty() {
-            continue;
-        }
-        out.push(record(path, location, &line)?);
+    loop {
+        let (number, bytes) = match lines.next_line().map_err(io)? {
+            None => break,
+            Some(JsonLine::Text { number, bytes }) => (number, bytes),
+            Some(JsonLine::TooLong { number }) => {
+                let reason = lines.too_long_reason();
+                return Err(input_err(path, &format!("line {number}"), reason));
+            }
+        };
+        out.push(record(path, format!("line {number}"), bytes)?);
     }
     Ok(out)
 }

@@ -74,7 +74,7 @@ pub fn read_inputs(path: &Path, limits: InputLimits) -> Result<Inputs> {
     let records = if is_parquet {
         parquet::read_parquet(path)?
     } else {
-        jsonl::read_jsonl(path, jsonl::MAX_LINE_BYTES)?
+        jsonl::read_jsonl(path, hslake_schemas::MAX_LINE_BYTES)?
     };
     check_records(path, records, limits)
 }
@@ -174,9 +174,10 @@ fn check_records(path: &Path, records: Vec<Record>, limits: InputLimits) -> Resu
 
 #[cfg(test)]
 mod tests {
-    use super::jsonl::{read_jsonl, MAX_LINE_BYTES};
+    use super::jsonl::read_jsonl;
     use super::*;
     use arrow_array::{ArrayRef, RecordBatch};
+    use hslake_schemas::MAX_LINE_BYTES;
     use std::io::Write;
     use std::sync::Arc;
 
