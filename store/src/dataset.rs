@@ -129,6 +129,7 @@ impl Dataset {
                 schema,
                 shards,
                 properties,
+                removed: &[],
             })
             .await
     }
