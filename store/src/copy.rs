@@ -31,7 +31,7 @@ pub async fn copy_dataset(
     dst_url: &str,
     on_shard: impl Fn(u64) + Send + Sync,
 ) -> Result<CopyReport> {
-    let dst = location::parse(dst_url)?;
+    let dst = location::parse_dataset(dst_url)?;
     match Dataset::open(dst_url).await {
         Err(StoreError::NotADataset { .. }) => {}
         Ok(_) => {

@@ -1034,21 +1034,33 @@ async fn vacuum_deletes_only_the_datasets_own_debris(b: Backend) {
     assert!(verify(&ds, None, |_| {}).await.unwrap().is_clean());
 }
 
-async fn vacuum_refuses_the_root_of_a_store(b: Backend) {
-    // Only S3 can put a dataset at the root of its store (a bucket); a new bucket for it.
+async fn the_root_of_a_bucket_is_refused_as_a_dataset(b: Backend) {
+    // Only S3 could put a dataset at the root of its store (a bucket); a new bucket for it.
     let Backend::S3 = b else { return };
     let Some(endpoint) = std::env::var("HSLAKE_TEST_S3_ENDPOINT").ok() else {
         return;
     };
     let bucket = format!("hslake-root-{}", uuid::Uuid::new_v4().simple());
     create_bucket(&endpoint, &bucket);
-    let url = format!("s3://{bucket}");
-    let ds = Dataset::create(&url, schema(DType::Bf16, 16, &[2]), Provenance::default())
+    for url in [format!("s3://{bucket}"), format!("s3://{bucket}/")] {
+        let err = Dataset::create(&url, schema(DType::Bf16, 16, &[2]), Provenance::default())
+            .await
+            .unwrap_err();
+        assert!(matches!(err, StoreError::InvalidUrl { .. }), "{err}");
+        assert!(err.to_string().contains("is the root of a bucket"), "{err}");
+    }
+    let src_url = fresh_url(b).unwrap();
+    let src = Dataset::create(
+        &src_url,
+        schema(DType::Bf16, 16, &[2]),
+        Provenance::default(),
+    )
+    .await
+    .unwrap();
+    let err = copy_dataset(&src, &format!("s3://{bucket}"), |_| {})
         .await
-        .unwrap();
-    let err = vacuum(&ds, Duration::ZERO, true).await.unwrap_err();
-    assert!(matches!(err, StoreError::VacuumRefused { .. }), "{err}");
-    assert!(err.to_string().contains("root of its store"), "{err}");
+        .unwrap_err();
+    assert!(err.to_string().contains("is the root of a bucket"), "{err}");
 }
 
 async fn vacuum_never_follows_symbolic_links(b: Backend) {
