@@ -17,6 +17,7 @@ use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 
 use crate::format::decode::{with_file_metadata, TensorColumn, TokenRows};
 use crate::format::guard::{decoder_failure, guarded};
+use crate::format::lengths::RowLengths;
 use crate::format::shard::check_footer;
 use crate::table::manifest::{manifest_path, ShardEntry};
 use crate::table::sample_ids::SHOWN_DUPLICATES;
@@ -371,7 +372,7 @@ fn check_batch(
     seen: &mut Seen,
     problem: &mut impl FnMut(Option<u64>, String),
 ) {
-    let (Some(ids), Some(seq), Some(toks), Some(mask)) = (
+    let (Some(ids), Some(seq), Some(_), Some(_)) = (
         b.column_by_name("sample_id")
             .and_then(|c| c.as_primitive_opt::<UInt64Type>()),
         b.column_by_name("seq_len")
@@ -411,6 +412,13 @@ fn check_batch(
             return;
         }
     };
+    let lengths = match RowLengths::from_batch(b, "", None) {
+        Ok(l) => l,
+        Err(e) => {
+            problem(None, unreadable(e));
+            return;
+        }
+    };
     let (mut values, mut scales) = (Vec::new(), Vec::new());
     for r in 0..b.num_rows() {
         let row = Some(row0 + r as u64);
@@ -431,12 +439,10 @@ fn check_batch(
             * schema.hidden_size as u128
             * schema.dtype.size() as u128
             * cols.len() as u128;
-        let (nt, nm) = (toks.value_length(r) as usize, mask.value_length(r) as usize);
-        if nt != n || nm != n {
-            problem(
-                row,
-                format!("sample {id}: seq_len {n}, input_ids {nt}, loss_mask {nm} tokens"),
-            );
+        if let Some(Err(StoreError::BadValue { column, reason, .. })) =
+            lengths.as_ref().map(|l| l.check_row(r))
+        {
+            problem(row, format!("sample {id} {column}: {reason}"));
         }
         if let Some(Err(StoreError::BadValue { column, reason, .. })) =
             tokens.as_ref().map(|t| t.check_row(r))

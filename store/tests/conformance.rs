@@ -1096,39 +1096,6 @@ async fn vacuum_never_follows_symbolic_links(b: Backend) {
     assert!(victim.join("a").exists());
 }
 
-/// Rewrite one shard with `edit` applied to its batches, and plant a manifest naming the
-/// rewritten file with its true size and checksum (as a tampered or buggy writer would).
-async fn rewrite_first_shard(
-    ds: &Dataset,
-    edit: impl Fn(arrow_array::RecordBatch) -> arrow_array::RecordBatch,
-) -> serde_json::Value {
-    use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
-    let m = ds.manifest(None).await.unwrap();
-    let path = ds.object_path(&m.shards[0].path);
-    let store = ds.object_store();
-    let bytes = store.get(&path).await.unwrap().bytes().await.unwrap();
-    let reader = ParquetRecordBatchReaderBuilder::try_new(bytes)
-        .unwrap()
-        .build()
-        .unwrap();
-    let batches: Vec<_> = reader.map(|b| edit(b.unwrap())).collect();
-    let mut out = vec![];
-    let mut w = parquet::arrow::ArrowWriter::try_new(&mut out, batches[0].schema(), None).unwrap();
-    for b in &batches {
-        w.write(b).unwrap();
-    }
-    w.close().unwrap();
-    let row_groups: Vec<u64> = batches.iter().map(|b| b.num_rows() as u64).collect();
-    let mut json: serde_json::Value = serde_json::from_slice(&m.to_json()).unwrap();
-    json["version"] = (m.version + 1).into();
-    json["shards"][0]["bytes"] = (out.len() as u64).into();
-    json["shards"][0]["crc32c"] = crc32c::crc32c(&out).into();
-    json["shards"][0]["row_groups"] = serde_json::to_value(&row_groups).unwrap();
-    store.put(&path, PutPayload::from(out)).await.unwrap();
-    plant(ds, &json).await;
-    json
-}
-
 async fn untrusted_sizes_get_named_errors_not_aborts(b: Backend) {
     let Some(url) = fresh_url(b) else { return };
     let ds = Dataset::create(&url, schema(DType::Bf16, 16, &[2]), Provenance::default())
@@ -1172,34 +1139,38 @@ async fn untrusted_sizes_get_named_errors_not_aborts(b: Backend) {
     );
 }
 
-async fn a_row_claiming_u32_max_tokens_is_reported_by_verify(b: Backend) {
-    use arrow_array::{Array, UInt32Array};
+async fn a_row_claiming_u32_max_tokens_is_refused_by_every_reader(b: Backend) {
+    use hslake_store::tools::corrupt::{claim_seq_len, rewrite_shard};
     let Some(url) = fresh_url(b) else { return };
     let ds = Dataset::create(&url, schema(DType::Bf16, 16, &[2]), Provenance::default())
         .await
         .unwrap();
     write_synth(&ds, 0..6, 1, 100).await;
-    rewrite_first_shard(&ds, |batch| {
-        let i = batch.schema().index_of("seq_len").unwrap();
-        let old = batch
-            .column(i)
-            .as_any()
-            .downcast_ref::<UInt32Array>()
-            .unwrap();
-        let mut v: Vec<u32> = old.values().to_vec();
-        v[0] = u32::MAX;
-        let mut cols = batch.columns().to_vec();
-        cols[i] = std::sync::Arc::new(UInt32Array::from(v));
-        arrow_array::RecordBatch::try_new(batch.schema(), cols).unwrap()
-    })
-    .await;
+    let victim = ds.manifest(None).await.unwrap().shards[0].min_sample_id;
+    rewrite_shard(&ds, 0, claim_seq_len(victim, u32::MAX))
+        .await
+        .unwrap();
     let report = verify(&ds, None, |_| {}).await.unwrap();
     let text: Vec<String> = report.problems.iter().map(|p| p.to_string()).collect();
     assert!(
         text.iter()
-            .any(|p| p.contains("row 0") && p.contains("4294967295")),
+            .any(|p| p.contains("row 0") && p.contains("seq_len 4294967295")),
         "{text:#?}"
     );
+    // What `export --sample` reads through, and every read of its row group's tokens.
+    let r = DatasetReader::open(&ds, None).await.unwrap();
+    let want = format!("(sample {victim}) seq_len: seq_len 4294967295, but input_ids holds");
+    let err = r.get_sample(victim).await.unwrap_err().to_string();
+    assert!(err.contains(&want), "{err}");
+    let cols = ["input_ids".to_string()];
+    let err = r
+        .read_row_group(0, 0, Some(&cols))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains(&want), "{err}");
+    let err = r.read_rows(0, 0, &[0], None).await.unwrap_err().to_string();
+    assert!(err.contains(&want), "{err}");
 }
 
 /// Datasets written by the format-2 writer (kept as fixture bytes: `hslake synth --samples 6
@@ -1366,9 +1337,9 @@ suite!(
     non_canonical_shard_paths_read_verify_and_survive_vacuum,
     verify_reports_duplicates_and_counts_that_disagree,
     vacuum_deletes_only_the_datasets_own_debris,
-    vacuum_refuses_the_root_of_a_store,
+    the_root_of_a_bucket_is_refused_as_a_dataset,
     vacuum_never_follows_symbolic_links,
     untrusted_sizes_get_named_errors_not_aborts,
-    a_row_claiming_u32_max_tokens_is_reported_by_verify,
+    a_row_claiming_u32_max_tokens_is_refused_by_every_reader,
     format_2_datasets_read_verify_and_take_format_3_commits,
 );

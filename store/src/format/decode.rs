@@ -138,7 +138,7 @@ pub struct ValueAt<'a> {
 impl<'a> ValueAt<'a> {
     /// Row `row` of a batch read from `file`'s `row_group`, with its sample id where the batch
     /// has that column.
-    fn row_of(
+    pub(crate) fn row_of(
         file: &'a str,
         row_group: Option<usize>,
         sample_ids: Option<&UInt64Array>,
