@@ -16,12 +16,14 @@ pub fn create_new(path: &Path) -> io::Result<File> {
         .open(path)
 }
 
-/// Give the finished file `tmp` its name `path`, refusing with [`io::ErrorKind::AlreadyExists`]
-/// where anything is at `path` (a rename would replace it): a hard link, which never replaces
-/// and never follows a link at the new name, then the temporary name is removed.
+/// Give the finished file `tmp` (made by [`create_new`]) its name `path`, refusing with
+/// [`io::ErrorKind::AlreadyExists`] where anything is at `path` (a rename would replace it): a
+/// hard link, which never replaces and never follows a link at the new name, then the
+/// temporary name is removed, also when the link is refused.
 pub fn publish(tmp: &Path, path: &Path) -> io::Result<()> {
-    std::fs::hard_link(tmp, path)?;
-    std::fs::remove_file(tmp)
+    let linked = std::fs::hard_link(tmp, path);
+    let removed = std::fs::remove_file(tmp);
+    linked.and(removed)
 }
 
 /// Whether `path` names anything, a symbolic link that points nowhere included.
@@ -53,6 +55,8 @@ mod tests {
         let err = publish(&tmp, &link).unwrap_err();
         assert_eq!(err.kind(), io::ErrorKind::AlreadyExists);
         assert_eq!(std::fs::read(&outside).unwrap(), b"precious");
+        assert!(!exists(&tmp), "the refused temporary file is gone");
+        std::io::Write::write_all(&mut create_new(&tmp).unwrap(), b"new").unwrap();
         publish(&tmp, &d.path().join("c")).unwrap();
         assert!(!exists(&tmp));
         assert_eq!(std::fs::read(d.path().join("c")).unwrap(), b"new");
