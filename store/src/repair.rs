@@ -35,6 +35,8 @@ pub fn lost_samples(s: &ShardEntry) -> String {
         .saturating_add(1);
     if s.rows == 0 {
         "no samples".into()
+    } else if s.rows == 1 {
+        format!("1 sample, id {}", s.min_sample_id)
     } else if span == s.rows {
         format!(
             "{} samples, ids {}..={}",
@@ -123,6 +125,7 @@ mod tests {
             lost_samples(&entry(3, 100, 500)),
             "3 samples with ids between 100 and 500"
         );
+        assert_eq!(lost_samples(&entry(1, 7, 7)), "1 sample, id 7");
         assert_eq!(lost_samples(&entry(0, 0, 0)), "no samples");
     }
 }
