@@ -180,12 +180,8 @@ fn cp_and_back_then_vacuum_removes_only_orphans() {
     let orphan = tmp.path().join("b/data/orphan.parquet");
     std::fs::write(&orphan, b"half a shard").unwrap();
     let o = hslake(&["vacuum", &b, "--grace", "0"]);
-    assert_eq!(o.status.code(), Some(1));
-    assert!(
-        stderr(&o).contains("below the minimum of 3600s") && stderr(&o).contains("--no-writers"),
-        "{}",
-        stderr(&o)
-    );
+    fails_naming(&o, "below the minimum of 3600s");
+    fails_naming(&o, "--no-writers");
     assert!(orphan.exists());
     let o = hslake(&["vacuum", &b, "--grace", "0", "--no-writers"]);
     assert!(o.status.success(), "{}", stderr(&o));
@@ -438,6 +434,12 @@ fn format_2_datasets_still_read_in_sql_with_and_without_their_checksums() {
     assert_eq!(outs[0].matches("\"sample_id\"").count(), 6, "{}", outs[0]);
 }
 
+/// The command failed (exit 1) and its error says `what`.
+fn fails_naming(o: &Output, what: &str) {
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(o));
+    assert!(stderr(o).contains(what), "{what:?} not in: {}", stderr(o));
+}
+
 /// `hslake synth` of `samples` samples from `first_id` into `url`, a shard per sample, a commit
 /// every `commit_every`.
 fn synth_run(url: &str, first_id: u64, samples: u64, commit_every: u64) -> Output {
@@ -558,18 +560,13 @@ fn verify_names_a_missing_shard_and_repair_commits_a_version_without_it() {
     let lost_id = m["shards"][0]["min_sample_id"].as_u64().unwrap();
     std::fs::remove_file(dir.join(&lost)).unwrap();
     let o = hslake(&["verify", &url]);
-    assert_eq!(o.status.code(), Some(1));
+    fails_naming(&o, &format!("hslake repair {url} --drop-missing"));
     let out = String::from_utf8_lossy(&o.stdout).into_owned();
     assert!(
         out.lines()
             .any(|l| l.contains(&lost)
                 && l.contains("missing: not in storage; versions 1..=3 name it")),
         "{out}"
-    );
-    assert!(
-        stderr(&o).contains(&format!("hslake repair {url} --drop-missing")),
-        "{}",
-        stderr(&o)
     );
     let o = hslake(&["repair", &url]);
     assert_eq!(o.status.code(), Some(2), "--drop-missing is required");
@@ -612,13 +609,7 @@ fn the_root_of_a_filesystem_is_named_and_refused_as_a_dataset() {
             &["verify", root],
             &["vacuum", root, "--dry-run"],
         ] {
-            let o = hslake(cmd);
-            assert_eq!(o.status.code(), Some(1), "{cmd:?}");
-            assert!(
-                stderr(&o).contains("file:/// is the root of a filesystem"),
-                "{cmd:?}: {}",
-                stderr(&o)
-            );
+            fails_naming(&hslake(cmd), "file:/// is the root of a filesystem");
         }
     }
 }
@@ -637,41 +628,30 @@ fn export_never_writes_through_links_planted_in_its_directory() {
         std::fs::write(outside.join(n), b"precious").unwrap();
         std::os::unix::fs::symlink(outside.join(n), out.join(n)).unwrap();
     }
-    let o = hslake(&[
-        "export",
-        &url,
-        "--sample",
-        "3",
-        "--dir",
-        out.to_str().unwrap(),
-    ]);
-    assert_eq!(o.status.code(), Some(1));
+    let export_into = |dir: &Path| {
+        hslake(&[
+            "export",
+            &url,
+            "--sample",
+            "3",
+            "--dir",
+            dir.to_str().unwrap(),
+        ])
+    };
+    let o = export_into(&out);
+    fails_naming(&o, "never overwrites a file or writes through a link");
     for n in names {
-        assert!(
-            stderr(&o).contains(&out.join(n).display().to_string()),
-            "{}",
-            stderr(&o)
-        );
+        fails_naming(&o, &out.join(n).display().to_string());
         assert_eq!(std::fs::read(outside.join(n)).unwrap(), b"precious", "{n}");
     }
-    assert!(stderr(&o).contains("never overwrites a file or writes through a link"));
     // Refused before anything was written: only the planted links are there.
     assert_eq!(std::fs::read_dir(&out).unwrap().count(), names.len());
     // A dangling link is a name that exists too.
     let out2 = tmp.path().join("out2");
     std::fs::create_dir(&out2).unwrap();
     std::os::unix::fs::symlink(tmp.path().join("nowhere"), out2.join("loss_mask.npy")).unwrap();
-    let o = hslake(&[
-        "export",
-        &url,
-        "--sample",
-        "3",
-        "--dir",
-        out2.to_str().unwrap(),
-    ]);
-    assert_eq!(o.status.code(), Some(1));
+    fails_naming(&export_into(&out2), "loss_mask.npy");
     assert!(!tmp.path().join("nowhere").exists());
-    assert!(stderr(&o).contains("loss_mask.npy"), "{}", stderr(&o));
 }
 
 #[test]
@@ -695,11 +675,9 @@ fn export_refuses_a_row_whose_seq_len_disagrees_with_its_tokens() {
         "--dir",
         out.to_str().unwrap(),
     ]);
-    assert_eq!(o.status.code(), Some(1));
-    assert!(
-        stderr(&o).contains("(sample 0) seq_len: seq_len 4294967295, but input_ids holds"),
-        "{}",
-        stderr(&o)
+    fails_naming(
+        &o,
+        "(sample 0) seq_len: seq_len 4294967295, but input_ids holds",
     );
     assert!(!out.exists() || std::fs::read_dir(&out).unwrap().count() == 0);
 }

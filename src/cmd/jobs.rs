@@ -234,26 +234,35 @@ async fn wait(client: &Client, id: u64, timeout: Option<Duration>) -> Result<Exi
 
 #[cfg(test)]
 mod tests {
+    use clap::Parser;
+
     use super::*;
 
-    fn spec(output: &str) -> JobArgs {
-        serde_json::from_value(serde_json::json!({
-            "input": "in.jsonl", "output": output, "layers": ["0"]
-        }))
-        .unwrap()
+    /// `hslake jobs submit` as the command line gives it.
+    #[derive(Parser)]
+    struct Submit {
+        #[command(flatten)]
+        job: JobArgs,
+    }
+
+    fn submitted(output: &str) -> JobArgs {
+        let args = [
+            "submit", "--input", "in.jsonl", "--output", output, "--layers", "0",
+        ];
+        Submit::try_parse_from(args).unwrap().job
     }
 
     #[test]
     fn a_job_goes_out_with_the_output_every_command_reads_and_never_the_root() {
         for given in ["ds", "./ds/", "/tmp/ds/", "s3://bucket/ds/"] {
-            let sent = absolute(spec(given)).unwrap();
+            let sent = absolute(submitted(given)).unwrap();
             // What the daemon's capture opens the string as.
             let opened = hslake_store::location::parse_dataset(given).unwrap().url;
             assert_eq!(sent.output, opened, "{given}");
             assert!(sent.input.is_absolute());
         }
         for root in ["/", "file:///", "s3://bucket"] {
-            let err = format!("{:#}", absolute(spec(root)).unwrap_err());
+            let err = format!("{:#}", absolute(submitted(root)).unwrap_err());
             assert!(err.contains("is the root of a"), "{root}: {err}");
         }
     }

@@ -246,25 +246,19 @@ impl DatasetReader {
             }
         }?;
         let batch = with_file_metadata(batch, &file_meta);
+        // Errors name rows of the row group, also where the batch holds only some of them.
+        let each_row = |check: &dyn Fn(usize) -> Result<()>| match rows {
+            None => (0..batch.num_rows()).try_for_each(check),
+            Some(rows) => rows
+                .iter()
+                .enumerate()
+                .try_for_each(|(i, &r)| check(i).map_err(|e| e.in_row(r))),
+        };
         if let Some(tokens) = TokenRows::from_batch(&batch, &shown, Some(row_group))? {
-            match rows {
-                None => tokens.check()?,
-                Some(rows) => {
-                    for (i, &r) in rows.iter().enumerate() {
-                        tokens.check_row(i).map_err(|e| e.in_row(r))?;
-                    }
-                }
-            }
+            each_row(&|i| tokens.check_row(i))?;
         }
         if let Some(lengths) = RowLengths::from_batch(&batch, &shown, Some(row_group))? {
-            match rows {
-                None => lengths.check()?,
-                Some(rows) => {
-                    for (i, &r) in rows.iter().enumerate() {
-                        lengths.check_row(i).map_err(|e| e.in_row(r))?;
-                    }
-                }
-            }
+            each_row(&|i| lengths.check_row(i).map(|_| ()))?;
         }
         Ok(batch)
     }

@@ -5,11 +5,11 @@
 //! from it. [`crate::DatasetReader`] checks it wherever a read includes a token column (so
 //! the loader and `export` do), and `verify` checks it on every row.
 use arrow_array::cast::AsArray;
-use arrow_array::types::{UInt32Type, UInt64Type};
+use arrow_array::types::UInt32Type;
 use arrow_array::{Array, RecordBatch, UInt32Array, UInt64Array};
 use arrow_buffer::OffsetBuffer;
 
-use crate::format::decode::{ValueAt, ValueError};
+use crate::format::decode::{sample_ids_of, ValueAt, ValueError};
 use crate::{Result, StoreError};
 
 /// A batch's `seq_len` with the lengths of its `input_ids` and `loss_mask`, to check row by row.
@@ -74,10 +74,7 @@ impl RowLengths {
             seq_len,
             ids,
             mask,
-            sample_ids: batch
-                .column_by_name("sample_id")
-                .and_then(|c| c.as_primitive_opt::<UInt64Type>())
-                .cloned(),
+            sample_ids: sample_ids_of(batch),
             file: file.to_string(),
             row_group,
         }))
@@ -111,11 +108,6 @@ impl RowLengths {
             .at(&at));
         }
         Ok(n)
-    }
-
-    /// Check every row, stopping at the first that fails.
-    pub fn check(&self) -> Result<()> {
-        (0..self.seq_len.len()).try_for_each(|r| self.check_row(r).map(|_| ()))
     }
 }
 
@@ -159,8 +151,8 @@ mod tests {
         let ok = RowLengths::from_batch(&batch(vec![3, 5], &[3, 5]), "data/a.parquet", Some(0))
             .unwrap()
             .unwrap();
+        assert_eq!(ok.check_row(0).unwrap(), 3);
         assert_eq!(ok.check_row(1).unwrap(), 5);
-        assert!(ok.check().is_ok());
         let bad = RowLengths::from_batch(
             &batch(vec![3, u32::MAX], &[3, 5]),
             "data/a.parquet",
@@ -168,7 +160,7 @@ mod tests {
         )
         .unwrap()
         .unwrap();
-        let err = bad.check().unwrap_err().to_string();
+        let err = bad.check_row(1).unwrap_err().to_string();
         assert_eq!(
             err,
             "data/a.parquet: row group 2: row 1 (sample 11) seq_len: seq_len 4294967295, but \

@@ -214,19 +214,14 @@ pub async fn rewrite_shard(
         .filter(|kv| kv.key != "ARROW:schema")
         .cloned()
         .collect();
-    let rg_rows: Vec<usize> = builder
-        .metadata()
-        .row_groups()
-        .iter()
-        .map(|r| r.num_rows() as usize)
-        .collect();
+    let meta = builder.metadata().clone();
     // One edited batch per row group, so the rewritten file keeps the row groups.
     let mut batches = vec![];
-    for (rg, &rows) in rg_rows.iter().enumerate() {
+    for (rg, group) in meta.row_groups().iter().enumerate() {
         let reader = ParquetRecordBatchReaderBuilder::try_new(bytes.clone())
             .map_err(|e| StoreError::pq(&shown, e))?
             .with_row_groups(vec![rg])
-            .with_batch_size(rows.max(1))
+            .with_batch_size(group.num_rows().max(1) as usize)
             .build()
             .map_err(|e| StoreError::pq(&shown, e))?;
         for batch in reader {
