@@ -39,6 +39,8 @@ enum Command {
     Verify(cmd::verify::Args),
     /// Delete files that no manifest names (after a grace period).
     Vacuum(cmd::vacuum::Args),
+    /// Commit a version without the shards that are no longer in storage.
+    Repair(cmd::repair::Args),
     /// Copy a dataset version to another store, checking checksums.
     Cp(cmd::cp::Args),
     /// Write one sample's arrays as .npy files.
@@ -112,6 +114,7 @@ fn main() -> std::process::ExitCode {
             Command::Ls(a) => cmd::ls::run(a).await,
             Command::Verify(a) => cmd::verify::run(a).await,
             Command::Vacuum(a) => cmd::vacuum::run(a).await,
+            Command::Repair(a) => cmd::repair::run(a).await,
             Command::Cp(a) => cmd::cp::run(a).await,
             Command::Export(a) => cmd::export::run(a).await,
             #[cfg(feature = "sql")]

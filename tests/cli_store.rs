@@ -180,9 +180,23 @@ fn cp_and_back_then_vacuum_removes_only_orphans() {
     let orphan = tmp.path().join("b/data/orphan.parquet");
     std::fs::write(&orphan, b"half a shard").unwrap();
     let o = hslake(&["vacuum", &b, "--grace", "0"]);
-    assert!(o.status.success());
-    assert!(String::from_utf8_lossy(&o.stdout).contains("deleted data/orphan.parquet"));
+    fails_naming(&o, "below the minimum of 3600s");
+    fails_naming(&o, "--no-writers");
+    assert!(orphan.exists());
+    let o = hslake(&["vacuum", &b, "--grace", "0", "--no-writers"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert!(out.contains("deleted data/orphan.parquet"), "{out}");
+    assert!(out.contains("committed vacuum version 2"), "{out}");
     assert!(!orphan.exists());
+    let o = hslake(&["ls", &b, "versions"]);
+    let listed = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert!(
+        listed
+            .lines()
+            .any(|l| l.starts_with("2\t") && l.contains("\tvacuum (cutoff ")),
+        "{listed}"
+    );
     assert_eq!(
         shards(&tmp.path().join("b")).len(),
         shards(&tmp.path().join("a")).len()
@@ -418,4 +432,252 @@ fn format_2_datasets_still_read_in_sql_with_and_without_their_checksums() {
         .collect();
     assert_eq!(outs[0], outs[1]);
     assert_eq!(outs[0].matches("\"sample_id\"").count(), 6, "{}", outs[0]);
+}
+
+/// The command failed (exit 1) and its error says `what`.
+fn fails_naming(o: &Output, what: &str) {
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(o));
+    assert!(stderr(o).contains(what), "{what:?} not in: {}", stderr(o));
+}
+
+/// `hslake synth` of `samples` samples from `first_id` into `url`, a shard per sample, a commit
+/// every `commit_every`.
+fn synth_run(url: &str, first_id: u64, samples: u64, commit_every: u64) -> Output {
+    hslake(&[
+        "synth",
+        url,
+        "--samples",
+        &samples.to_string(),
+        "--seq-len",
+        "4:12",
+        "--hidden",
+        "16",
+        "--layers",
+        "1",
+        "--num-layers",
+        "2",
+        "--seed",
+        &first_id.to_string(),
+        "--first-id",
+        &first_id.to_string(),
+        "--shard-mb",
+        "0",
+        "--row-group-mb",
+        "0",
+        "--commit-every",
+        &commit_every.to_string(),
+    ])
+}
+
+/// The sample ids of the newest version, ascending.
+fn sample_ids(url: &str) -> Vec<u64> {
+    let o = hslake(&["ls", url, "samples"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let mut ids: Vec<u64> = String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .skip(1)
+        .map(|l| l.split('\t').next().unwrap().parse().unwrap())
+        .collect();
+    ids.sort_unstable();
+    ids
+}
+
+/// Every committed version, by `hslake ls versions`.
+fn versions(url: &str) -> Vec<String> {
+    let o = hslake(&["ls", url, "versions"]);
+    String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .skip(1)
+        .map(|l| l.split('\t').next().unwrap().to_string())
+        .collect()
+}
+
+#[test]
+fn a_synth_loop_racing_a_vacuum_loop_loses_no_committed_sample() {
+    // Issue 36, bounded: writers append while `vacuum --grace 0s --no-writers` runs in a loop.
+    let tmp = tempfile::tempdir().unwrap();
+    let url = format!("file://{}", tmp.path().join("ds").display());
+    assert!(synth_run(&url, 0, 4, 0).status.success());
+    let writing = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let sweeper = {
+        let (url, writing) = (url.clone(), writing.clone());
+        std::thread::spawn(move || {
+            let mut runs = 0;
+            while writing.load(std::sync::atomic::Ordering::Relaxed) {
+                let o = hslake(&["vacuum", &url, "--grace", "0s", "--no-writers"]);
+                assert!(o.status.success(), "{}", stderr(&o));
+                runs += 1;
+            }
+            runs
+        })
+    };
+    let mut landed: Vec<u64> = (0..4).collect();
+    let mut attempted = landed.clone();
+    for k in 1..=4u64 {
+        let first = 100 * k;
+        let o = synth_run(&url, first, 6, 3);
+        attempted.extend(first..first + 6);
+        if o.status.success() {
+            landed.extend(first..first + 6);
+        } else {
+            // Refused by name: its shards predate a vacuum, or a vacuum already deleted them.
+            let e = stderr(&o);
+            assert!(
+                e.contains("commit refused") || e.contains("/data/"),
+                "run {k}: {e}"
+            );
+        }
+    }
+    writing.store(false, std::sync::atomic::Ordering::Relaxed);
+    assert!(sweeper.join().unwrap() > 0);
+    for v in versions(&url) {
+        let o = hslake(&["verify", &url, "--version", &v]);
+        assert!(
+            o.status.success(),
+            "version {v}: {}",
+            String::from_utf8_lossy(&o.stdout)
+        );
+    }
+    // Every run that exited 0 has all its samples in; a refused run at most its earlier commits.
+    let held = sample_ids(&url);
+    assert!(landed.iter().all(|id| held.contains(id)), "{held:?}");
+    assert!(held.iter().all(|id| attempted.contains(id)), "{held:?}");
+}
+
+#[test]
+fn verify_names_a_missing_shard_and_repair_commits_a_version_without_it() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("ds");
+    let url = format!("file://{}", dir.display());
+    assert!(synth_run(&url, 0, 4, 2).status.success());
+    assert!(synth_run(&url, 10, 2, 0).status.success());
+    // Version 1 holds samples 0 and 1, one shard each; versions 1..=3 name both.
+    let m: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(dir.join("_hslake/versions/00000000000000000001.json")).unwrap(),
+    )
+    .unwrap();
+    let lost = m["shards"][0]["path"].as_str().unwrap().to_string();
+    let lost_id = m["shards"][0]["min_sample_id"].as_u64().unwrap();
+    std::fs::remove_file(dir.join(&lost)).unwrap();
+    let o = hslake(&["verify", &url]);
+    fails_naming(&o, &format!("hslake repair {url} --drop-missing"));
+    let out = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert!(
+        out.lines()
+            .any(|l| l.contains(&lost)
+                && l.contains("missing: not in storage; versions 1..=3 name it")),
+        "{out}"
+    );
+    let o = hslake(&["repair", &url]);
+    assert_eq!(o.status.code(), Some(2), "--drop-missing is required");
+    let o = hslake(&["repair", &url, "--drop-missing", "--dry-run"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let want = format!("would drop {lost}: 1 sample, id {lost_id} lost");
+    assert!(
+        String::from_utf8_lossy(&o.stdout).contains(&want),
+        "{}",
+        String::from_utf8_lossy(&o.stdout)
+    );
+    assert_eq!(versions(&url).len(), 4);
+    let o = hslake(&["repair", &url, "--drop-missing"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert!(
+        out.contains(&format!("dropped {lost}")) && out.contains("committed version 4"),
+        "{out}"
+    );
+    assert!(hslake(&["verify", &url]).status.success());
+    let listed = String::from_utf8_lossy(&hslake(&["ls", &url, "versions"]).stdout).into_owned();
+    assert!(
+        listed.contains("dropped 1 shard(s) of version 3"),
+        "{listed}"
+    );
+    let want: Vec<u64> = [0, 1, 2, 3, 10, 11]
+        .into_iter()
+        .filter(|&i| i != lost_id)
+        .collect();
+    assert_eq!(sample_ids(&url), want);
+    let o = hslake(&["repair", &url, "--drop-missing"]);
+    assert!(String::from_utf8_lossy(&o.stdout).contains("nothing to repair"));
+}
+
+#[test]
+fn the_root_of_a_filesystem_is_named_and_refused_as_a_dataset() {
+    for root in ["/", "file:///", "/tmp/.."] {
+        for cmd in [
+            &["info", root][..],
+            &["verify", root],
+            &["vacuum", root, "--dry-run"],
+        ] {
+            fails_naming(&hslake(cmd), "file:/// is the root of a filesystem");
+        }
+    }
+}
+
+#[test]
+fn export_never_writes_through_links_planted_in_its_directory() {
+    let tmp = tempfile::tempdir().unwrap();
+    let url = format!("file://{}", tmp.path().join("ds").display());
+    synth(&url);
+    let outside = tmp.path().join("outside");
+    std::fs::create_dir(&outside).unwrap();
+    let out = tmp.path().join("out");
+    std::fs::create_dir(&out).unwrap();
+    let names = ["input_ids.npy", "layer_1.npy", "layer_3.npy"];
+    for n in names {
+        std::fs::write(outside.join(n), b"precious").unwrap();
+        std::os::unix::fs::symlink(outside.join(n), out.join(n)).unwrap();
+    }
+    let export_into = |dir: &Path| {
+        hslake(&[
+            "export",
+            &url,
+            "--sample",
+            "3",
+            "--dir",
+            dir.to_str().unwrap(),
+        ])
+    };
+    let o = export_into(&out);
+    fails_naming(&o, "never overwrites a file or writes through a link");
+    for n in names {
+        fails_naming(&o, &out.join(n).display().to_string());
+        assert_eq!(std::fs::read(outside.join(n)).unwrap(), b"precious", "{n}");
+    }
+    // Refused before anything was written: only the planted links are there.
+    assert_eq!(std::fs::read_dir(&out).unwrap().count(), names.len());
+    // A dangling link is a name that exists too.
+    let out2 = tmp.path().join("out2");
+    std::fs::create_dir(&out2).unwrap();
+    std::os::unix::fs::symlink(tmp.path().join("nowhere"), out2.join("loss_mask.npy")).unwrap();
+    fails_naming(&export_into(&out2), "loss_mask.npy");
+    assert!(!tmp.path().join("nowhere").exists());
+}
+
+#[test]
+fn export_refuses_a_row_whose_seq_len_disagrees_with_its_tokens() {
+    use hslake_store::tools::corrupt::{claim_seq_len, rewrite_shard};
+    let tmp = tempfile::tempdir().unwrap();
+    let url = format!("file://{}", tmp.path().join("ds").display());
+    synth(&url);
+    tokio::runtime::Runtime::new().unwrap().block_on(async {
+        let ds = hslake_store::Dataset::open(&url).await.unwrap();
+        rewrite_shard(&ds, 0, claim_seq_len(0, u32::MAX))
+            .await
+            .unwrap();
+    });
+    let out = tmp.path().join("out");
+    let o = hslake(&[
+        "export",
+        &url,
+        "--sample",
+        "0",
+        "--dir",
+        out.to_str().unwrap(),
+    ]);
+    fails_naming(
+        &o,
+        "(sample 0) seq_len: seq_len 4294967295, but input_ids holds",
+    );
+    assert!(!out.exists() || std::fs::read_dir(&out).unwrap().count() == 0);
 }

@@ -1593,6 +1593,24 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_row_whose_seq_len_disagrees_with_its_tokens_is_refused_by_name() {
+        use hslake_store::tools::corrupt::{claim_seq_len, rewrite_shard};
+        let url = "memory://loader-seq-len-max";
+        let ds = make(url, 30).await;
+        let victim = ds.manifest(None).await.unwrap().shards[0].min_sample_id;
+        rewrite_shard(&ds, 0, claim_seq_len(victim, u32::MAX))
+            .await
+            .unwrap();
+        for c in corrupt_cases() {
+            let l = Loader::open(url, c).await.unwrap();
+            let err = first_error(&l).await.expect("the row is refused");
+            let want =
+                format!("(sample {victim}) seq_len: seq_len 4294967295, but input_ids holds");
+            assert!(err.contains(&want), "{err}");
+        }
+    }
+
+    #[tokio::test]
     async fn a_flipped_byte_in_input_ids_fails_naming_file_row_group_and_sample_or_is_skipped() {
         let dir = tempfile::tempdir().unwrap();
         let url = format!("file://{}", dir.path().display());

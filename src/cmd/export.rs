@@ -6,6 +6,7 @@ use anyhow::{bail, Context, Result};
 use hslake_loader::export::{export_trainer_files, ExportOptions};
 use hslake_loader::Preset;
 use hslake_schemas::DType;
+use hslake_store::tools::files;
 use hslake_store::tools::npy::write_npy;
 use hslake_store::{Dataset, DatasetReader};
 
@@ -107,14 +108,23 @@ async fn export_trainer(a: &Args) -> Result<()> {
     Ok(())
 }
 
+/// One sample's arrays, each a new `.npy` file in `dir`. Every name is checked first and none
+/// may exist (a symbolic link included: exports never write through links), so a refusal
+/// leaves the directory as it was; files of a write that fails midway are removed.
 async fn export_npy(url: &str, id: u64, dir: &Path, version: Option<u64>) -> Result<()> {
     let r = DatasetReader::open(&Dataset::open(url).await?, version).await?;
     let s = r.get_sample(id).await?;
-    std::fs::create_dir_all(dir).with_context(|| format!("create {}", dir.display()))?;
     let n = s.seq_len();
-    let ids: Vec<u8> = s.input_ids.iter().flat_map(|v| v.to_le_bytes()).collect();
-    write_npy(&dir.join("input_ids.npy"), "<i4", &[n], &ids)?;
-    write_npy(&dir.join("loss_mask.npy"), "|u1", &[n], &s.loss_mask)?;
+    // (file name, numpy dtype, shape, little-endian bytes)
+    let mut arrays: Vec<(String, &str, Vec<usize>, Vec<u8>)> = vec![
+        (
+            "input_ids.npy".into(),
+            "<i4",
+            vec![n],
+            s.input_ids.iter().flat_map(|v| v.to_le_bytes()).collect(),
+        ),
+        ("loss_mask.npy".into(), "|u1", vec![n], s.loss_mask.clone()),
+    ];
     for (p, t) in r.schema().points.iter().zip(&s.tensors) {
         // bf16 has no numpy dtype: exported as its raw 16 bits.
         let descr = match t.dtype {
@@ -123,21 +133,41 @@ async fn export_npy(url: &str, id: u64, dir: &Path, version: Option<u64>) -> Res
             DType::F32 => "<f4",
             DType::Fp8E4m3 => "|u1",
         };
-        write_npy(
-            &dir.join(format!("{}.npy", p.column())),
+        arrays.push((
+            format!("{}.npy", p.column()),
             descr,
-            &t.shape,
-            &t.data,
-        )?;
+            t.shape.clone(),
+            t.data.clone(),
+        ));
         if let Some(sc) = &t.scales {
             let b: Vec<u8> = sc.iter().flat_map(|v| v.to_le_bytes()).collect();
-            write_npy(
-                &dir.join(format!("{}.npy", p.scale_column())),
-                "<f4",
-                &[n],
-                &b,
-            )?;
+            arrays.push((format!("{}.npy", p.scale_column()), "<f4", vec![n], b));
         }
+    }
+    std::fs::create_dir_all(dir).with_context(|| format!("create {}", dir.display()))?;
+    let taken: Vec<String> = arrays
+        .iter()
+        .map(|a| dir.join(&a.0))
+        .filter(|p| files::exists(p))
+        .map(|p| p.display().to_string())
+        .collect();
+    if !taken.is_empty() {
+        bail!(
+            "{} already exist(s): export never overwrites a file or writes through a link; \
+             choose an empty directory",
+            taken.join(", ")
+        );
+    }
+    let mut written: Vec<PathBuf> = vec![];
+    for (name, descr, shape, data) in &arrays {
+        let path = dir.join(name);
+        if let Err(e) = write_npy(&path, descr, shape, data) {
+            for w in &written {
+                let _ = std::fs::remove_file(w);
+            }
+            return Err(e.into());
+        }
+        written.push(path);
     }
     tracing::info!(sample = id, dir = %dir.display(), "exported");
     Ok(())

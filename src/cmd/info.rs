@@ -54,6 +54,8 @@ pub fn describe(url: &str, versions: &[u64], m: &Manifest) -> serde_json::Value 
         "raw_tensor_bytes": m.raw_bytes(),
         "compression_ratio": if m.bytes() > 0 { m.raw_bytes() as f64 / m.bytes() as f64 } else { 0.0 },
         "properties": m.properties,
+        "vacuum": m.vacuum,
+        "is_vacuum": m.is_vacuum(),
     })
 }
 
@@ -205,6 +207,17 @@ pub async fn run(a: Args) -> Result<std::process::ExitCode> {
             st["max_abs"].as_f64().unwrap_or_default(),
             st["nan_count"],
             st["inf_count"]
+        );
+    }
+    if let Some(v) = m.vacuum {
+        let this = if m.is_vacuum() {
+            " (this version is that vacuum's: its parent's shards, before it deleted files)"
+        } else {
+            ""
+        };
+        println!(
+            "vacuum       last at version {}, cutoff {}{this}",
+            v.version, v.cutoff
         );
     }
     for (k, v) in &m.properties {

@@ -112,17 +112,15 @@ fn token(file: Option<&PathBuf>) -> Result<String> {
     }
 }
 
-/// Local paths are the client's: the daemon runs elsewhere, so they go out absolute.
+/// Local paths are the client's: the daemon runs elsewhere, so they go out absolute, and the
+/// output as the dataset URL every command would read the same string as.
 fn absolute(mut spec: JobArgs) -> Result<JobArgs> {
     if !spec.input.to_string_lossy().contains("://") {
         spec.input = std::path::absolute(&spec.input)
             .with_context(|| format!("--input {}", spec.input.display()))?;
     }
-    if !spec.output.contains("://") {
-        let p = std::path::absolute(&spec.output)
-            .with_context(|| format!("--output {}", spec.output))?;
-        spec.output = format!("file://{}", p.display());
-    }
+    spec.output = hslake_store::location::dataset_url(&spec.output)
+        .with_context(|| format!("--output {}", spec.output))?;
     Ok(spec)
 }
 
@@ -231,5 +229,41 @@ async fn wait(client: &Client, id: u64, timeout: Option<Duration>) -> Result<Exi
             return Ok(ExitCode::from(2));
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    /// `hslake jobs submit` as the command line gives it.
+    #[derive(Parser)]
+    struct Submit {
+        #[command(flatten)]
+        job: JobArgs,
+    }
+
+    fn submitted(output: &str) -> JobArgs {
+        let args = [
+            "submit", "--input", "in.jsonl", "--output", output, "--layers", "0",
+        ];
+        Submit::try_parse_from(args).unwrap().job
+    }
+
+    #[test]
+    fn a_job_goes_out_with_the_output_every_command_reads_and_never_the_root() {
+        for given in ["ds", "./ds/", "/tmp/ds/", "s3://bucket/ds/"] {
+            let sent = absolute(submitted(given)).unwrap();
+            // What the daemon's capture opens the string as.
+            let opened = hslake_store::location::parse_dataset(given).unwrap().url;
+            assert_eq!(sent.output, opened, "{given}");
+            assert!(sent.input.is_absolute());
+        }
+        for root in ["/", "file:///", "s3://bucket"] {
+            let err = format!("{:#}", absolute(submitted(root)).unwrap_err());
+            assert!(err.contains("is the root of a"), "{root}: {err}");
+        }
     }
 }

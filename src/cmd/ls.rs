@@ -34,23 +34,50 @@ pub struct Args {
     pub limit: Option<usize>,
 }
 
+/// What set a version apart: a vacuum's version, or one that dropped shards of its parent
+/// (`hslake repair`); `-` for an ordinary commit.
+fn note(m: &hslake_store::Manifest, previous: Option<&hslake_store::Manifest>) -> String {
+    if let Some(v) = m.vacuum.filter(|_| m.is_vacuum()) {
+        return format!("vacuum (cutoff {})", v.cutoff);
+    }
+    let dropped = previous
+        .filter(|p| m.parent == Some(p.version))
+        .map_or(0, |p| {
+            p.shards
+                .iter()
+                .filter(|s| !m.shards.iter().any(|t| t.path == s.path))
+                .count()
+        });
+    if dropped > 0 {
+        format!(
+            "dropped {dropped} shard(s) of version {}",
+            m.parent.unwrap_or_default()
+        )
+    } else {
+        "-".into()
+    }
+}
+
 /// Run `hslake ls`.
 pub async fn run(a: Args) -> Result<std::process::ExitCode> {
     let ds = Dataset::open(&a.url).await?;
     let limit = a.limit.unwrap_or(usize::MAX);
     match a.what {
         What::Versions => {
-            println!("version\tcommitted_at\tshards\tsamples\tbytes");
+            println!("version\tcommitted_at\tshards\tsamples\tbytes\tnote");
+            let mut parent: Option<hslake_store::Manifest> = None;
             for v in ds.versions().await?.into_iter().take(limit) {
                 let m = ds.manifest(Some(v)).await?;
                 println!(
-                    "{}\t{}\t{}\t{}\t{}",
+                    "{}\t{}\t{}\t{}\t{}\t{}",
                     v,
                     m.committed_at,
                     m.shards.len(),
                     m.num_samples(),
-                    m.bytes()
+                    m.bytes(),
+                    note(&m, parent.as_ref())
                 );
+                parent = Some(m);
             }
         }
         What::Shards => {

@@ -12,6 +12,7 @@ pub mod info;
 pub mod jobs;
 pub mod ls;
 pub mod prepare;
+pub mod repair;
 #[cfg(feature = "capture")]
 pub mod serve_capture;
 #[cfg(feature = "sql")]

@@ -1,15 +1,20 @@
 //! `hslake vacuum`: delete files no manifest names.
 use anyhow::Result;
-use hslake_store::Dataset;
+use hslake_store::{Dataset, VacuumOptions};
 
 /// Arguments of `hslake vacuum`.
 #[derive(clap::Args)]
 pub struct Args {
     /// Dataset URL.
     pub url: String,
-    /// Leave unreferenced files younger than this alone (a writer may be about to commit them).
+    /// Leave unreferenced files younger than this alone (a writer may be about to commit
+    /// them); at least 1h unless --no-writers.
     #[arg(long, default_value = "1h", value_parser = super::parse_duration)]
     pub grace: std::time::Duration,
+    /// No writer is running on this dataset: allows a --grace below 1h (a writer that runs
+    /// after all has its commit refused; no commit can name a deleted file).
+    #[arg(long)]
+    pub no_writers: bool,
     /// Only list what would be deleted.
     #[arg(long)]
     pub dry_run: bool,
@@ -18,7 +23,12 @@ pub struct Args {
 /// Run `hslake vacuum`.
 pub async fn run(a: Args) -> Result<std::process::ExitCode> {
     let ds = Dataset::open(&a.url).await?;
-    let r = hslake_store::vacuum(&ds, a.grace, a.dry_run).await?;
+    let opts = VacuumOptions {
+        grace: a.grace,
+        no_writers: a.no_writers,
+        dry_run: a.dry_run,
+    };
+    let r = hslake_store::vacuum(&ds, opts).await?;
     for f in &r.deleted {
         println!(
             "{}{f}",
@@ -29,12 +39,17 @@ pub async fn run(a: Args) -> Result<std::process::ExitCode> {
             }
         );
     }
+    if let (Some(v), Some(cutoff)) = (r.version, r.cutoff) {
+        println!("committed vacuum version {v} (cutoff {cutoff}) before deleting");
+    }
     tracing::info!(
         deleted = r.deleted.len(),
         bytes = %super::human_bytes(r.bytes),
         kept_within_grace = r.too_recent.len(),
         left_alone = r.left_alone.len(),
         live = r.live,
+        version = ?r.version,
+        restarts = r.restarts,
         dry_run = a.dry_run,
         "vacuum done"
     );

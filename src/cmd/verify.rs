@@ -23,6 +23,14 @@ pub async fn run(a: Args) -> Result<std::process::ExitCode> {
     for p in &report.problems {
         println!("{p}");
     }
+    if !report.missing.is_empty() {
+        eprintln!(
+            "{} shard(s) missing: `hslake repair {} --drop-missing` commits a version without \
+             them (their samples are lost; --dry-run lists them first)",
+            report.missing.len(),
+            ds.url()
+        );
+    }
     if report.is_clean() {
         tracing::info!(url = %ds.url(), version = report.version, shards = report.shards, samples = report.samples, "verify: clean");
         Ok(std::process::ExitCode::SUCCESS)

@@ -8,6 +8,7 @@ use crate::io::location;
 use crate::io::whole::{check, read_whole};
 use crate::table::commit::{put_manifest_checked, CommitError};
 use crate::table::manifest::ShardEntry;
+use crate::table::versions;
 use crate::{Dataset, Result, StoreError};
 
 /// What `copy_dataset` copied.
@@ -30,7 +31,7 @@ pub async fn copy_dataset(
     dst_url: &str,
     on_shard: impl Fn(u64) + Send + Sync,
 ) -> Result<CopyReport> {
-    let dst = location::parse(dst_url)?;
+    let dst = location::parse_dataset(dst_url)?;
     match Dataset::open(dst_url).await {
         Err(StoreError::NotADataset { .. }) => {}
         Ok(_) => {
@@ -43,14 +44,10 @@ pub async fn copy_dataset(
         Err(e) => return Err(e),
     }
     let versions = src.versions().await?;
-    let mut manifests = vec![];
+    let manifests = versions::read_many(src.location(), &versions).await?;
     let mut shards: BTreeMap<String, ShardEntry> = BTreeMap::new();
-    for v in &versions {
-        let m = src.manifest(Some(*v)).await?;
-        for s in &m.shards {
-            shards.insert(s.path.clone(), s.clone());
-        }
-        manifests.push(m);
+    for s in manifests.iter().flat_map(|m| &m.shards) {
+        shards.insert(s.path.clone(), s.clone());
     }
     let on_shard = &on_shard;
     let dst_ref = &dst;

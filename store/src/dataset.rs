@@ -21,7 +21,7 @@ impl Dataset {
     /// Open an existing dataset.
     pub async fn open(url: &str) -> Result<Dataset> {
         let ds = Dataset {
-            loc: location::parse(url)?,
+            loc: location::parse_dataset(url)?,
         };
         if ds.versions().await?.is_empty() {
             return Err(StoreError::NotADataset {
@@ -39,7 +39,7 @@ impl Dataset {
     ) -> Result<Dataset> {
         schema.check()?;
         let ds = Dataset {
-            loc: location::parse(url)?,
+            loc: location::parse_dataset(url)?,
         };
         let first = commit::initial_manifest(schema, provenance);
         let mut failures = 0;
@@ -129,6 +129,7 @@ impl Dataset {
                 schema,
                 shards,
                 properties,
+                removed: &[],
             })
             .await
     }

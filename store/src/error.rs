@@ -121,6 +121,24 @@ pub enum StoreError {
         /// What was found instead, e.g. `not in storage (deleted by a vacuum with a short grace?)`.
         reason: String,
     },
+    /// A commit naming a shard so old that a vacuum committed before the head may be deleting
+    /// it (docs/FORMAT.md, `vacuum`): the shard's samples must be written again.
+    #[error("{url}/{path}: commit refused: the shard was last modified at {modified}, at or before \
+        {cutoff}, the cutoff of the vacuum at version {vacuum_version} (or one before it), which may \
+        have deleted it; write its samples again (a writer must commit within vacuum's --grace); \
+        nothing was committed")]
+    ShardPredatesVacuum {
+        /// The dataset URL.
+        url: String,
+        /// The shard's path.
+        path: String,
+        /// When the store says the shard was last modified.
+        modified: chrono::DateTime<chrono::Utc>,
+        /// The cutoff of the vacuums up to the head.
+        cutoff: chrono::DateTime<chrono::Utc>,
+        /// The newest vacuum's version.
+        vacuum_version: u64,
+    },
     /// A vacuum that could reach beyond the dataset's own files.
     #[error("{url}: vacuum refused: {reason}")]
     VacuumRefused {

@@ -1,5 +1,5 @@
 //! hslake datasets on object storage: immutable Parquet shards, versioned manifests
-//! committed put-if-absent, pinned readers, verification, vacuum and copy.
+//! committed put-if-absent, pinned readers, verification, vacuum, repair and copy.
 //!
 //! ```
 //! # tokio::runtime::Runtime::new().unwrap().block_on(async {
@@ -38,6 +38,7 @@ mod copy;
 mod dataset;
 mod error;
 mod reader;
+mod repair;
 mod vacuum;
 mod verify;
 mod writer;
@@ -47,11 +48,12 @@ pub use dataset::Dataset;
 pub use error::{Result, StoreError};
 pub use io::location;
 pub use reader::{DatasetReader, SampleSite};
+pub use repair::{drop_missing, lost_samples, RepairReport};
 pub use table::manifest::{
-    manifest_path, Manifest, Provenance, ShardEntry, DATA_DIR, VERSIONS_DIR,
+    manifest_path, Manifest, Provenance, ShardEntry, VacuumMark, DATA_DIR, VERSIONS_DIR,
 };
-pub use vacuum::{vacuum, VacuumReport};
-pub use verify::{verify, Problem, VerifyReport};
+pub use vacuum::{vacuum, Marked, MarkedPlan, VacuumOptions, VacuumPlan, VacuumReport, MIN_GRACE};
+pub use verify::{verify, MissingShard, Problem, VerifyReport};
 pub use writer::{
     encode_sample, encode_split_sample, Appended, DatasetWriter, WriterOptions, WriterStats,
 };

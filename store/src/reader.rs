@@ -16,6 +16,7 @@ use parquet::file::statistics::Statistics;
 use crate::format::codec::decode_samples_from;
 use crate::format::decode::{with_file_metadata, TokenRows, TOKEN_CHECKSUM_COLUMN};
 use crate::format::guard::{decoder_failure, guarded_async};
+use crate::format::lengths::RowLengths;
 use crate::format::shard::check_footer;
 use crate::io::counting::CountingStore;
 use crate::io::ranged::ShardFile;
@@ -197,12 +198,12 @@ impl DatasetReader {
                 None => ProjectionMask::all(),
                 Some(cols) => {
                     let mut cols: Vec<&str> = cols.iter().map(String::as_str).collect();
-                    // A row's tokens are checked against their checksum wherever either token
-                    // column is read, which takes both, the checksum and the sample id (named
-                    // in the error).
+                    // A row's tokens are checked against their checksum and its seq_len
+                    // wherever either token column is read, which takes both, the checksum,
+                    // seq_len and the sample id (named in the error).
                     if cols.iter().any(|c| *c == "input_ids" || *c == "loss_mask") {
                         let present = arrow.index_of(TOKEN_CHECKSUM_COLUMN).is_ok();
-                        let extra = ["sample_id", "input_ids", "loss_mask"]
+                        let extra = ["sample_id", "seq_len", "input_ids", "loss_mask"]
                             .into_iter()
                             .chain(present.then_some(TOKEN_CHECKSUM_COLUMN));
                         for c in extra {
@@ -245,15 +246,19 @@ impl DatasetReader {
             }
         }?;
         let batch = with_file_metadata(batch, &file_meta);
+        // Errors name rows of the row group, also where the batch holds only some of them.
+        let each_row = |check: &dyn Fn(usize) -> Result<()>| match rows {
+            None => (0..batch.num_rows()).try_for_each(check),
+            Some(rows) => rows
+                .iter()
+                .enumerate()
+                .try_for_each(|(i, &r)| check(i).map_err(|e| e.in_row(r))),
+        };
         if let Some(tokens) = TokenRows::from_batch(&batch, &shown, Some(row_group))? {
-            match rows {
-                None => tokens.check()?,
-                Some(rows) => {
-                    for (i, &r) in rows.iter().enumerate() {
-                        tokens.check_row(i).map_err(|e| e.in_row(r))?;
-                    }
-                }
-            }
+            each_row(&|i| tokens.check_row(i))?;
+        }
+        if let Some(lengths) = RowLengths::from_batch(&batch, &shown, Some(row_group))? {
+            each_row(&|i| lengths.check_row(i).map(|_| ()))?;
         }
         Ok(batch)
     }

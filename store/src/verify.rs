@@ -1,22 +1,27 @@
 //! Checking a version end to end: the manifest's own consistency (canonical paths, each shard
 //! named once, each sample id once), every shard's size, checksum, schema, the counts its entry
 //! records (rows, row groups, tokens, raw bytes) and the shape of every tensor, naming the
-//! file and row of each problem.
+//! file and row of each problem. A shard that is not in storage is named with every version
+//! that names it, since each of those versions is broken by it.
+use std::collections::BTreeMap;
 use std::fmt;
 
 use arrow_array::cast::AsArray;
 use arrow_array::types::{UInt32Type, UInt64Type};
 use arrow_array::RecordBatch;
 use bytes::Bytes;
+use futures::StreamExt;
 use hslake_schemas::DatasetSchema;
 use object_store::ObjectStoreExt;
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 
 use crate::format::decode::{with_file_metadata, TensorColumn, TokenRows};
 use crate::format::guard::{decoder_failure, guarded};
+use crate::format::lengths::RowLengths;
 use crate::format::shard::check_footer;
 use crate::table::manifest::{manifest_path, ShardEntry};
 use crate::table::sample_ids::SHOWN_DUPLICATES;
+use crate::table::versions;
 use crate::{Dataset, Result, StoreError};
 
 /// One thing wrong with a dataset.
@@ -52,6 +57,17 @@ pub struct VerifyReport {
     pub bytes: u64,
     /// Every problem found.
     pub problems: Vec<Problem>,
+    /// Shards the version names that are not in storage, each with every version naming it.
+    pub missing: Vec<MissingShard>,
+}
+
+/// A shard that a manifest names but storage does not hold.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MissingShard {
+    /// Its dataset-relative path.
+    pub path: String,
+    /// Every version whose manifest names it, ascending (manifests that cannot be read left out).
+    pub versions: Vec<u64>,
 }
 
 impl VerifyReport {
@@ -93,6 +109,7 @@ pub async fn verify(
     }
     // (sample id, shard index, row) of every row read, to find ids held twice.
     let mut ids: Vec<(u64, usize, u64)> = Vec::new();
+    let mut missing: Vec<&str> = vec![];
     let store = ds.object_store();
     for (index, entry) in m.shards.iter().enumerate() {
         let file = format!("{}/{}", ds.url(), entry.path);
@@ -112,10 +129,7 @@ pub async fn verify(
                 }
             },
             Err(object_store::Error::NotFound { .. }) => {
-                problem(
-                    None,
-                    "missing: named by the manifest but not in storage".into(),
-                );
+                missing.push(&entry.path);
                 continue;
             }
             Err(e) => {
@@ -163,6 +177,21 @@ pub async fn verify(
         report.samples += seen.ids.len() as u64;
         ids.extend(seen.ids.into_iter().map(|(id, row)| (id, index, row)));
     }
+    if !missing.is_empty() {
+        let naming = versions_naming(ds, &missing).await?;
+        for path in missing {
+            let versions = naming.get(path).cloned().unwrap_or_default();
+            report.problems.push(Problem {
+                file: format!("{}/{path}", ds.url()),
+                row: None,
+                message: format!("missing: not in storage; {}", name_versions(&versions)),
+            });
+            report.missing.push(MissingShard {
+                path: path.to_string(),
+                versions,
+            });
+        }
+    }
     ids.sort_unstable();
     let twice: Vec<&[(u64, usize, u64)]> = ids
         .chunk_by(|a, b| a.0 == b.0)
@@ -191,6 +220,47 @@ pub async fn verify(
         });
     }
     Ok(report)
+}
+
+/// For each of `paths`, every version whose manifest names it. A manifest that cannot be read
+/// is left out (verifying that version reports why).
+async fn versions_naming(ds: &Dataset, paths: &[&str]) -> Result<BTreeMap<String, Vec<u64>>> {
+    let all = ds.versions().await?;
+    let mut manifests = std::pin::pin!(versions::read_each(ds.location(), &all));
+    let mut naming: BTreeMap<String, Vec<u64>> = BTreeMap::new();
+    while let Some(m) = manifests.next().await {
+        let Ok(m) = m else { continue };
+        for s in m.shards.iter().filter(|s| paths.contains(&s.path.as_str())) {
+            naming.entry(s.path.clone()).or_default().push(m.version);
+        }
+    }
+    Ok(naming)
+}
+
+/// `versions 3..=7, 9 name it`: runs of consecutive versions as ranges.
+fn name_versions(versions: &[u64]) -> String {
+    let mut runs: Vec<(u64, u64)> = vec![];
+    for &v in versions {
+        match runs.last_mut() {
+            Some((_, end)) if v == *end + 1 => *end = v,
+            _ => runs.push((v, v)),
+        }
+    }
+    let text: Vec<String> = runs
+        .iter()
+        .map(|&(a, b)| {
+            if a == b {
+                a.to_string()
+            } else {
+                format!("{a}..={b}")
+            }
+        })
+        .collect();
+    match versions {
+        [] => "no readable manifest names it".into(),
+        [_] => format!("version {} names it", text[0]),
+        _ => format!("versions {} name it", text.join(", ")),
+    }
 }
 
 /// What the rows of one shard hold, summed as `verify` reads them.
@@ -302,7 +372,7 @@ fn check_batch(
     seen: &mut Seen,
     problem: &mut impl FnMut(Option<u64>, String),
 ) {
-    let (Some(ids), Some(seq), Some(toks), Some(mask)) = (
+    let (Some(ids), Some(seq), Some(_), Some(_)) = (
         b.column_by_name("sample_id")
             .and_then(|c| c.as_primitive_opt::<UInt64Type>()),
         b.column_by_name("seq_len")
@@ -342,6 +412,13 @@ fn check_batch(
             return;
         }
     };
+    let lengths = match RowLengths::from_batch(b, "", None) {
+        Ok(l) => l,
+        Err(e) => {
+            problem(None, unreadable(e));
+            return;
+        }
+    };
     let (mut values, mut scales) = (Vec::new(), Vec::new());
     for r in 0..b.num_rows() {
         let row = Some(row0 + r as u64);
@@ -362,12 +439,10 @@ fn check_batch(
             * schema.hidden_size as u128
             * schema.dtype.size() as u128
             * cols.len() as u128;
-        let (nt, nm) = (toks.value_length(r) as usize, mask.value_length(r) as usize);
-        if nt != n || nm != n {
-            problem(
-                row,
-                format!("sample {id}: seq_len {n}, input_ids {nt}, loss_mask {nm} tokens"),
-            );
+        if let Some(Err(StoreError::BadValue { column, reason, .. })) =
+            lengths.as_ref().map(|l| l.check_row(r))
+        {
+            problem(row, format!("sample {id} {column}: {reason}"));
         }
         if let Some(Err(StoreError::BadValue { column, reason, .. })) =
             tokens.as_ref().map(|t| t.check_row(r))
@@ -427,6 +502,17 @@ mod tests {
         let entry = ds.manifest(None).await.unwrap().shards[0].clone();
         let bytes = std::fs::read(dir.join(&entry.path)).unwrap();
         (ds, schema, entry, bytes)
+    }
+
+    #[test]
+    fn names_the_versions_of_a_missing_shard_as_ranges() {
+        assert_eq!(name_versions(&[12]), "version 12 names it");
+        assert_eq!(name_versions(&[12, 13, 14]), "versions 12..=14 name it");
+        assert_eq!(
+            name_versions(&[3, 5, 6, 7, 9]),
+            "versions 3, 5..=7, 9 name it"
+        );
+        assert_eq!(name_versions(&[]), "no readable manifest names it");
     }
 
     #[tokio::test]

@@ -13,7 +13,7 @@ use arrow_array::{ArrayRef, RecordBatch};
 use arrow_ipc::writer::StreamWriter;
 use arrow_schema::{DataType, Field, Schema};
 
-use super::{io_err, tmp_name, write_atomic};
+use super::{create_file, io_err, publish, tmp_name, write_atomic};
 use crate::LoaderError;
 
 const DATA_FILE: &str = "data-00000-of-00001.arrow";
@@ -60,7 +60,7 @@ impl HfDatasetWriter {
             .with_metadata([("huggingface".to_string(), meta)].into()),
         );
         let path = tmp_name(&dir.join(DATA_FILE));
-        let file = File::create(&path).map_err(|e| io_err(&path, e))?;
+        let file = create_file(&path)?;
         let writer =
             StreamWriter::try_new(BufWriter::new(file), &schema).map_err(|e| io_err(&path, e))?;
         Ok(HfDatasetWriter {
@@ -127,8 +127,7 @@ impl HfDatasetWriter {
         self.writer
             .finish()
             .map_err(|e| io_err(&self.data_path(), e))?;
-        let data = self.dir.join(DATA_FILE);
-        std::fs::rename(tmp_name(&data), &data).map_err(|e| io_err(&data, e))?;
+        publish(&self.dir.join(DATA_FILE))?;
         let info = serde_json::json!({
             "citation": "", "description": "", "homepage": "", "license": "",
             "features": features_json(),

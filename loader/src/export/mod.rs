@@ -4,6 +4,8 @@
 //! complete. Used by `hslake export --format` and the Python module's `hslake.export`.
 use std::path::{Path, PathBuf};
 
+use hslake_store::tools::files;
+
 use crate::{Batch, Batching, HostTensor, Loader, LoaderConfig, LoaderError, Preset};
 
 mod hf_dataset;
@@ -75,11 +77,40 @@ pub(crate) fn io_err(path: &Path, e: impl std::fmt::Display) -> LoaderError {
     }
 }
 
-/// Write `bytes` under a temporary name, then rename it into place.
+/// An I/O failure creating an export file or folder, naming it; a name that exists already (a
+/// link planted in the output directory included) is refused as such.
+pub(crate) fn create_err(path: &Path, e: std::io::Error) -> LoaderError {
+    match e.kind() {
+        std::io::ErrorKind::AlreadyExists => io_err(
+            path,
+            "already exists; an export never overwrites a file or writes through a link \
+             (export into an empty directory)",
+        ),
+        _ => io_err(path, e),
+    }
+}
+
+/// Create the new file `path` (refused where anything is at that name, links never followed).
+pub(crate) fn create_file(path: &Path) -> Result<std::fs::File, LoaderError> {
+    files::create_new(path).map_err(|e| create_err(path, e))
+}
+
+/// Create the new folder `dir` (refused where anything is at that name).
+pub(crate) fn create_dir(dir: &Path) -> Result<(), LoaderError> {
+    std::fs::create_dir(dir).map_err(|e| create_err(dir, e))
+}
+
+/// Give the finished temporary file of `path` its name (refused where anything is there).
+pub(crate) fn publish(path: &Path) -> Result<(), LoaderError> {
+    files::publish(&tmp_name(path), path).map_err(|e| create_err(path, e))
+}
+
+/// Write `bytes` under a new temporary name, then give it its name: neither name may exist.
 pub(crate) fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), LoaderError> {
     let t = tmp_name(path);
-    std::fs::write(&t, bytes).map_err(|e| io_err(&t, e))?;
-    std::fs::rename(&t, path).map_err(|e| io_err(path, e))
+    let mut f = create_file(&t)?;
+    std::io::Write::write_all(&mut f, bytes).map_err(|e| io_err(&t, e))?;
+    publish(path)
 }
 
 /// `path` + `.tmp`.
@@ -331,5 +362,35 @@ mod tests {
         .unwrap_err()
         .to_string();
         assert!(err.contains("not empty"), "{err}");
+    }
+
+    #[test]
+    fn never_writes_through_a_link_planted_at_a_file_or_folder_name() {
+        let dir = tempfile::tempdir().unwrap();
+        let outside = dir.path().join("outside");
+        std::fs::create_dir(&outside).unwrap();
+        std::fs::write(outside.join("victim"), b"precious").unwrap();
+        let out = dir.path().join("out");
+        std::fs::create_dir(&out).unwrap();
+        let link = |name: &str, to: &Path| std::os::unix::fs::symlink(to, out.join(name)).unwrap();
+        // At the final name, at the temporary name, and as a row folder.
+        link("hs_0.safetensors", &outside.join("victim"));
+        link("hs_1.safetensors.tmp", &outside.join("victim"));
+        link("rows_0-2", &outside);
+        for name in ["hs_0.safetensors", "hs_1.safetensors"] {
+            let err = write_atomic(&out.join(name), b"new")
+                .unwrap_err()
+                .to_string();
+            assert!(
+                err.contains(name) && err.contains("already exists"),
+                "{err}"
+            );
+        }
+        let err = create_dir(&out.join("rows_0-2")).unwrap_err().to_string();
+        assert!(err.contains("rows_0-2: already exists"), "{err}");
+        assert_eq!(std::fs::read(outside.join("victim")).unwrap(), b"precious");
+        assert_eq!(std::fs::read_dir(&outside).unwrap().count(), 1);
+        // The refused write left no temporary file of its own behind.
+        assert!(!out.join("hs_0.safetensors.tmp").exists());
     }
 }

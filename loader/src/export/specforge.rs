@@ -7,7 +7,7 @@
 use std::path::{Path, PathBuf};
 
 use super::torch_save::{fits_without_zip64, torch_save_bytes, TensorRef};
-use super::{io_err, write_atomic, TrainerSample, TrainerSink};
+use super::{create_dir, io_err, write_atomic, TrainerSample, TrainerSink};
 use crate::{ElemType, LoaderError};
 
 /// Writes the SpecForge layout under one directory.
@@ -95,7 +95,7 @@ impl TrainerSink for SpecforgeSink {
             ),
         ];
         if s.index.is_multiple_of(self.rows_per_dir) {
-            std::fs::create_dir_all(&folder).map_err(|e| io_err(&folder, e))?;
+            create_dir(&folder)?;
         }
         write_atomic(&path, &torch_save_bytes(&entries))
     }

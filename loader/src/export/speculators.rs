@@ -8,7 +8,7 @@ use safetensors::tensor::TensorView;
 use safetensors::Dtype;
 
 use super::hf_dataset::HfDatasetWriter;
-use super::{io_err, write_atomic, TrainerSample, TrainerSink};
+use super::{create_dir, io_err, write_atomic, TrainerSample, TrainerSink};
 use crate::{ElemType, LoaderError};
 
 /// Writes the speculators layout into one directory.
@@ -21,7 +21,7 @@ impl SpeculatorsSink {
     /// Start an export into the (empty) directory `dir`.
     pub fn create(dir: &Path) -> Result<Self, LoaderError> {
         let states = dir.join("hidden_states");
-        std::fs::create_dir_all(&states).map_err(|e| io_err(&states, e))?;
+        create_dir(&states)?;
         Ok(SpeculatorsSink {
             states,
             rows: HfDatasetWriter::create(dir)?,

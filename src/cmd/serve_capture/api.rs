@@ -206,7 +206,11 @@ fn no_job(id: u64) -> ApiError {
 async fn submit(State(d): State<Arc<Daemon>>, headers: HeaderMap, body: Bytes) -> Answer {
     authorize(&d, &headers)?;
     let bad = |m: String| ApiError(StatusCode::BAD_REQUEST, m);
-    let spec: JobArgs = serde_json::from_slice(&body).map_err(|e| bad(format!("job JSON: {e}")))?;
+    let mut spec: JobArgs =
+        serde_json::from_slice(&body).map_err(|e| bad(format!("job JSON: {e}")))?;
+    // Stored as the dataset URL every command reads the same string as (the root refused).
+    spec.output = hslake_store::location::dataset_url(&spec.output)
+        .map_err(|e| bad(format!("output: {e}")))?;
     let job = spec.job().map_err(|e| bad(format!("{e:#}")))?;
     let (model, options) = (d.model.clone(), d.engine_options.clone());
     let span = tracing::info_span!("submission", output = %spec.output);

@@ -138,7 +138,7 @@ pub struct ValueAt<'a> {
 impl<'a> ValueAt<'a> {
     /// Row `row` of a batch read from `file`'s `row_group`, with its sample id where the batch
     /// has that column.
-    fn row_of(
+    pub(crate) fn row_of(
         file: &'a str,
         row_group: Option<usize>,
         sample_ids: Option<&UInt64Array>,
@@ -286,6 +286,14 @@ pub fn with_file_metadata(
     }
 }
 
+/// The batch's `sample_id` column, where it has one: errors about its rows name their samples.
+pub(crate) fn sample_ids_of(batch: &RecordBatch) -> Option<UInt64Array> {
+    batch
+        .column_by_name("sample_id")
+        .and_then(|c| c.as_primitive_opt::<UInt64Type>())
+        .cloned()
+}
+
 /// A column decoded to plain little-endian tokens: row `r` holds its `[tokens, hidden]` values
 /// (or its scales as little-endian f32).
 #[derive(Debug, Clone)]
@@ -347,10 +355,7 @@ impl TensorColumn {
         } else {
             None
         };
-        let sample_ids = batch
-            .column_by_name("sample_id")
-            .and_then(|c| c.as_primitive_opt::<UInt64Type>())
-            .cloned();
+        let sample_ids = sample_ids_of(batch);
         Ok(TensorColumn {
             kind: ValueKind::Tensor { dtype, hidden },
             name,
@@ -613,10 +618,7 @@ impl TokenRows {
             ids,
             mask,
             sums,
-            sample_ids: batch
-                .column_by_name("sample_id")
-                .and_then(|c| c.as_primitive_opt::<UInt64Type>())
-                .cloned(),
+            sample_ids: sample_ids_of(batch),
             file: file.to_string(),
             row_group,
             unsummed_pass: false,

@@ -84,23 +84,77 @@ fn memory_stores() -> &'static Mutex<HashMap<String, Arc<InMemory>>> {
     STORES.get_or_init(Default::default)
 }
 
-/// Parse a dataset URL. A bare path is taken as a local directory.
-pub fn parse(url: &str) -> Result<Location> {
+/// What a location string names, before any store is made for it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Target {
+    /// A local directory: absolute, without `.` or `..` parts.
+    File(std::path::PathBuf),
+    /// A named in-memory store.
+    Memory(String),
+    /// A prefix (possibly empty) in a bucket.
+    S3 { bucket: String, prefix: String },
+}
+
+impl Target {
+    /// The canonical URL: the same for every spelling of the same location.
+    fn url(&self) -> String {
+        match self {
+            Target::File(dir) if dir.as_os_str() == "/" => "file:///".into(),
+            Target::File(dir) => format!("file://{}", dir.display()),
+            Target::Memory(name) => format!("memory://{name}"),
+            Target::S3 { bucket, prefix } if prefix.is_empty() => format!("s3://{bucket}"),
+            Target::S3 { bucket, prefix } => format!("s3://{bucket}/{prefix}"),
+        }
+    }
+
+    /// Whether this is the root of a filesystem or a bucket, which cannot hold a dataset:
+    /// vacuum and the writer would share it with everything else there.
+    fn is_root(&self) -> bool {
+        match self {
+            Target::File(dir) => dir.parent().is_none(),
+            Target::Memory(_) => false,
+            Target::S3 { prefix, .. } => prefix.is_empty(),
+        }
+    }
+}
+
+/// `path` made absolute (against the current directory) with `.` and `..` parts resolved as
+/// URLs resolve them: lexically, without following links.
+fn absolute_dir(path: &std::path::Path) -> std::io::Result<std::path::PathBuf> {
+    use std::path::Component;
+    let joined = match path.is_absolute() {
+        true => path.to_path_buf(),
+        false => std::env::current_dir()?.join(path),
+    };
+    let mut out = std::path::PathBuf::from("/");
+    for c in joined.components() {
+        match c {
+            Component::Normal(part) => out.push(part),
+            Component::ParentDir => {
+                out.pop();
+            }
+            Component::RootDir | Component::CurDir | Component::Prefix(_) => {}
+        }
+    }
+    Ok(out)
+}
+
+/// What `url` names: `file://`, `s3://` (or `s3a://`) and `memory://` URLs, or a bare path
+/// (a local directory, relative to the current one).
+fn resolve(url: &str) -> Result<Target> {
     let invalid = |reason: String| StoreError::InvalidUrl {
         url: url.to_string(),
         reason,
     };
     if !url.contains("://") {
-        let p = std::path::Path::new(url);
-        let abs = if p.is_absolute() {
-            p.to_path_buf()
-        } else {
-            std::env::current_dir()
-                .map_err(|e| invalid(format!("no current directory: {e}")))?
-                .join(p)
-        };
-        let u = Url::from_directory_path(&abs).map_err(|_| invalid("not a usable path".into()))?;
-        return parse(u.as_str().trim_end_matches('/'));
+        if url.is_empty() {
+            return Err(invalid(
+                "empty; expected a path or a file://, s3:// or memory:// URL".into(),
+            ));
+        }
+        let dir = absolute_dir(std::path::Path::new(url))
+            .map_err(|e| invalid(format!("no current directory: {e}")))?;
+        return Ok(Target::File(dir));
     }
     let u = Url::parse(url).map_err(|e| invalid(e.to_string()))?;
     match u.scheme() {
@@ -108,29 +162,16 @@ pub fn parse(url: &str) -> Result<Location> {
             let dir = u
                 .to_file_path()
                 .map_err(|_| invalid("file URLs need an absolute path".into()))?;
-            let prefix = Path::from_absolute_path(&dir).map_err(|e| invalid(e.to_string()))?;
-            let canon = format!("file://{}", dir.display())
-                .trim_end_matches('/')
-                .to_string();
-            Ok(Location {
-                url: canon,
-                store: Arc::new(LocalFileSystem::new()),
-                prefix,
-            })
+            let dir = absolute_dir(&dir).map_err(|e| invalid(e.to_string()))?;
+            Ok(Target::File(dir))
         }
         "memory" => {
             let name = format!("{}{}", u.host_str().unwrap_or(""), u.path());
-            let store = memory_stores()
-                .lock()
-                .map_err(|_| invalid("memory store registry poisoned".into()))?
-                .entry(name.clone())
-                .or_insert_with(|| Arc::new(InMemory::new()))
-                .clone();
-            Ok(Location {
-                url: format!("memory://{name}"),
-                store,
-                prefix: Path::from("dataset"),
-            })
+            let name = name.trim_end_matches('/');
+            if name.is_empty() {
+                return Err(invalid("no name; expected memory://<name>".into()));
+            }
+            Ok(Target::Memory(name.to_string()))
         }
         "s3" | "s3a" => {
             let bucket = u
@@ -142,6 +183,50 @@ pub fn parse(url: &str) -> Result<Location> {
                     "bucket name {bucket:?} is shorter than 3 characters"
                 )));
             }
+            let prefix = Path::from(u.path().trim_matches('/'));
+            Ok(Target::S3 {
+                bucket: bucket.to_string(),
+                prefix: prefix.as_ref().to_string(),
+            })
+        }
+        other => Err(invalid(format!(
+            "unsupported scheme {other:?}; expected file://, s3:// or memory://"
+        ))),
+    }
+}
+
+/// Parse a location URL (a dataset's, a state folder's or an input object's). A bare path is
+/// taken as a local path, relative to the current directory.
+pub fn parse(url: &str) -> Result<Location> {
+    let target = resolve(url)?;
+    let canon = target.url();
+    let invalid = |reason: String| StoreError::InvalidUrl {
+        url: url.to_string(),
+        reason,
+    };
+    match target {
+        Target::File(dir) => {
+            let prefix = Path::from_absolute_path(&dir).map_err(|e| invalid(e.to_string()))?;
+            Ok(Location {
+                url: canon,
+                store: Arc::new(LocalFileSystem::new()),
+                prefix,
+            })
+        }
+        Target::Memory(name) => {
+            let store = memory_stores()
+                .lock()
+                .map_err(|_| invalid("memory store registry poisoned".into()))?
+                .entry(name)
+                .or_insert_with(|| Arc::new(InMemory::new()))
+                .clone();
+            Ok(Location {
+                url: canon,
+                store,
+                prefix: Path::from("dataset"),
+            })
+        }
+        Target::S3 { bucket, prefix } => {
             let policy = s3_policy(|k| std::env::var(k).ok()).map_err(invalid)?;
             log_policy_once(&policy);
             let mut builder = AmazonS3Builder::from_env()
@@ -161,20 +246,43 @@ pub fn parse(url: &str) -> Result<Location> {
                 }
             }
             let store = builder.build().map_err(|e| invalid(e.to_string()))?;
-            let prefix = Path::from(u.path().trim_matches('/'));
-            let canon = format!("s3://{bucket}/{}", prefix.as_ref())
-                .trim_end_matches('/')
-                .to_string();
             Ok(Location {
                 url: canon,
                 store: Arc::new(store),
-                prefix,
+                prefix: Path::from(prefix),
             })
         }
-        other => Err(invalid(format!(
-            "unsupported scheme {other:?}; expected file://, s3:// or memory://"
-        ))),
     }
+}
+
+/// The canonical URL of the dataset at `url`, without opening its store: what every command,
+/// the capture daemon and its clients call the dataset. The root of a filesystem or bucket is
+/// refused ([`StoreError::InvalidUrl`]).
+pub fn dataset_url(url: &str) -> Result<String> {
+    let target = resolve(url)?;
+    if target.is_root() {
+        return Err(StoreError::InvalidUrl {
+            url: url.to_string(),
+            reason: format!(
+                "{} is the root of a {}; a dataset needs a folder of its own (e.g. {}/my-dataset)",
+                target.url(),
+                if matches!(target, Target::S3 { .. }) {
+                    "bucket"
+                } else {
+                    "filesystem"
+                },
+                target.url().trim_end_matches('/')
+            ),
+        });
+    }
+    Ok(target.url())
+}
+
+/// [`parse`] for a dataset: the root of a filesystem or bucket is refused, as by
+/// [`dataset_url`].
+pub fn parse_dataset(url: &str) -> Result<Location> {
+    dataset_url(url)?;
+    parse(url)
 }
 
 /// How S3 requests are retried and timed out: object_store's retry settings, overridable by
@@ -282,6 +390,63 @@ mod tests {
         );
         let err = s3_policy(env(&[("HSLAKE_S3_CONNECT_TIMEOUT", "-1")])).unwrap_err();
         assert!(err.contains("expected a number of seconds"), "{err}");
+    }
+
+    #[test]
+    fn the_same_location_gets_the_same_url_however_it_is_spelled() {
+        let cwd = std::env::current_dir().unwrap();
+        let here = format!("file://{}", cwd.join("ds").display());
+        let cases = [
+            ("/tmp/x", "file:///tmp/x"),
+            ("/tmp/x/", "file:///tmp/x"),
+            ("/tmp/./y/../x", "file:///tmp/x"),
+            ("file:///tmp/x", "file:///tmp/x"),
+            ("file:///tmp/x/", "file:///tmp/x"),
+            ("file:///tmp/y/../x", "file:///tmp/x"),
+            ("ds", here.as_str()),
+            ("./ds/", here.as_str()),
+            ("s3://bucket/p", "s3://bucket/p"),
+            ("s3://bucket/p/", "s3://bucket/p"),
+            ("s3a://bucket//p", "s3://bucket/p"),
+            ("memory://n", "memory://n"),
+            ("memory://n/", "memory://n"),
+        ];
+        for (given, want) in cases {
+            assert_eq!(dataset_url(given).unwrap(), want, "{given}");
+            assert_eq!(parse_dataset(given).unwrap().url, want, "{given}");
+            assert_eq!(parse(given).unwrap().url, want, "{given}");
+        }
+        assert_eq!(
+            parse("/tmp/x/").unwrap().prefix,
+            parse("file:///tmp/x").unwrap().prefix
+        );
+    }
+
+    #[test]
+    fn the_root_of_a_filesystem_or_bucket_is_refused_as_a_dataset() {
+        for (given, root) in [
+            ("/", "file:/// is the root of a filesystem"),
+            ("file:///", "file:/// is the root of a filesystem"),
+            ("/tmp/..", "file:/// is the root of a filesystem"),
+            ("s3://bucket", "s3://bucket is the root of a bucket"),
+            ("s3://bucket/", "s3://bucket is the root of a bucket"),
+        ] {
+            let err = dataset_url(given).unwrap_err();
+            assert!(
+                matches!(err, StoreError::InvalidUrl { .. }),
+                "{given}: {err}"
+            );
+            let text = err.to_string();
+            assert!(
+                text.contains(root) && text.contains("a folder of its own"),
+                "{given}: {text}"
+            );
+            assert!(parse_dataset(given).is_err(), "{given}");
+        }
+        // As a plain location (a state folder, an input object), the root parses, as itself.
+        assert_eq!(parse("/").unwrap().url, "file:///");
+        assert!(parse("").is_err());
+        assert!(parse("memory://").is_err());
     }
 
     #[test]

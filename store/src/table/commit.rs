@@ -7,6 +7,13 @@
 //! Every manifest a commit writes carries the commit's id. A put whose outcome is unknown
 //! (timeout, reset, or a 412 on a retry of a put that did land) is resolved by reading the
 //! manifest at that version back: if it carries our id, the commit landed.
+//!
+//! Vacuum takes part in the same order (`crate::vacuum`): before it deletes anything it puts a
+//! version of its own ([`vacuum_manifest`]) whose mark says which files it may delete (those
+//! last modified at or before its cutoff), and every later manifest carries the mark forward.
+//! The shard-presence check refuses a new shard that old, so a commit either lands before the
+//! vacuum's version (and the vacuum, conflicting, starts over and sees the shard as live) or
+//! after it (and refuses the shard by name): no commit can name a file a vacuum deletes.
 use std::collections::BTreeMap;
 use std::time::Duration;
 
@@ -16,7 +23,7 @@ use object_store::{ObjectStoreExt, PutMode, PutOptions, PutPayload};
 
 use crate::io::location::Location;
 use crate::table::manifest::{
-    canonical_shard_path, manifest_path, Manifest, Provenance, ShardEntry,
+    canonical_shard_path, manifest_path, Manifest, Provenance, ShardEntry, VacuumMark,
 };
 use crate::table::sample_ids::{self, SHOWN_DUPLICATES};
 use crate::table::versions;
@@ -76,6 +83,7 @@ pub fn initial_manifest(schema: DatasetSchema, provenance: Provenance) -> Manife
         shards: vec![],
         properties: Default::default(),
         commit_id: Some(new_commit_id()),
+        vacuum: None,
         noncanonical_paths: vec![],
     }
 }
@@ -154,6 +162,8 @@ pub struct Change<'a> {
     pub shards: &'a [ShardEntry],
     /// Manifest properties to set (e.g. capture progress).
     pub properties: &'a BTreeMap<String, String>,
+    /// Shard paths to leave out of the new version (`hslake repair` drops missing shards).
+    pub removed: &'a [String],
 }
 
 /// Commits changes to the dataset at one location.
@@ -263,7 +273,7 @@ impl<'a> Committer<'a> {
         let heads: Vec<_> = change
             .shards
             .iter()
-            .map(|s| check_present(self.loc, s))
+            .map(|s| check_present(self.loc, s, head.vacuum))
             .collect();
         futures::stream::iter(heads)
             .buffer_unordered(PARALLEL_HEADS)
@@ -307,15 +317,28 @@ fn check_change_paths(url: &str, shards: &[ShardEntry]) -> Result<()> {
     Ok(())
 }
 
-/// A HEAD of one new shard: it must exist with the size its entry records.
-async fn check_present(loc: &Location, s: &ShardEntry) -> Result<()> {
+/// A HEAD of one new shard: it must exist with the size its entry records, and be younger than
+/// the cutoff of every vacuum up to the head (`mark`), which may be deleting older files that
+/// no manifest names.
+async fn check_present(loc: &Location, s: &ShardEntry, mark: Option<VacuumMark>) -> Result<()> {
     let missing = |reason: String| StoreError::ShardMissing {
         url: loc.url.clone(),
         path: s.path.clone(),
         reason,
     };
     match loc.store.head(&loc.path(&s.path)).await {
-        Ok(meta) if meta.size == s.bytes => Ok(()),
+        Ok(meta) if meta.size == s.bytes => match mark {
+            Some(v) if v.may_have_deleted(meta.last_modified) => {
+                Err(StoreError::ShardPredatesVacuum {
+                    url: loc.url.clone(),
+                    path: s.path.clone(),
+                    modified: meta.last_modified,
+                    cutoff: v.cutoff,
+                    vacuum_version: v.version,
+                })
+            }
+            _ => Ok(()),
+        },
         Ok(meta) => Err(missing(format!(
             "file is {} bytes, its entry says {}",
             meta.size, s.bytes
@@ -359,6 +382,7 @@ fn next_manifest(
     next.committed_at = committed_at;
     next.commit_id = Some(commit_id.to_string());
     next.noncanonical_paths.clear();
+    next.shards.retain(|s| !change.removed.contains(&s.path));
     next.shards.extend_from_slice(change.shards);
     next.properties.extend(
         change
@@ -369,9 +393,32 @@ fn next_manifest(
     Ok(next)
 }
 
+/// The manifest of a vacuum's version on top of `head`: the same shards and properties, marked
+/// as this vacuum's, with the later of `cutoff` (the newest modification time among the files
+/// it is about to delete) and the head's cutoff.
+pub fn vacuum_manifest(
+    url: &str,
+    head: &Manifest,
+    cutoff: chrono::DateTime<chrono::Utc>,
+    commit_id: &str,
+) -> Result<Manifest> {
+    let keep = Change {
+        schema: &head.schema,
+        shards: &[],
+        properties: &BTreeMap::new(),
+        removed: &[],
+    };
+    let mut next = next_manifest(url, head, &keep, now(), commit_id)?;
+    next.vacuum = Some(VacuumMark {
+        version: next.version,
+        cutoff: head.vacuum.map_or(cutoff, |v| v.cutoff.max(cutoff)),
+    });
+    Ok(next)
+}
+
 /// Wait before the attempt after `attempt`: random up to 5 ms, doubling to 320 ms, so that
 /// racing writers do not collide in lockstep.
-fn backoff(attempt: u32) -> Duration {
+pub(crate) fn backoff(attempt: u32) -> Duration {
     Duration::from_millis(rand::random_range(1..(5u64 << attempt.min(6))))
 }
 
@@ -449,6 +496,7 @@ mod tests {
             schema: &s,
             shards: &[shard("data/b.parquet")],
             properties: &props,
+            removed: &[],
         };
         let next = next_manifest("memory://x", &head, &change, "t".into(), "c1").unwrap();
         assert_eq!((next.version, next.parent), (5, Some(4)));
@@ -458,6 +506,90 @@ mod tests {
         let paths: Vec<&str> = next.shards.iter().map(|s| s.path.as_str()).collect();
         assert_eq!(paths, ["data/a.parquet", "data/b.parquet"]);
         assert_eq!(next.properties.len(), 2);
+    }
+
+    fn at(secs: i64, millis: u32) -> chrono::DateTime<chrono::Utc> {
+        chrono::DateTime::from_timestamp(secs, millis * 1_000_000).unwrap()
+    }
+
+    #[test]
+    fn every_commit_carries_the_vacuum_mark_and_a_change_can_drop_shards() {
+        let s = schema(DType::Bf16);
+        let mut head = initial_manifest(s.clone(), Provenance::default());
+        head.version = 7;
+        head.shards = vec![shard("data/a.parquet"), shard("data/b.parquet")];
+        let mark = VacuumMark {
+            version: 6,
+            cutoff: at(1000, 0),
+        };
+        head.vacuum = Some(mark);
+        let props = BTreeMap::new();
+        let change = Change {
+            schema: &s,
+            shards: &[shard("data/c.parquet")],
+            properties: &props,
+            removed: &["data/a.parquet".to_string()],
+        };
+        let next = next_manifest("memory://x", &head, &change, "t".into(), "c").unwrap();
+        assert_eq!(next.vacuum, Some(mark));
+        assert!(!next.is_vacuum());
+        let paths: Vec<&str> = next.shards.iter().map(|s| s.path.as_str()).collect();
+        assert_eq!(paths, ["data/b.parquet", "data/c.parquet"]);
+    }
+
+    #[test]
+    fn a_vacuum_version_keeps_the_head_and_the_latest_cutoff() {
+        let s = schema(DType::Bf16);
+        let mut head = initial_manifest(s, Provenance::default());
+        head.version = 3;
+        head.shards = vec![shard("data/a.parquet")];
+        head.properties = [("progress".to_string(), "9".to_string())].into();
+        let v = vacuum_manifest("memory://x", &head, at(500, 0), "c").unwrap();
+        assert!(v.is_vacuum());
+        assert_eq!(
+            (v.version, v.shards.clone(), v.properties.clone()),
+            (4, head.shards.clone(), head.properties.clone())
+        );
+        assert_eq!(v.vacuum.unwrap().cutoff, at(500, 0));
+        // An earlier vacuum's later cutoff stands: its deletes may still be running.
+        head.vacuum = Some(VacuumMark {
+            version: 2,
+            cutoff: at(900, 0),
+        });
+        let v = vacuum_manifest("memory://x", &head, at(500, 0), "c").unwrap();
+        assert_eq!(
+            v.vacuum,
+            Some(VacuumMark {
+                version: 4,
+                cutoff: at(900, 0)
+            })
+        );
+    }
+
+    #[test]
+    fn a_cutoff_in_whole_seconds_or_milliseconds_covers_that_whole_unit() {
+        let ns = chrono::DateTime::from_timestamp(1000, 250_000_001).unwrap();
+        let precise = VacuumMark {
+            version: 1,
+            cutoff: VacuumMark::cutoff_for(ns),
+        };
+        assert!(precise.may_have_deleted(ns));
+        assert!(!precise.may_have_deleted(ns + chrono::Duration::nanoseconds(1)));
+        // Milliseconds: the HEAD of the same file may give its microseconds.
+        let ms = VacuumMark {
+            version: 1,
+            cutoff: VacuumMark::cutoff_for(at(1000, 250)),
+        };
+        assert!(ms.may_have_deleted(at(1000, 250) + chrono::Duration::microseconds(999)));
+        assert!(!ms.may_have_deleted(at(1000, 251)));
+        // A listing that gave whole seconds: a HEAD may give the same file's milliseconds.
+        let coarse = VacuumMark {
+            version: 1,
+            cutoff: VacuumMark::cutoff_for(at(1000, 0)),
+        };
+        assert!(coarse.may_have_deleted(at(999, 0)));
+        assert!(coarse.may_have_deleted(at(1000, 999)));
+        assert!(!coarse.may_have_deleted(at(1001, 0)));
     }
 
     #[test]
@@ -470,6 +602,7 @@ mod tests {
             schema: &s,
             shards: &[],
             properties: &props,
+            removed: &[],
         };
         let err = next_manifest("memory://x", &head, &change, "t".into(), "c")
             .unwrap_err()

@@ -119,6 +119,40 @@ pub struct ShardEntry {
     pub row_groups: Vec<u64>,
 }
 
+/// A vacuum's mark on the version chain (docs/FORMAT.md, `vacuum`): the newest vacuum at or
+/// before a version, and the latest cutoff of it and every vacuum before it. Every file a vacuum
+/// deletes was last modified (by the store's clock) at or before its cutoff, so a commit on a
+/// head with this mark refuses new shards that old: one of those vacuums may be deleting them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VacuumMark {
+    /// The version the newest vacuum committed.
+    pub version: u64,
+    /// The latest cutoff of that vacuum and every earlier one.
+    pub cutoff: chrono::DateTime<chrono::Utc>,
+}
+
+impl VacuumMark {
+    /// The cutoff a vacuum records for the newest modification time among the files it deletes,
+    /// as its listing reported it. A listing may give times cut to the second (S3) or the
+    /// millisecond while a commit's HEAD of the same file gives more, so a time that is whole
+    /// in one of those units stands for all of it: the cutoff is the end of that unit.
+    pub fn cutoff_for(newest: chrono::DateTime<chrono::Utc>) -> chrono::DateTime<chrono::Utc> {
+        use chrono::Timelike;
+        let nanos = newest.nanosecond();
+        let unit = [1_000_000_000, 1_000_000, 1_000]
+            .into_iter()
+            .find(|u| nanos.is_multiple_of(*u))
+            .unwrap_or(1);
+        newest + chrono::Duration::nanoseconds(i64::from(unit - 1))
+    }
+
+    /// Whether a file last modified at `modified` may be one that a vacuum up to this mark
+    /// deletes.
+    pub fn may_have_deleted(&self, modified: chrono::DateTime<chrono::Utc>) -> bool {
+        modified <= self.cutoff
+    }
+}
+
 /// One committed version of a dataset.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Manifest {
@@ -143,6 +177,9 @@ pub struct Manifest {
     /// was lost can recognise its own manifest (absent in manifests of older writers).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub commit_id: Option<String>,
+    /// The vacuums up to this version (absent: none yet), carried forward by every commit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vacuum: Option<VacuumMark>,
     /// Shard paths as the stored manifest spelled them, where that was not canonical; `shards`
     /// holds them canonical. Never stored; `verify` reports them.
     #[serde(skip)]
@@ -199,6 +236,15 @@ impl Manifest {
         let mut m: Manifest = serde_json::from_slice(bytes)
             .map_err(|e| StoreError::corrupt(path, format!("bad manifest: {e}")))?;
         m.schema.check()?;
+        if let Some(v) = m.vacuum.filter(|v| v.version > m.version) {
+            return Err(StoreError::corrupt(
+                path,
+                format!(
+                    "vacuum.version {} is after the manifest's own version {}",
+                    v.version, m.version
+                ),
+            ));
+        }
         for (i, s) in m.shards.iter_mut().enumerate() {
             let bad =
                 |why: String| StoreError::corrupt(path, format!("shard {i} ({}): {why}", s.path));
@@ -223,6 +269,12 @@ impl Manifest {
             }
         }
         Ok(m)
+    }
+
+    /// Whether this version is a vacuum's: the same shards and properties as its parent,
+    /// committed before the vacuum deleted anything.
+    pub fn is_vacuum(&self) -> bool {
+        self.vacuum.is_some_and(|v| v.version == self.version)
     }
 
     /// Serialise for storage.

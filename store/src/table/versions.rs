@@ -1,4 +1,5 @@
 //! A dataset's committed versions: listing them and reading one's manifest.
+use futures::{StreamExt, TryStreamExt};
 use object_store::ObjectStoreExt;
 
 use crate::io::location::Location;
@@ -50,6 +51,26 @@ pub async fn read(loc: &Location, v: u64) -> Result<Manifest> {
         ));
     }
     Ok(m)
+}
+
+/// Manifests read at once by [`read_each`].
+const PARALLEL_READS: usize = 16;
+
+/// The manifests of `versions`, in the same order, read several at a time (vacuum, verify and
+/// copy read a dataset's whole history); each read succeeds or fails on its own.
+pub fn read_each<'a>(
+    loc: &'a Location,
+    versions: &[u64],
+) -> impl futures::Stream<Item = Result<Manifest>> + 'a {
+    // Futures made up front: a stream mapping through a closure trips rustc's higher-ranked
+    // `Send` check in spawned callers.
+    let reads: Vec<_> = versions.iter().map(|&v| read(loc, v)).collect();
+    futures::stream::iter(reads).buffered(PARALLEL_READS)
+}
+
+/// [`read_each`], failing on the first manifest that cannot be read.
+pub async fn read_many(loc: &Location, versions: &[u64]) -> Result<Vec<Manifest>> {
+    read_each(loc, versions).try_collect().await
 }
 
 /// The manifest of a version (`None`: the newest).

@@ -1,18 +1,25 @@
 //! Test tools: flip one byte inside a stored tensor value, or inside the `input_ids` pages, of a
 //! shard on local disk, leaving the Parquet file readable (tensor values sit in uncompressed
 //! pages, and Parquet pages carry no checksum), so that tests can check that every reader
-//! catches the flip and names the sample.
+//! catches the flip and names the sample; or rewrite a shard with edited rows under a manifest
+//! that vouches for it, as a tampered or buggy writer would leave it.
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use arrow_array::cast::AsArray;
 use arrow_array::types::{Int32Type, UInt64Type};
-use arrow_array::Array;
+use arrow_array::{Array, RecordBatch, UInt32Array};
 use bytes::Bytes;
+use object_store::{ObjectStoreExt, PutPayload};
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
-use parquet::arrow::ProjectionMask;
+use parquet::arrow::{ArrowWriter, ProjectionMask};
+use parquet::file::metadata::KeyValue;
+use parquet::file::properties::WriterProperties;
 
+use crate::format::decode::with_file_metadata;
 use crate::format::planes::plane_count;
-use crate::{Result, StoreError};
+use crate::table::commit::{put_manifest, CommitError};
+use crate::{Dataset, Result, StoreError};
 
 /// Where a flip landed.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -172,4 +179,115 @@ pub fn flip_token_byte(file: &Path) -> Result<Flip> {
     Err(StoreError::Usage(format!(
         "{shown}: no single flipped bit in input_ids leaves the file readable with other tokens"
     )))
+}
+
+/// Rewrite shard `shard` of the newest version of `ds` in place, with `edit` applied to each of
+/// its record batches (the file's key-value metadata kept), and put the next version's manifest
+/// naming it with its new size, checksum and row groups: a file that the manifest vouches for,
+/// as a tampered or buggy writer leaves it. Returns that version.
+pub async fn rewrite_shard(
+    ds: &Dataset,
+    shard: usize,
+    edit: impl Fn(RecordBatch) -> RecordBatch,
+) -> Result<u64> {
+    let head = ds.manifest(None).await?;
+    let entry = head.shards.get(shard).ok_or_else(|| {
+        StoreError::Usage(format!("no shard {shard} in version {}", head.version))
+    })?;
+    let shown = format!("{}/{}", ds.url(), entry.path);
+    let path = ds.object_path(&entry.path);
+    let store = ds.object_store();
+    let get = store
+        .get(&path)
+        .await
+        .map_err(|e| StoreError::os(&shown, e))?;
+    let bytes = get.bytes().await.map_err(|e| StoreError::os(&shown, e))?;
+    let builder = ParquetRecordBatchReaderBuilder::try_new(bytes.clone())
+        .map_err(|e| StoreError::pq(&shown, e))?;
+    let file_meta = builder.schema().metadata().clone();
+    let kv: Vec<KeyValue> = builder
+        .metadata()
+        .file_metadata()
+        .key_value_metadata()
+        .into_iter()
+        .flatten()
+        .filter(|kv| kv.key != "ARROW:schema")
+        .cloned()
+        .collect();
+    let meta = builder.metadata().clone();
+    // One edited batch per row group, so the rewritten file keeps the row groups.
+    let mut batches = vec![];
+    for (rg, group) in meta.row_groups().iter().enumerate() {
+        let reader = ParquetRecordBatchReaderBuilder::try_new(bytes.clone())
+            .map_err(|e| StoreError::pq(&shown, e))?
+            .with_row_groups(vec![rg])
+            .with_batch_size(group.num_rows().max(1) as usize)
+            .build()
+            .map_err(|e| StoreError::pq(&shown, e))?;
+        for batch in reader {
+            let batch = batch.map_err(|e| StoreError::Usage(format!("{shown}: {e}")))?;
+            batches.push(edit(with_file_metadata(batch, &file_meta)));
+        }
+    }
+    let first = batches
+        .first()
+        .ok_or_else(|| StoreError::corrupt(&shown, "no rows to rewrite"))?;
+    let props = WriterProperties::builder()
+        .set_key_value_metadata(Some(kv))
+        .build();
+    let mut w = ArrowWriter::try_new(vec![], first.schema(), Some(props))
+        .map_err(|e| StoreError::pq(&shown, e))?;
+    for b in &batches {
+        w.write(b).map_err(|e| StoreError::pq(&shown, e))?;
+        w.flush().map_err(|e| StoreError::pq(&shown, e))?;
+    }
+    let out = w.into_inner().map_err(|e| StoreError::pq(&shown, e))?;
+    let row_groups: Vec<u64> = batches.iter().map(|b| b.num_rows() as u64).collect();
+    let mut next = head.clone();
+    next.version += 1;
+    next.parent = Some(head.version);
+    next.commit_id = None;
+    next.shards[shard].bytes = out.len() as u64;
+    next.shards[shard].crc32c = crc32c::crc32c(&out);
+    next.shards[shard].row_groups = row_groups;
+    store
+        .put(&path, PutPayload::from(out))
+        .await
+        .map_err(|e| StoreError::os(&shown, e))?;
+    match put_manifest(ds.location(), &next).await {
+        Ok(()) => Ok(next.version),
+        Err(CommitError::Conflict) => Err(StoreError::Usage(format!(
+            "{}: version {} was committed while the shard was rewritten",
+            ds.url(),
+            next.version
+        ))),
+        Err(CommitError::Other(e)) => Err(e),
+    }
+}
+
+/// An edit for [`rewrite_shard`]: the row of `sample_id` claims `seq_len` tokens, whatever its
+/// token lists and values hold.
+pub fn claim_seq_len(sample_id: u64, seq_len: u32) -> impl Fn(RecordBatch) -> RecordBatch {
+    move |batch| {
+        let (Some(ids), Ok(i)) = (
+            batch
+                .column_by_name("sample_id")
+                .and_then(|c| c.as_primitive_opt::<UInt64Type>()),
+            batch.schema().index_of("seq_len"),
+        ) else {
+            return batch;
+        };
+        let Some(row) = ids.values().iter().position(|&x| x == sample_id) else {
+            return batch;
+        };
+        let mut v = batch
+            .column(i)
+            .as_primitive::<arrow_array::types::UInt32Type>()
+            .values()
+            .to_vec();
+        v[row] = seq_len;
+        let mut cols = batch.columns().to_vec();
+        cols[i] = Arc::new(UInt32Array::from(v));
+        RecordBatch::try_new(batch.schema(), cols).unwrap_or(batch)
+    }
 }

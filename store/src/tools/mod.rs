@@ -1,7 +1,9 @@
 //! Tools built on the store rather than part of its dataset API: synthetic activation-like
-//! data ([`synth`]), the store benchmarks ([`bench`]), `.npy` files ([`npy`]) and, for tests,
-//! a flipped byte inside a stored value ([`corrupt`]).
+//! data ([`synth`]), the store benchmarks ([`bench`]), `.npy` files ([`npy`]), files an export
+//! creates without following links ([`files`]) and, for tests, a flipped byte inside a stored
+//! value or a rewritten shard ([`corrupt`]).
 pub mod bench;
 pub mod corrupt;
+pub mod files;
 pub mod npy;
 pub mod synth;

@@ -3,9 +3,12 @@
 use std::io::Write;
 use std::path::Path;
 
+use crate::tools::files;
 use crate::{Result, StoreError};
 
-/// Write a little-endian, C-order array as a version-1.0 `.npy` file.
+/// Write a little-endian, C-order array as a version-1.0 `.npy` file, created anew: a name
+/// that exists already (a symbolic link included, which is never followed) is refused, and a
+/// file left incomplete by a failed write is removed.
 pub fn write_npy(path: &Path, descr: &str, shape: &[usize], data: &[u8]) -> Result<()> {
     let dims = match shape {
         [n] => format!("({n},)"),
@@ -25,12 +28,23 @@ pub fn write_npy(path: &Path, descr: &str, shape: &[usize], data: &[u8]) -> Resu
     }
     header.push('\n');
     let io = |e: std::io::Error| StoreError::Usage(format!("{}: {e}", path.display()));
-    let mut f = std::fs::File::create(path).map_err(io)?;
-    f.write_all(b"\x93NUMPY\x01\x00").map_err(io)?;
-    f.write_all(&(header.len() as u16).to_le_bytes())
-        .map_err(io)?;
-    f.write_all(header.as_bytes()).map_err(io)?;
-    f.write_all(data).map_err(io)?;
+    let mut f = files::create_new(path).map_err(|e| match e.kind() {
+        std::io::ErrorKind::AlreadyExists => StoreError::Usage(format!(
+            "{}: already exists; an export never overwrites a file or writes through a link \
+             (choose an empty directory)",
+            path.display()
+        )),
+        _ => io(e),
+    })?;
+    let written = f
+        .write_all(b"\x93NUMPY\x01\x00")
+        .and_then(|()| f.write_all(&(header.len() as u16).to_le_bytes()))
+        .and_then(|()| f.write_all(header.as_bytes()))
+        .and_then(|()| f.write_all(data));
+    if let Err(e) = written {
+        let _ = std::fs::remove_file(path);
+        return Err(io(e));
+    }
     Ok(())
 }
 
@@ -92,5 +106,8 @@ mod tests {
         write_npy(&p, "<u2", &[2, 3], &[1, 0, 2, 0, 3, 0, 4, 0, 5, 0, 6, 0]).unwrap();
         let (descr, shape, data) = read_npy(&p).unwrap();
         assert_eq!((descr.as_str(), shape, data.len()), ("<u2", vec![2, 3], 12));
+        let err = write_npy(&p, "<u2", &[1], &[0, 0]).unwrap_err().to_string();
+        assert!(err.contains("a.npy: already exists"), "{err}");
+        assert_eq!(read_npy(&p).unwrap().1, vec![2, 3]);
     }
 }
