@@ -53,8 +53,9 @@ mod tp;
 
 pub use capture::{capture, capture_with, CaptureOptions};
 pub use engine::{
-    CancelToken, CaptureJob, CaptureSummary, CheckedModel, CommitPolicy, DeviceKind, Engine,
-    EngineOptions, InputShard, NoProgress, PlaneSplit, PreparedJob, ProgressSink, RANK_GRACE,
+    input_size, CancelToken, CaptureJob, CaptureSummary, CheckedModel, CommitPolicy, DeviceKind,
+    Engine, EngineOptions, InputShard, NoProgress, PlaneSplit, PreparedJob, ProgressSink,
+    RANK_GRACE,
 };
 pub use error::{CaptureError, Result, TensorProblem};
 pub use hslake_schemas::Overlong;
