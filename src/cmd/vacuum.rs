@@ -1,6 +1,12 @@
 //! `hslake vacuum`: delete files no manifest names.
+use std::time::Duration;
+
 use anyhow::Result;
+use hslake_schemas::units::DurationRange;
 use hslake_store::Dataset;
+
+/// `--grace`: none at all up to a year.
+const GRACE: DurationRange = DurationRange::seconds("--grace", Duration::ZERO, super::YEAR);
 
 /// Arguments of `hslake vacuum`.
 #[derive(clap::Args)]
@@ -8,8 +14,8 @@ pub struct Args {
     /// Dataset URL.
     pub url: String,
     /// Leave unreferenced files younger than this alone (a writer may be about to commit them).
-    #[arg(long, default_value = "1h", value_parser = super::parse_duration)]
-    pub grace: std::time::Duration,
+    #[arg(long, default_value = "1h", value_parser = GRACE.parser())]
+    pub grace: Duration,
     /// Only list what would be deleted.
     #[arg(long)]
     pub dry_run: bool,
