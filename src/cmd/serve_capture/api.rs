@@ -14,7 +14,7 @@ use hslake_capture::{CaptureError, CaptureJob};
 use hslake_schemas::units::show_size;
 
 use super::state::{JobState, StatusRecord};
-use super::{Daemon, Job};
+use super::{Daemon, Inner, Job};
 use crate::cmd::capture::JobArgs;
 
 /// Jobs per page of `GET /v1/jobs` unless `limit` says otherwise, and the most it may say.
@@ -106,14 +106,23 @@ async fn dashboard() -> Response {
 }
 
 /// Every dataset a job writes, with the `hslake info` summary of its newest version.
-async fn datasets(State(d): State<Arc<Daemon>>, headers: HeaderMap) -> Answer {
+async fn datasets(
+    State(d): State<Arc<Daemon>>,
+    headers: HeaderMap,
+    RawQuery(query): RawQuery,
+) -> Answer {
     authorize(&d, &headers)?;
-    let urls: std::collections::BTreeSet<String> = d
-        .lock()
-        .jobs
-        .values()
-        .map(|j| j.spec.output.clone())
-        .collect();
+    // The jobs of one page (the query is /v1/jobs's): each dataset is opened to describe it,
+    // and a daemon holding thousands of jobs must not open thousands per request.
+    let page = Page::parse(query.as_deref())?;
+    let urls: std::collections::BTreeSet<String> = {
+        let inner = d.lock();
+        page.of(&inner)
+            .0
+            .into_iter()
+            .map(|(_, j)| j.spec.output.clone())
+            .collect()
+    };
     let mut out = vec![];
     for url in urls {
         let described = async {
@@ -198,7 +207,9 @@ impl Page {
                     })?
                 }
                 "state" => {
-                    let states = value
+                    // A comma may come escaped from a client that encodes the whole value.
+                    let states = value.replace("%2C", ",").replace("%2c", ",");
+                    let states = states
                         .split(',')
                         .map(|name| {
                             JobState::ALL
@@ -223,6 +234,18 @@ impl Page {
         }
         Ok(page)
     }
+
+    /// This page's jobs, and the `after` of the next page if there is one.
+    fn of<'a>(&self, inner: &'a Inner) -> (Vec<(u64, &'a Job)>, Option<u64>) {
+        let mut matching = inner
+            .jobs
+            .range(self.after.saturating_add(1)..)
+            .filter(|(_, j)| self.states.as_ref().is_none_or(|s| s.contains(&j.state)))
+            .map(|(id, j)| (*id, j));
+        let jobs: Vec<_> = matching.by_ref().take(self.limit).collect();
+        let next = matching.next().and_then(|_| jobs.last().map(|(id, _)| *id));
+        (jobs, next)
+    }
 }
 
 /// A page of jobs in id order, and `next`: the `after` of the following page (null on the last).
@@ -234,19 +257,8 @@ async fn list(
     authorize(&d, &headers)?;
     let page = Page::parse(query.as_deref())?;
     let inner = d.lock();
-    let mut matching = inner
-        .jobs
-        .range(page.after.saturating_add(1)..)
-        .filter(|(_, j)| page.states.as_ref().is_none_or(|s| s.contains(&j.state)));
-    let jobs: Vec<_> = matching
-        .by_ref()
-        .take(page.limit)
-        .map(|(id, j)| j.view(*id))
-        .collect();
-    let next = match matching.next() {
-        Some(_) => jobs.last().map(|j| j["id"].clone()),
-        None => None,
-    };
+    let (jobs, next) = page.of(&inner);
+    let jobs: Vec<_> = jobs.into_iter().map(|(id, j)| j.view(id)).collect();
     Ok(json(
         StatusCode::OK,
         serde_json::json!({ "jobs": jobs, "next": next }),
@@ -406,4 +418,38 @@ async fn cancel(
     let inner = d.lock();
     let job = inner.jobs.get(&id).ok_or_else(|| no_job(id))?;
     Ok(json(StatusCode::ACCEPTED, job.view(id)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_page_is_read_from_its_query_and_bad_parameters_are_named() {
+        assert_eq!(
+            Page::parse(None).unwrap(),
+            Page {
+                limit: PAGE_DEFAULT,
+                after: 0,
+                states: None
+            }
+        );
+        let p = Page::parse(Some("limit=5&after=17&state=queued%2Crunning")).unwrap();
+        assert_eq!((p.limit, p.after), (5, 17));
+        assert_eq!(p.states, Some(vec![JobState::Queued, JobState::Running]));
+        for (query, message) in [
+            ("limit=0", "limit=\"0\": expected 1 to 1000"),
+            ("limit=1001", "expected 1 to 1000"),
+            ("after=-1", "after=\"-1\": expected a job id"),
+            ("state=done,lost", "state=\"lost\""),
+            ("order=desc", "unknown query parameter \"order\""),
+        ] {
+            let e = Page::parse(Some(query)).unwrap_err();
+            assert!(
+                e.0 == StatusCode::BAD_REQUEST && e.1.contains(message),
+                "{query}: {}",
+                e.1
+            );
+        }
+    }
 }
