@@ -304,7 +304,7 @@ pub fn show_duration(d: Duration) -> String {
     }
     let secs = d.as_secs();
     for (unit, per) in [("d", 86_400), ("h", 3600), ("m", 60)] {
-        if secs >= per && secs % per == 0 {
+        if secs >= per && secs.is_multiple_of(per) {
             return format!("{}{unit}", secs / per);
         }
     }
@@ -320,7 +320,7 @@ pub fn show_size(bytes: u64) -> String {
         ("MiB", 1 << 20),
         ("KiB", 1 << 10),
     ] {
-        if bytes >= per && bytes % per == 0 {
+        if bytes >= per && bytes.is_multiple_of(per) {
             return format!("{}{unit}", bytes / per);
         }
     }

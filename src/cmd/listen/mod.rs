@@ -101,6 +101,8 @@ fn raise_open_file_limit() -> Option<u64> {
             }
         }
     }
+    // rlim_t is u64 on Linux but not on every platform libc serves.
+    #[allow(clippy::unnecessary_cast)]
     Some(lim.rlim_cur as u64)
 }
 
