@@ -37,7 +37,7 @@ fn extreme_durations_and_sizes_are_refused_with_the_flag_s_range() {
             "--shard-mb",
             "99999999999999999999",
         ],
-        &["--shard-mb", "out of range", "from 1MiB to 1TiB"],
+        &["--shard-mb", "out of range", "from 0B to 1TiB"],
     );
     refused(
         &["prepare", "--request-timeout-secs", "1e308"],

@@ -4,10 +4,10 @@ use hslake_schemas::units::SizeRange;
 use hslake_store::tools::synth::{write_dataset, SynthSpec};
 use hslake_store::WriterOptions;
 
-/// `--shard-mb`: a MiB up to a TiB.
-const SHARD_SIZE: SizeRange = SizeRange::bytes("--shard-mb", 1 << 20, 1 << 40).bare_mib();
-/// `--row-group-mb`: a KiB up to a TiB.
-const ROW_GROUP_SIZE: SizeRange = SizeRange::bytes("--row-group-mb", 1 << 10, 1 << 40).bare_mib();
+/// `--shard-mb`: up to a TiB; 0 closes a shard after every row group.
+const SHARD_SIZE: SizeRange = SizeRange::bytes("--shard-mb", 0, 1 << 40).bare_mib();
+/// `--row-group-mb`: up to a TiB; 0 writes every sample as a row group of its own.
+const ROW_GROUP_SIZE: SizeRange = SizeRange::bytes("--row-group-mb", 0, 1 << 40).bare_mib();
 
 /// Arguments of `hslake synth`.
 #[derive(clap::Args)]
