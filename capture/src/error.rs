@@ -85,6 +85,16 @@ pub enum CaptureError {
         /// What is wrong with it.
         message: String,
     },
+    /// An input larger than the job's `max_input_bytes`.
+    #[error("{path}: the input holds {size} bytes or more; at most {limit} are taken")]
+    InputTooLarge {
+        /// The input as given.
+        path: PathBuf,
+        /// Its size, or the bytes downloaded when the download was stopped.
+        size: u64,
+        /// The limit.
+        limit: u64,
+    },
     /// A command-line or API option is invalid.
     #[error("invalid option: {0}")]
     Option(String),

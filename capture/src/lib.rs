@@ -45,8 +45,9 @@ mod tools;
 
 pub use capture::{capture, capture_with, CaptureOptions};
 pub use engine::{
-    CancelToken, CaptureJob, CaptureSummary, CheckedModel, CommitPolicy, Engine, EngineOptions,
-    InputShard, NoProgress, PlaneSplit, PreparedJob, ProgressSink, RANK_GRACE,
+    input_size, CancelToken, CaptureJob, CaptureSummary, CheckedModel, CommitPolicy,
+    Engine, EngineOptions, InputShard, NoProgress, PlaneSplit, PreparedJob, ProgressSink,
+    RANK_GRACE,
 };
 pub use error::{CaptureError, Result, TensorProblem};
 pub use gpu::DeviceKind;

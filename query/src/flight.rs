@@ -429,6 +429,14 @@ impl FlightSqlService for HslakeFlightSql {
     async fn register_sql_info(&self, _id: i32, _result: &SqlInfo) {}
 }
 
+/// `service` as the gRPC service a tonic server adds, with its message size limits (for a
+/// server built with its own connection settings, as `hslake serve-sql` builds one).
+pub fn flight_service(service: HslakeFlightSql) -> FlightServiceServer<HslakeFlightSql> {
+    FlightServiceServer::new(service)
+        .max_decoding_message_size(64 << 20)
+        .max_encoding_message_size(256 << 20)
+}
+
 /// Serve `service` on an already bound listener until `shutdown` resolves (binding first lets
 /// callers bind port 0 and learn the port).
 pub async fn serve_listener(
@@ -436,9 +444,7 @@ pub async fn serve_listener(
     listener: tokio::net::TcpListener,
     shutdown: impl std::future::Future<Output = ()> + Send,
 ) -> Result<(), tonic::transport::Error> {
-    let service = FlightServiceServer::new(service)
-        .max_decoding_message_size(64 << 20)
-        .max_encoding_message_size(256 << 20);
+    let service = flight_service(service);
     let incoming = tonic::transport::server::TcpIncoming::from(listener);
     tonic::transport::Server::builder()
         .add_service(service)

@@ -12,6 +12,7 @@ use hslake_capture::{
     capture_with, CancelToken, CaptureJob, CaptureOptions, CommitPolicy, DeviceKind, EngineOptions,
     InputShard, Kernels, Overlong, PlaneSplit, ProgressSink,
 };
+use hslake_schemas::units::DurationRange;
 use hslake_schemas::{CapturePoint, DType};
 use hslake_store::WriterOptions;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
@@ -147,14 +148,20 @@ pub struct JobArgs {
     #[arg(long, default_value_t = DEFAULT_COMMIT_EVERY)]
     #[serde(default = "default_commit_every")]
     pub commit_every: u64,
-    /// ...or after this many seconds, whichever comes first.
-    #[arg(long, default_value_t = DEFAULT_COMMIT_INTERVAL)]
-    #[serde(default = "default_commit_interval")]
-    pub commit_interval: f64,
-    /// zstd level of the shards: at 1 the near-random mantissa planes are stored raw without
-    /// trying to entropy code them (fastest); from 2 every plane is coded (smaller, more CPU).
-    #[arg(long, default_value_t = DEFAULT_ZSTD_LEVEL)]
-    #[serde(default = "default_zstd_level")]
+    /// ...or after this long, whichever comes first, e.g. 30s or 5m (a bare number is seconds;
+    /// in JSON a number of seconds or such a string).
+    #[arg(long, default_value = "60s", value_parser = COMMIT_INTERVAL.parser())]
+    #[serde(
+        default = "default_commit_interval",
+        deserialize_with = "commit_interval_json",
+        serialize_with = "hslake_schemas::units::serialize_secs"
+    )]
+    pub commit_interval: Duration,
+    /// zstd level of the shards, 1 to 22: at 1 the near-random mantissa planes are stored raw
+    /// without trying to entropy code them (fastest); from 2 every plane is coded (smaller,
+    /// more CPU).
+    #[arg(long, default_value_t = DEFAULT_ZSTD_LEVEL, value_parser = parse_zstd_level)]
+    #[serde(default = "default_zstd_level", deserialize_with = "zstd_level_json")]
     pub zstd_level: i32,
     /// Capture only part I of N of the input (the samples whose id is I modulo N), so that N
     /// processes, e.g. a Slurm array or a Kubernetes indexed Job, fill one dataset together.
@@ -165,8 +172,13 @@ pub struct JobArgs {
 
 const DEFAULT_MAX_TOKENS_PER_BATCH: usize = 16384;
 const DEFAULT_COMMIT_EVERY: u64 = 1000;
-const DEFAULT_COMMIT_INTERVAL: f64 = 60.0;
+const DEFAULT_COMMIT_INTERVAL: Duration = Duration::from_secs(60);
 const DEFAULT_ZSTD_LEVEL: i32 = 1;
+/// `--commit-interval`: a millisecond up to a year.
+const COMMIT_INTERVAL: DurationRange =
+    DurationRange::seconds("--commit-interval", Duration::from_millis(1), super::YEAR);
+/// `--zstd-level`: the levels Parquet's zstd codec takes.
+const ZSTD_LEVELS: std::ops::RangeInclusive<i64> = 1..=22;
 
 fn default_max_tokens_per_batch() -> usize {
     DEFAULT_MAX_TOKENS_PER_BATCH
@@ -174,11 +186,54 @@ fn default_max_tokens_per_batch() -> usize {
 fn default_commit_every() -> u64 {
     DEFAULT_COMMIT_EVERY
 }
-fn default_commit_interval() -> f64 {
+fn default_commit_interval() -> Duration {
     DEFAULT_COMMIT_INTERVAL
 }
 fn default_zstd_level() -> i32 {
     DEFAULT_ZSTD_LEVEL
+}
+fn commit_interval_json<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+    COMMIT_INTERVAL.deserialize(d)
+}
+
+/// The one check of a zstd level, for the flag and the JSON field alike.
+fn zstd_level(n: i64) -> Result<i32, String> {
+    match i32::try_from(n) {
+        Ok(level) if ZSTD_LEVELS.contains(&n) => Ok(level),
+        _ => Err(format!(
+            "--zstd-level {n}: out of range; expected a whole number from {} to {} \
+             (the zstd levels Parquet takes)",
+            ZSTD_LEVELS.start(),
+            ZSTD_LEVELS.end()
+        )),
+    }
+}
+fn parse_zstd_level(s: &str) -> Result<i32, String> {
+    let n = s.trim().parse::<i64>().map_err(|_| {
+        format!(
+            "--zstd-level {s:?}: not a whole number; expected one from {} to {}",
+            ZSTD_LEVELS.start(),
+            ZSTD_LEVELS.end()
+        )
+    })?;
+    zstd_level(n)
+}
+fn zstd_level_json<'de, D: serde::Deserializer<'de>>(d: D) -> Result<i32, D::Error> {
+    zstd_level(i64::deserialize(d)?).map_err(serde::de::Error::custom)
+}
+
+/// Refuses an output no dataset can live at: the root of a filesystem.
+fn check_output(output: &str) -> anyhow::Result<()> {
+    let loc =
+        hslake_store::location::parse(output).with_context(|| format!("--output {output}"))?;
+    // The root's URL comes back without its slash, so it is told by its empty object path.
+    if loc.url.starts_with("file:") && loc.prefix.as_ref().is_empty() {
+        bail!(
+            "--output {output}: the filesystem root is not a dataset location; expected a \
+             directory below it, e.g. file:///data/ds"
+        );
+    }
+    Ok(())
 }
 
 /// The overlong policy in JSON as on the command line: "truncate" or "skip".
@@ -212,12 +267,10 @@ impl JobArgs {
                 "nothing to capture: give --layers (e.g. --layers 2,30,58,60) and/or --final-norm"
             );
         }
-        if !self.commit_interval.is_finite() || self.commit_interval <= 0.0 {
-            bail!(
-                "--commit-interval must be a positive number of seconds, got {}",
-                self.commit_interval
-            );
-        }
+        // A JobArgs built in code rather than parsed still gets the parsers' checks.
+        COMMIT_INTERVAL.check(self.commit_interval)?;
+        zstd_level(self.zstd_level.into()).map_err(anyhow::Error::msg)?;
+        check_output(&self.output)?;
         let mut job = CaptureJob::new(self.input.clone(), self.output.clone(), points);
         job.max_tokens_per_batch = self.max_tokens_per_batch;
         job.max_seq_len = self.max_seq_len;
@@ -226,7 +279,7 @@ impl JobArgs {
         job.shard = self.shard;
         job.commit = CommitPolicy {
             every: self.commit_every,
-            interval: Duration::from_secs_f64(self.commit_interval),
+            interval: self.commit_interval,
         };
         job.writer_options = WriterOptions {
             zstd_level: self.zstd_level,

@@ -8,7 +8,11 @@ use reqwest::{Method, StatusCode};
 use serde_json::Value;
 
 use super::capture::JobArgs;
-use super::parse_duration;
+use hslake_schemas::units::DurationRange;
+
+/// `jobs wait --timeout`: a millisecond up to a year.
+const WAIT_TIMEOUT: DurationRange =
+    DurationRange::seconds("--timeout", Duration::from_millis(1), super::YEAR);
 
 /// Submit, list, show, cancel and wait for capture jobs on a daemon.
 #[derive(clap::Args, Debug)]
@@ -35,8 +39,12 @@ pub enum JobsCommand {
     /// Queue a capture job (the flags of `hslake capture` that say what to capture and where);
     /// prints its id.
     Submit(JobArgs),
-    /// List every job with its state and progress.
-    Ls,
+    /// List every job with its state and progress (fetched a page at a time).
+    Ls {
+        /// Only jobs in these states, e.g. queued,running.
+        #[arg(long)]
+        state: Option<String>,
+    },
     /// Print one job as JSON.
     Show {
         /// The job id.
@@ -52,10 +60,13 @@ pub enum JobsCommand {
         /// The job id.
         id: u64,
         /// Give up (exit 2) after this long, e.g. 30m.
-        #[arg(long, value_parser = parse_duration)]
+        #[arg(long, value_parser = WAIT_TIMEOUT.parser())]
         timeout: Option<Duration>,
     },
 }
+
+/// Jobs asked for per page by `ls`.
+const LS_PAGE: usize = 500;
 
 /// A connection to one daemon.
 struct Client {
@@ -143,21 +154,30 @@ pub async fn run(a: Args) -> Result<ExitCode> {
             println!("{}", v["id"]);
             Ok(ExitCode::SUCCESS)
         }
-        JobsCommand::Ls => {
-            let v = client.call(Method::GET, "/v1/jobs", None).await?;
+        JobsCommand::Ls { state } => {
             println!(
                 "{:>6}  {:<9}  {:>17}  {:>10}  output",
                 "id", "state", "samples", "tokens/s"
             );
-            for j in v["jobs"].as_array().into_iter().flatten() {
-                println!(
-                    "{:>6}  {:<9}  {:>17}  {:>10.0}  {}",
-                    j["id"],
-                    j["state"].as_str().unwrap_or("?"),
-                    format!("{}/{}", j["samples_done"], j["samples_total"]),
-                    j["tokens_per_s"].as_f64().unwrap_or(0.0),
-                    j["output"].as_str().unwrap_or("?"),
-                );
+            let filter = state.map(|s| format!("&state={s}")).unwrap_or_default();
+            let mut after = 0;
+            loop {
+                let path = format!("/v1/jobs?limit={LS_PAGE}&after={after}{filter}");
+                let v = client.call(Method::GET, &path, None).await?;
+                for j in v["jobs"].as_array().into_iter().flatten() {
+                    println!(
+                        "{:>6}  {:<9}  {:>17}  {:>10.0}  {}",
+                        j["id"],
+                        j["state"].as_str().unwrap_or("?"),
+                        format!("{}/{}", j["samples_done"], j["samples_total"]),
+                        j["tokens_per_s"].as_f64().unwrap_or(0.0),
+                        j["output"].as_str().unwrap_or("?"),
+                    );
+                }
+                match v["next"].as_u64() {
+                    Some(next) => after = next,
+                    None => break,
+                }
             }
             Ok(ExitCode::SUCCESS)
         }

@@ -10,6 +10,8 @@ pub mod export;
 pub mod info;
 #[cfg(feature = "capture")]
 pub mod jobs;
+#[cfg(any(feature = "capture", feature = "sql"))]
+pub mod listen;
 pub mod ls;
 pub mod prepare;
 pub mod repair;
@@ -48,51 +50,9 @@ pub fn byte_progress(len: u64) -> ProgressBar {
     pb
 }
 
-/// Parse `90`, `30s`, `10m`, `2h`, `1d` into a duration.
-pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    let s = s.trim();
-    let (num, unit) = s.split_at(s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len()));
-    let n: u64 = num
-        .parse()
-        .map_err(|_| format!("invalid duration {s:?}; expected e.g. 30s, 10m, 2h, 1d"))?;
-    let secs = match unit {
-        "" | "s" => n,
-        "m" => n * 60,
-        "h" => n * 3600,
-        "d" => n * 86400,
-        _ => {
-            return Err(format!(
-                "invalid duration unit in {s:?}; expected s, m, h or d"
-            ))
-        }
-    };
-    Ok(Duration::from_secs(secs))
-}
-
-/// Parse `1048576`, `512MiB`, `4GiB`, `2G`, `100M` (powers of 1024 either way) into bytes.
-// Only `hslake sql`'s flags take sizes so far; a capture-only build has no caller.
-#[cfg_attr(not(feature = "sql"), allow(dead_code))]
-pub fn parse_size(s: &str) -> Result<u64, String> {
-    let t = s.trim();
-    let (num, unit) = t.split_at(t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len()));
-    let n: u64 = num
-        .parse()
-        .map_err(|_| format!("invalid size {s:?}; expected e.g. 512MiB, 4GiB"))?;
-    let shift = match unit.trim().to_ascii_lowercase().as_str() {
-        "" | "b" => 0,
-        "k" | "kb" | "kib" => 10,
-        "m" | "mb" | "mib" => 20,
-        "g" | "gb" | "gib" => 30,
-        "t" | "tb" | "tib" => 40,
-        _ => {
-            return Err(format!(
-                "invalid size unit in {s:?}; expected B, KiB, MiB, GiB or TiB"
-            ))
-        }
-    };
-    n.checked_mul(1 << shift)
-        .ok_or_else(|| format!("size {s:?} is too large"))
-}
+/// The longest duration any flag takes: beyond it a timeout or interval means "never", and
+/// `Instant + Duration` arithmetic stays far from overflow.
+pub const YEAR: Duration = Duration::from_secs(365 * 86_400);
 
 /// Human-readable byte count.
 pub fn human_bytes(b: u64) -> String {
@@ -113,25 +73,4 @@ pub fn read_token_file(path: &std::path::Path) -> anyhow::Result<String> {
         );
     }
     Ok(token)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn parses_durations_with_units() {
-        assert_eq!(parse_duration("0").unwrap(), Duration::ZERO);
-        assert_eq!(parse_duration("10m").unwrap(), Duration::from_secs(600));
-        assert!(parse_duration("5y").unwrap_err().contains("unit"));
-    }
-
-    #[test]
-    fn parses_sizes_with_binary_units() {
-        assert_eq!(parse_size("1048576").unwrap(), 1 << 20);
-        assert_eq!(parse_size("512MiB").unwrap(), 512 << 20);
-        assert_eq!(parse_size("4G").unwrap(), 4 << 30);
-        assert!(parse_size("3 bananas").unwrap_err().contains("unit"));
-        assert!(parse_size("GiB").unwrap_err().contains("invalid size"));
-    }
 }

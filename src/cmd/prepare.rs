@@ -13,7 +13,22 @@ use hslake_prepare::{
     Overlong, PrepareOptions, ProgressFile, RegenCounters, RegenOptions, SampleWriter, Summary,
     TemplateKwargs,
 };
+use hslake_schemas::units::DurationRange;
 use indicatif::{ProgressBar, ProgressStyle};
+
+/// `--retry-backoff-ms`: none up to the 30 s a backoff is capped at.
+const RETRY_BACKOFF: DurationRange = DurationRange::seconds(
+    "--retry-backoff-ms",
+    Duration::ZERO,
+    Duration::from_secs(30),
+)
+.bare_millis();
+/// `--request-timeout-secs`: a millisecond up to a day.
+const REQUEST_TIMEOUT: DurationRange = DurationRange::seconds(
+    "--request-timeout-secs",
+    Duration::from_millis(1),
+    Duration::from_secs(86_400),
+);
 
 /// Arguments of `hslake prepare`.
 #[derive(Parser, Debug)]
@@ -78,12 +93,13 @@ pub struct Args {
     /// Retries of a failed request (transport errors, HTTP 429 and 5xx).
     #[arg(long, default_value_t = 5)]
     retries: u32,
-    /// Milliseconds before the first retry (doubling each time, at most 30 s).
-    #[arg(long, default_value_t = 1000)]
-    retry_backoff_ms: u64,
-    /// Seconds one request may take.
-    #[arg(long, default_value_t = 600)]
-    request_timeout_secs: u64,
+    /// Wait before the first retry (doubling each time, at most 30 s), e.g. 500ms or 2s; a
+    /// bare number is milliseconds.
+    #[arg(long, default_value = "1000", value_parser = RETRY_BACKOFF.parser())]
+    retry_backoff_ms: Duration,
+    /// Time one request may take, e.g. 10m; a bare number is seconds.
+    #[arg(long, default_value = "600", value_parser = REQUEST_TIMEOUT.parser())]
+    request_timeout_secs: Duration,
     /// Where answered conversations are kept, so a restarted run resumes (default: OUTPUT.regen.jsonl).
     #[arg(long)]
     progress_file: Option<PathBuf>,
@@ -297,8 +313,8 @@ async fn regenerate_all(
         max_tokens: a.max_tokens,
         temperature: a.temperature,
         retries: a.retries,
-        backoff: Duration::from_millis(a.retry_backoff_ms),
-        timeout: Duration::from_secs(a.request_timeout_secs),
+        backoff: a.retry_backoff_ms,
+        timeout: a.request_timeout_secs,
     };
     let counters = Arc::new(RegenCounters::default());
     let pb = counter_bar("conversations answered");

@@ -9,8 +9,17 @@ use hslake_query::executor::{ExecutorLimits, QueryExecutor};
 use hslake_query::flight::HslakeFlightSql;
 use hslake_query::{QueryLimits, QuerySession};
 
-use super::parse_duration;
+use hslake_schemas::units::DurationRange;
+
+use super::listen::{grpc, ConnArgs};
 use super::sql::{log_limits, LimitArgs};
+
+/// `--queue-timeout`: no wait at all up to a day.
+const QUEUE_TIMEOUT: DurationRange = DurationRange::seconds(
+    "--queue-timeout",
+    Duration::ZERO,
+    Duration::from_secs(86_400),
+);
 
 /// Arguments of `hslake serve-sql`.
 #[derive(clap::Args)]
@@ -29,17 +38,25 @@ pub struct Args {
     #[arg(long)]
     pub max_queries: Option<usize>,
     /// How long a query waits for a slot before it is refused, e.g. 30s.
-    #[arg(long, value_parser = parse_duration, default_value = "30s")]
+    #[arg(long, value_parser = QUEUE_TIMEOUT.parser(), default_value = "30s")]
     pub queue_timeout: Duration,
     // Query memory and time limits. Defaults here: a quarter of the machine's memory split among
     // --max-queries, and 60 s.
     #[command(flatten)]
     pub limits: LimitArgs,
+    /// Connection caps and deadlines.
+    #[command(flatten)]
+    pub conn: ConnArgs,
 }
+
+/// Requests one HTTP/2 connection may have open at once: a client runs its queries on a few
+/// streams, and --max-queries bounds the queries themselves.
+const STREAMS_PER_CONNECTION: u32 = 64;
 
 /// Run the command until Ctrl-C.
 pub async fn run(args: Args) -> Result<ExitCode> {
     let token = super::read_token_file(&args.token_file)?;
+    args.conn.check()?;
     let mut executor_limits = ExecutorLimits::for_machine();
     executor_limits.queue_timeout = args.queue_timeout;
     if let Some(n) = args.max_queries {
@@ -87,9 +104,7 @@ pub async fn run(args: Args) -> Result<ExitCode> {
             "serving dataset"
         );
     }
-    let listener = tokio::net::TcpListener::bind(args.bind)
-        .await
-        .with_context(|| format!("binding {}", args.bind))?;
+    let listener = super::listen::bind(args.bind)?;
     log_limits(&limits);
     tracing::info!(
         max_queries = executor_limits.max_queries,
@@ -100,11 +115,23 @@ pub async fn run(args: Args) -> Result<ExitCode> {
     let executor = QueryExecutor::new(executor_limits).context("starting the query runtime")?;
     let service = HslakeFlightSql::new(session, executor, token);
     tracing::info!(addr = %listener.local_addr()?, "Flight SQL server listening (read-only, bearer token required)");
-    hslake_query::flight::serve_listener(service, listener, async {
-        let _ = tokio::signal::ctrl_c().await;
-        tracing::info!("shutting down");
-    })
-    .await
-    .context("Flight SQL server")?;
+    tracing::info!(
+        max_connections = args.conn.max_connections,
+        per_client = args.conn.max_connections_per_client,
+        header_timeout_s = args.conn.header_timeout.as_secs_f64(),
+        idle_timeout_s = args.conn.idle_timeout.as_secs_f64(),
+        "connection limits"
+    );
+    tonic::transport::Server::builder()
+        .max_concurrent_streams(STREAMS_PER_CONNECTION)
+        .http2_keepalive_interval(Some(grpc::keepalive_interval(&args.conn)))
+        .http2_keepalive_timeout(Some(args.conn.header_timeout))
+        .add_service(hslake_query::flight::flight_service(service))
+        .serve_with_incoming_shutdown(grpc::incoming(listener, &args.conn), async {
+            let _ = tokio::signal::ctrl_c().await;
+            tracing::info!("shutting down");
+        })
+        .await
+        .context("Flight SQL server")?;
     Ok(ExitCode::SUCCESS)
 }

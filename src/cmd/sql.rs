@@ -8,7 +8,15 @@ use anyhow::{bail, Context, Result};
 use futures::TryStreamExt;
 use hslake_query::{write_batches, OutputFormat, QueryLimits, QuerySession};
 
-use super::{human_bytes, parse_duration, parse_size};
+use hslake_schemas::units::{DurationRange, SizeRange};
+
+use super::human_bytes;
+
+/// `--query-memory`: a MiB up to a PiB.
+const QUERY_MEMORY: SizeRange = SizeRange::bytes("--query-memory", 1 << 20, 1 << 50);
+/// `--query-timeout`: a millisecond up to a year.
+const QUERY_TIMEOUT: DurationRange =
+    DurationRange::seconds("--query-timeout", Duration::from_millis(1), super::YEAR);
 
 /// Arguments of `hslake sql`.
 #[derive(clap::Args)]
@@ -37,11 +45,11 @@ pub struct LimitArgs {
     /// Memory one query's joins, aggregates and sorts may hold, e.g. 4GiB; past it the query
     /// stops with an error naming this limit (default: a quarter of the machine's memory, for
     /// serve-sql divided by --max-queries).
-    #[arg(long, value_parser = parse_size)]
+    #[arg(long, value_parser = QUERY_MEMORY.parser())]
     pub query_memory: Option<u64>,
     /// Time one query may run, e.g. 30s or 10m; past it the query stops (default: none for
     /// sql, 60s for serve-sql).
-    #[arg(long, value_parser = parse_duration)]
+    #[arg(long, value_parser = QUERY_TIMEOUT.parser())]
     pub query_timeout: Option<Duration>,
 }
 

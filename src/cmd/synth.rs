@@ -1,7 +1,13 @@
 //! `hslake synth`: a synthetic dataset whose values look like real activations.
 use anyhow::{bail, Context, Result};
+use hslake_schemas::units::SizeRange;
 use hslake_store::tools::synth::{write_dataset, SynthSpec};
 use hslake_store::WriterOptions;
+
+/// `--shard-mb`: up to a TiB; 0 closes a shard after every row group.
+const SHARD_SIZE: SizeRange = SizeRange::bytes("--shard-mb", 0, 1 << 40).bare_mib();
+/// `--row-group-mb`: up to a TiB; 0 writes every sample as a row group of its own.
+const ROW_GROUP_SIZE: SizeRange = SizeRange::bytes("--row-group-mb", 0, 1 << 40).bare_mib();
 
 /// Arguments of `hslake synth`.
 #[derive(clap::Args)]
@@ -41,12 +47,12 @@ pub struct Args {
     /// zstd level.
     #[arg(long, default_value_t = 1)]
     pub zstd_level: i32,
-    /// Shard size target in MiB.
-    #[arg(long, default_value_t = 256)]
-    pub shard_mb: u64,
-    /// Row-group size target in MiB of raw tensor bytes.
-    #[arg(long, default_value_t = 8)]
-    pub row_group_mb: u64,
+    /// Shard size target, e.g. 1GiB; a bare number is MiB.
+    #[arg(long = "shard-mb", default_value = "256", value_parser = SHARD_SIZE.parser())]
+    pub shard_bytes: u64,
+    /// Row-group size target in raw tensor bytes, e.g. 512KiB; a bare number is MiB.
+    #[arg(long = "row-group-mb", default_value = "8", value_parser = ROW_GROUP_SIZE.parser())]
+    pub row_group_bytes: u64,
     /// Commit every N samples (0: once at the end).
     #[arg(long, default_value_t = 0)]
     pub commit_every: u64,
@@ -84,8 +90,8 @@ pub async fn run(a: Args) -> Result<std::process::ExitCode> {
         first_id: a.first_id,
         writer: WriterOptions {
             zstd_level: a.zstd_level,
-            shard_target_bytes: a.shard_mb << 20,
-            row_group_target_bytes: a.row_group_mb << 20,
+            shard_target_bytes: a.shard_bytes,
+            row_group_target_bytes: a.row_group_bytes,
             ..Default::default()
         },
         commit_every: a.commit_every,

@@ -1,6 +1,12 @@
 //! `hslake vacuum`: delete files no manifest names.
+use std::time::Duration;
+
 use anyhow::Result;
+use hslake_schemas::units::DurationRange;
 use hslake_store::{Dataset, VacuumOptions};
+
+/// `--grace`: none at all up to a year.
+const GRACE: DurationRange = DurationRange::seconds("--grace", Duration::ZERO, super::YEAR);
 
 /// Arguments of `hslake vacuum`.
 #[derive(clap::Args)]
@@ -9,8 +15,8 @@ pub struct Args {
     pub url: String,
     /// Leave unreferenced files younger than this alone (a writer may be about to commit
     /// them); at least 1h unless --no-writers.
-    #[arg(long, default_value = "1h", value_parser = super::parse_duration)]
-    pub grace: std::time::Duration,
+    #[arg(long, default_value = "1h", value_parser = GRACE.parser())]
+    pub grace: Duration,
     /// No writer is running on this dataset: allows a --grace below 1h (a writer that runs
     /// after all has its commit refused; no commit can name a deleted file).
     #[arg(long)]

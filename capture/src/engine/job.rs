@@ -99,7 +99,7 @@ impl CaptureJob {
             max_seq_len: self.max_seq_len,
             overlong: self.overlong,
         };
-        let mut inputs = read_job_inputs(&self.input, limits, &io)?;
+        let mut inputs = read_job_inputs(&self.input, limits, self.max_input_bytes, &io)?;
         if let Some(shard) = self.shard {
             let before = inputs.samples.len();
             inputs.samples.retain(|s| shard.contains(s.sample_id));
@@ -155,18 +155,69 @@ impl CaptureJob {
     }
 }
 
+/// The input's object-store URL, if it is not a local path.
+fn input_url(input: &Path) -> Option<&str> {
+    input.to_str().filter(|s| s.contains("://"))
+}
+
+/// The size in bytes of a job's input: a local regular file's length, or the object's. Anything
+/// else local (a directory, a FIFO, a device) is refused: it has no size to check, and reading
+/// it might never end.
+pub async fn input_size(input: &Path) -> Result<u64> {
+    use object_store::ObjectStoreExt;
+    if let Some(url) = input_url(input) {
+        let loc = hslake_store::location::parse(url)?;
+        let meta = loc
+            .store
+            .head(&loc.prefix)
+            .await
+            .map_err(|e| CaptureError::Input {
+                path: input.to_path_buf(),
+                location: "download".into(),
+                message: e.to_string(),
+            })?;
+        return Ok(meta.size);
+    }
+    let meta = tokio::fs::metadata(input)
+        .await
+        .map_err(|source| CaptureError::Io {
+            path: input.to_path_buf(),
+            source,
+        })?;
+    if !meta.is_file() {
+        return Err(CaptureError::Input {
+            path: input.to_path_buf(),
+            location: "file".into(),
+            message: "not a regular file; expected a JSONL or Parquet file".into(),
+        });
+    }
+    Ok(meta.len())
+}
+
 /// Reads the job's input: a local file, or an object-store URL (`s3://bucket/key.jsonl`),
-/// which is copied to a temporary file first (the readers need a file). Errors name the input
-/// as given, not the temporary copy.
+/// which is streamed to a temporary file first (the readers need a file). With `max_bytes`,
+/// a larger input is refused before it is read. Errors name the input as given, not the
+/// temporary copy.
 fn read_job_inputs(
     input: &Path,
     limits: InputLimits,
+    max_bytes: Option<u64>,
     io: &tokio::runtime::Handle,
 ) -> Result<crate::input::Inputs> {
-    let Some(url) = input.to_str().filter(|s| s.contains("://")) else {
+    if let Some(limit) = max_bytes {
+        let size = io.block_on(input_size(input))?;
+        if size > limit {
+            return Err(CaptureError::InputTooLarge {
+                path: input.to_path_buf(),
+                size,
+                limit,
+            });
+        }
+    }
+    let Some(url) = input_url(input) else {
         return read_inputs(input, limits);
     };
-    let copy = io.block_on(download(url))?;
+    let copy = io.block_on(download(url, max_bytes))?;
     read_inputs(copy.path(), limits).map_err(|e| match e {
         CaptureError::Input {
             location, message, ..
@@ -183,8 +234,11 @@ fn read_job_inputs(
     })
 }
 
-/// A local copy of the object at `url`, named with the object's extension (which says its format).
-async fn download(url: &str) -> Result<tempfile::NamedTempFile> {
+/// A local copy of the object at `url`, named with the object's extension (which says its
+/// format), written as it arrives so that memory holds one chunk at a time; stopped once it
+/// passes `max_bytes` (the object may have grown since its size was checked).
+async fn download(url: &str, max_bytes: Option<u64>) -> Result<tempfile::NamedTempFile> {
+    use futures::TryStreamExt;
     use object_store::ObjectStoreExt;
     let fail = |message: String| CaptureError::Input {
         path: url.into(),
@@ -192,14 +246,12 @@ async fn download(url: &str) -> Result<tempfile::NamedTempFile> {
         message,
     };
     let loc = hslake_store::location::parse(url)?;
-    let bytes = loc
+    let mut chunks = loc
         .store
         .get(&loc.prefix)
         .await
         .map_err(|e| fail(e.to_string()))?
-        .bytes()
-        .await
-        .map_err(|e| fail(e.to_string()))?;
+        .into_stream();
     let ext = Path::new(url)
         .extension()
         .map(|e| format!(".{}", e.to_string_lossy()))
@@ -209,8 +261,19 @@ async fn download(url: &str) -> Result<tempfile::NamedTempFile> {
         .suffix(&ext)
         .tempfile()
         .map_err(|e| fail(format!("cannot create a temporary copy: {e}")))?;
-    std::io::Write::write_all(&mut file, &bytes)
-        .map_err(|e| fail(format!("cannot write the temporary copy: {e}")))?;
+    let mut written = 0u64;
+    while let Some(chunk) = chunks.try_next().await.map_err(|e| fail(e.to_string()))? {
+        written += chunk.len() as u64;
+        if let Some(limit) = max_bytes.filter(|&l| written > l) {
+            return Err(CaptureError::InputTooLarge {
+                path: url.into(),
+                size: written,
+                limit,
+            });
+        }
+        std::io::Write::write_all(&mut file, &chunk)
+            .map_err(|e| fail(format!("cannot write the temporary copy: {e}")))?;
+    }
     Ok(file)
 }
 
@@ -300,4 +363,63 @@ fn model_name(dir: &Path) -> String {
         .ok()
         .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
         .unwrap_or_else(|| dir.display().to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn limits() -> InputLimits {
+        InputLimits {
+            vocab_size: 100,
+            max_seq_len: None,
+            overlong: hslake_schemas::Overlong::Truncate,
+        }
+    }
+
+    const TWO_SAMPLES: &[u8] = b"{\"input_ids\": [1, 2, 3]}\n{\"input_ids\": [4, 5]}\n";
+
+    #[test]
+    fn an_input_over_the_limit_is_refused_before_it_is_read() {
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("in.jsonl");
+        std::fs::write(&path, TWO_SAMPLES).unwrap();
+        let size = TWO_SAMPLES.len() as u64;
+        let read = |max| read_job_inputs(&path, limits(), max, rt.handle());
+        assert_eq!(read(Some(size)).unwrap().samples.len(), 2);
+        match read(Some(size - 1)).unwrap_err() {
+            CaptureError::InputTooLarge { size: s, limit, .. } => {
+                assert_eq!((s, limit), (size, size - 1))
+            }
+            e => panic!("{e}"),
+        }
+        // A directory has no size to check: refused by name, not read.
+        let e = read_job_inputs(dir.path(), limits(), Some(1 << 20), rt.handle()).unwrap_err();
+        assert!(e.to_string().contains("not a regular file"), "{e}");
+    }
+
+    #[test]
+    fn a_download_streams_and_stops_past_the_limit() {
+        use object_store::ObjectStoreExt;
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        let url = "memory://capture-download-limit/in.jsonl";
+        let loc = hslake_store::location::parse(url).unwrap();
+        let body: Vec<u8> = TWO_SAMPLES.repeat(1000);
+        rt.block_on(loc.store.put(&loc.prefix, body.clone().into()))
+            .unwrap();
+        let copy = rt.block_on(download(url, Some(body.len() as u64))).unwrap();
+        assert_eq!(std::fs::read(copy.path()).unwrap(), body);
+        assert!(copy.path().to_string_lossy().ends_with(".jsonl"));
+        // Checked while the bytes arrive, whatever a size check before found.
+        match rt.block_on(download(url, Some(100))).unwrap_err() {
+            CaptureError::InputTooLarge { size, limit, .. } => {
+                assert!(size > 100 && limit == 100, "{size}")
+            }
+            e => panic!("{e}"),
+        }
+        let path = std::path::Path::new(url);
+        let got = read_job_inputs(path, limits(), Some(body.len() as u64), rt.handle()).unwrap();
+        assert_eq!(got.samples.len(), 2000);
+    }
 }

@@ -35,7 +35,7 @@ mod writer;
 
 pub use check::CheckedModel;
 pub use commit::CommitPolicy;
-pub use job::PreparedJob;
+pub use job::{input_size, PreparedJob};
 pub use options::{CaptureJob, EngineOptions, InputShard, PlaneSplit};
 pub use progress::{CancelToken, NoProgress, ProgressSink};
 pub use summary::CaptureSummary;

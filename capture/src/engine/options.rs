@@ -173,6 +173,9 @@ pub struct CaptureJob {
     pub writer_options: WriterOptions,
     /// Only the samples of this part of the input (several processes, one dataset).
     pub shard: Option<InputShard>,
+    /// An input of more bytes is refused before it is read (and a download stopped once it
+    /// passes this): a server's bound on what one job may make it hold.
+    pub max_input_bytes: Option<u64>,
 }
 
 /// Part `index` of `count` of an input: the samples whose id is `index` modulo `count`. A split
@@ -243,6 +246,7 @@ impl CaptureJob {
             commit: CommitPolicy::default(),
             writer_options: WriterOptions::default(),
             shard: None,
+            max_input_bytes: None,
         }
     }
 

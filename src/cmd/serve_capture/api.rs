@@ -5,20 +5,31 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use axum::body::Bytes;
-use axum::extract::{Path, State};
+use axum::extract::{Path, RawQuery, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
-use hyper_util::rt::{TokioExecutor, TokioIo};
-use hyper_util::service::TowerToHyperService;
+use hslake_capture::{CaptureError, CaptureJob};
+use hslake_schemas::units::show_size;
 
 use super::state::{JobState, StatusRecord};
-use super::{Daemon, Job};
+use super::{Daemon, Inner, Job};
 use crate::cmd::capture::JobArgs;
 
+/// Jobs per page of `GET /v1/jobs` unless `limit` says otherwise, and the most it may say.
+const PAGE_DEFAULT: usize = 100;
+const PAGE_MAX: usize = 1000;
+
 /// An error answer: a status and a message naming what is wrong.
+#[derive(Debug)]
 pub struct ApiError(StatusCode, String);
+
+impl std::fmt::Display for ApiError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.1)
+    }
+}
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
@@ -28,6 +39,10 @@ impl IntoResponse for ApiError {
                 header::WWW_AUTHENTICATE,
                 header::HeaderValue::from_static("Bearer"),
             );
+        }
+        if self.0 == StatusCode::SERVICE_UNAVAILABLE {
+            r.headers_mut()
+                .insert(header::RETRY_AFTER, header::HeaderValue::from_static("5"));
         }
         r
     }
@@ -55,29 +70,6 @@ pub fn router(d: Arc<Daemon>) -> Router {
         .route("/v1/jobs", get(list).post(submit))
         .route("/v1/jobs/{id}", get(show).delete(cancel))
         .with_state(d)
-}
-
-/// Serves `router` on every connection `listener` accepts, until the process ends.
-pub async fn serve(listener: tokio::net::TcpListener, d: Arc<Daemon>) {
-    let app = router(d);
-    loop {
-        let (stream, peer) = match listener.accept().await {
-            Ok(c) => c,
-            Err(e) => {
-                // Out of file descriptors and the like: wait instead of spinning.
-                tracing::warn!("accepting a connection: {e}");
-                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-                continue;
-            }
-        };
-        let service = TowerToHyperService::new(app.clone());
-        tokio::spawn(async move {
-            let conn = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
-            if let Err(e) = conn.serve_connection(TokioIo::new(stream), service).await {
-                tracing::debug!(%peer, "connection ended: {e}");
-            }
-        });
-    }
 }
 
 /// Refuses a request without the daemon's bearer token.
@@ -114,14 +106,23 @@ async fn dashboard() -> Response {
 }
 
 /// Every dataset a job writes, with the `hslake info` summary of its newest version.
-async fn datasets(State(d): State<Arc<Daemon>>, headers: HeaderMap) -> Answer {
+async fn datasets(
+    State(d): State<Arc<Daemon>>,
+    headers: HeaderMap,
+    RawQuery(query): RawQuery,
+) -> Answer {
     authorize(&d, &headers)?;
-    let urls: std::collections::BTreeSet<String> = d
-        .lock()
-        .jobs
-        .values()
-        .map(|j| j.spec.output.clone())
-        .collect();
+    // The jobs of one page (the query is /v1/jobs's): each dataset is opened to describe it,
+    // and a daemon holding thousands of jobs must not open thousands per request.
+    let page = Page::parse(query.as_deref())?;
+    let urls: std::collections::BTreeSet<String> = {
+        let inner = d.lock();
+        page.of(&inner)
+            .0
+            .into_iter()
+            .map(|(_, j)| j.spec.output.clone())
+            .collect()
+    };
     let mut out = vec![];
     for url in urls {
         let described = async {
@@ -173,11 +174,95 @@ async fn metrics(State(d): State<Arc<Daemon>>, headers: HeaderMap) -> Answer {
         .into_response())
 }
 
-async fn list(State(d): State<Arc<Daemon>>, headers: HeaderMap) -> Answer {
+/// One page of `GET /v1/jobs`: `limit` jobs (default 100, at most 1000) with ids above `after`,
+/// only those in one of the comma-separated `state`s if given.
+#[derive(Debug, PartialEq)]
+struct Page {
+    limit: usize,
+    after: u64,
+    states: Option<Vec<JobState>>,
+}
+
+impl Page {
+    fn parse(query: Option<&str>) -> Result<Page, ApiError> {
+        let bad = |m: String| ApiError(StatusCode::BAD_REQUEST, m);
+        let mut page = Page {
+            limit: PAGE_DEFAULT,
+            after: 0,
+            states: None,
+        };
+        for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
+            let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+            match key {
+                "limit" => {
+                    page.limit = value
+                        .parse()
+                        .ok()
+                        .filter(|n| (1..=PAGE_MAX).contains(n))
+                        .ok_or_else(|| bad(format!("limit={value:?}: expected 1 to {PAGE_MAX}")))?
+                }
+                "after" => {
+                    page.after = value.parse().map_err(|_| {
+                        bad(format!("after={value:?}: expected a job id (a number)"))
+                    })?
+                }
+                "state" => {
+                    // A comma may come escaped from a client that encodes the whole value.
+                    let states = value.replace("%2C", ",").replace("%2c", ",");
+                    let states = states
+                        .split(',')
+                        .map(|name| {
+                            JobState::ALL
+                                .into_iter()
+                                .find(|s| s.name() == name)
+                                .ok_or_else(|| {
+                                    bad(format!(
+                                        "state={name:?}: expected queued, running, done, failed \
+                                         or cancelled (several separated by commas)"
+                                    ))
+                                })
+                        })
+                        .collect::<Result<Vec<_>, _>>()?;
+                    page.states = Some(states);
+                }
+                _ => {
+                    return Err(bad(format!(
+                        "unknown query parameter {key:?}; expected limit, after or state"
+                    )))
+                }
+            }
+        }
+        Ok(page)
+    }
+
+    /// This page's jobs, and the `after` of the next page if there is one.
+    fn of<'a>(&self, inner: &'a Inner) -> (Vec<(u64, &'a Job)>, Option<u64>) {
+        let mut matching = inner
+            .jobs
+            .range(self.after.saturating_add(1)..)
+            .filter(|(_, j)| self.states.as_ref().is_none_or(|s| s.contains(&j.state)))
+            .map(|(id, j)| (*id, j));
+        let jobs: Vec<_> = matching.by_ref().take(self.limit).collect();
+        let next = matching.next().and_then(|_| jobs.last().map(|(id, _)| *id));
+        (jobs, next)
+    }
+}
+
+/// A page of jobs in id order, and `next`: the `after` of the following page (null on the last).
+async fn list(
+    State(d): State<Arc<Daemon>>,
+    headers: HeaderMap,
+    RawQuery(query): RawQuery,
+) -> Answer {
     authorize(&d, &headers)?;
+    let page = Page::parse(query.as_deref())?;
     let inner = d.lock();
-    let jobs: Vec<_> = inner.jobs.iter().map(|(id, j)| j.view(*id)).collect();
-    Ok(json(StatusCode::OK, serde_json::json!({ "jobs": jobs })))
+    let (jobs, next) = page.of(&inner);
+    let jobs: Vec<_> = jobs.into_iter().map(|(id, j)| j.view(id)).collect();
+    Ok(json(
+        StatusCode::OK,
+        serde_json::json!({ "jobs": jobs, "next": next }),
+    ))
 }
 
 async fn show(State(d): State<Arc<Daemon>>, headers: HeaderMap, Path(id): Path<String>) -> Answer {
@@ -202,7 +287,8 @@ fn no_job(id: u64) -> ApiError {
 }
 
 /// Checks a job as `hslake capture` would before it starts (options, every input record, the
-/// dataset's model and capture points), stores it, and queues it.
+/// dataset's model and capture points) and against the daemon's admission limits, stores it,
+/// and queues it.
 async fn submit(State(d): State<Arc<Daemon>>, headers: HeaderMap, body: Bytes) -> Answer {
     authorize(&d, &headers)?;
     let bad = |m: String| ApiError(StatusCode::BAD_REQUEST, m);
@@ -211,11 +297,31 @@ async fn submit(State(d): State<Arc<Daemon>>, headers: HeaderMap, body: Bytes) -
     // Stored as the dataset URL every command reads the same string as (the root refused).
     spec.output = hslake_store::location::dataset_url(&spec.output)
         .map_err(|e| bad(format!("output: {e}")))?;
-    let job = spec.job().map_err(|e| bad(format!("{e:#}")))?;
+    let job = job_for(&d, &spec)?;
+    let unusable = |e: CaptureError| match e {
+        CaptureError::InputTooLarge { path, size, .. } => too_large(&d, &path, size),
+        e => ApiError(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            format!("capture into {}: {e}", spec.output),
+        ),
+    };
+    // The size first, so that an input too large is refused before any of it is read, and the
+    // check below holds no more than its share of the spool.
+    let size = hslake_capture::input_size(&spec.input)
+        .await
+        .map_err(unusable)?;
+    if size > d.max_job_bytes {
+        return Err(too_large(&d, &spec.input, size));
+    }
+    let spooled = d
+        .spool
+        .take(size)
+        .map_err(|m| ApiError(StatusCode::SERVICE_UNAVAILABLE, m))?;
     let (model, options) = (d.model.clone(), d.engine_options.clone());
     let span = tracing::info_span!("submission", output = %spec.output);
     tokio::task::spawn_blocking(move || {
         let _entered = span.enter();
+        let _spooled = spooled;
         job.prepare(&model, &options).map(|_| ())
     })
     .await
@@ -225,12 +331,7 @@ async fn submit(State(d): State<Arc<Daemon>>, headers: HeaderMap, body: Bytes) -
             format!("checking the job: {e}"),
         )
     })?
-    .map_err(|e| {
-        ApiError(
-            StatusCode::UNPROCESSABLE_ENTITY,
-            format!("capture into {}: {e}", spec.output),
-        )
-    })?;
+    .map_err(unusable)?;
     let _one_at_a_time = d.submit.lock().await;
     let next = d.lock().jobs.keys().next_back().map_or(1, |id| id + 1);
     let id = d.state.create(next, &spec).await.map_err(|e| {
@@ -249,6 +350,32 @@ async fn submit(State(d): State<Arc<Daemon>>, headers: HeaderMap, body: Bytes) -
     tracing::info!(job = id, "job queued");
     d.wake.notify_one();
     Ok(json(StatusCode::CREATED, view))
+}
+
+/// The library's job for `spec` with the daemon's limits, or why not: the CLI's checks of its
+/// values (400), then the output under `--allowed-output` (403). The input's size limit goes
+/// with the job, so a run refuses an input that has grown past it since it was submitted.
+pub(super) fn job_for(d: &Daemon, spec: &JobArgs) -> Result<CaptureJob, ApiError> {
+    let mut job = spec
+        .job()
+        .map_err(|e| ApiError(StatusCode::BAD_REQUEST, format!("{e:#}")))?;
+    d.allowed
+        .check(&spec.output)
+        .map_err(|e| ApiError(StatusCode::FORBIDDEN, format!("{e:#}")))?;
+    job.max_input_bytes = Some(d.max_job_bytes);
+    Ok(job)
+}
+
+fn too_large(d: &Daemon, input: &std::path::Path, size: u64) -> ApiError {
+    ApiError(
+        StatusCode::PAYLOAD_TOO_LARGE,
+        format!(
+            "input {} holds {size} bytes or more; this daemon takes job inputs of at most {} \
+             (--max-job-bytes)",
+            input.display(),
+            show_size(d.max_job_bytes)
+        ),
+    )
 }
 
 /// Cancels a job: a queued one never runs; a running one commits what it captured and stops.
@@ -295,4 +422,38 @@ async fn cancel(
     let inner = d.lock();
     let job = inner.jobs.get(&id).ok_or_else(|| no_job(id))?;
     Ok(json(StatusCode::ACCEPTED, job.view(id)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_page_is_read_from_its_query_and_bad_parameters_are_named() {
+        assert_eq!(
+            Page::parse(None).unwrap(),
+            Page {
+                limit: PAGE_DEFAULT,
+                after: 0,
+                states: None
+            }
+        );
+        let p = Page::parse(Some("limit=5&after=17&state=queued%2Crunning")).unwrap();
+        assert_eq!((p.limit, p.after), (5, 17));
+        assert_eq!(p.states, Some(vec![JobState::Queued, JobState::Running]));
+        for (query, message) in [
+            ("limit=0", "limit=\"0\": expected 1 to 1000"),
+            ("limit=1001", "expected 1 to 1000"),
+            ("after=-1", "after=\"-1\": expected a job id"),
+            ("state=done,lost", "state=\"lost\""),
+            ("order=desc", "unknown query parameter \"order\""),
+        ] {
+            let e = Page::parse(Some(query)).unwrap_err();
+            assert!(
+                e.0 == StatusCode::BAD_REQUEST && e.1.contains(message),
+                "{query}: {}",
+                e.1
+            );
+        }
+    }
 }

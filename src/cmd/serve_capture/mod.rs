@@ -13,16 +13,31 @@ use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
 use hslake_capture::{CancelToken, CheckedModel, Engine, EngineOptions, ModelInfo, ProgressSink};
+use hslake_schemas::units::{show_size, DurationRange, SizeRange};
 use tokio::sync::Notify;
 use tracing::Instrument;
 
 use crate::cmd::capture::{EngineArgs, JobArgs};
+use crate::cmd::listen::http::HttpArgs;
+use admission::{AllowedOutputs, SpoolBudget};
 use metrics::Metrics;
 use state::{JobState, StateStore, StatusRecord, SummaryRecord};
 
+mod admission;
 mod api;
 mod metrics;
 pub mod state;
+
+/// `--shutdown-timeout`: a millisecond up to a day.
+const SHUTDOWN_TIMEOUT: DurationRange = DurationRange::seconds(
+    "--shutdown-timeout",
+    Duration::from_millis(1),
+    Duration::from_secs(86_400),
+);
+/// `--max-job-bytes`: a byte up to a PiB.
+const MAX_JOB_BYTES: SizeRange = SizeRange::bytes("--max-job-bytes", 1, 1 << 50);
+/// `--max-spool-bytes`: a byte up to a PiB.
+const MAX_SPOOL_BYTES: SizeRange = SizeRange::bytes("--max-spool-bytes", 1, 1 << 50);
 
 /// Arguments of `hslake serve-capture`.
 #[derive(clap::Args, Debug)]
@@ -39,10 +54,26 @@ pub struct Args {
     /// File holding the bearer token every route but /healthz and /readyz requires (first line).
     #[arg(long)]
     pub token_file: PathBuf,
-    /// Seconds a stop signal waits for the job in flight to commit before the daemon gives up
-    /// and exits non-zero.
-    #[arg(long, default_value_t = 60.0)]
-    pub shutdown_timeout: f64,
+    /// How long a stop signal waits for the job in flight to commit before the daemon gives
+    /// up and exits non-zero, e.g. 60s (a bare number is seconds).
+    #[arg(long, default_value = "60s", value_parser = SHUTDOWN_TIMEOUT.parser())]
+    pub shutdown_timeout: Duration,
+    /// Connection caps and deadlines of the job API.
+    #[command(flatten)]
+    pub http: HttpArgs,
+    /// Largest job input taken, e.g. 20GiB; a larger one is refused with 413.
+    #[arg(long, default_value = "4GiB", value_parser = MAX_JOB_BYTES.parser())]
+    pub max_job_bytes: u64,
+    /// Job inputs being downloaded and checked at once, across submissions, may total this
+    /// much (a check holds its input in memory, a few times its size); a submission past it is
+    /// refused with 503, to retry later. At least --max-job-bytes.
+    #[arg(long, default_value = "8GiB", value_parser = MAX_SPOOL_BYTES.parser())]
+    pub max_spool_bytes: u64,
+    /// A dataset URL prefix jobs may write under (repeatable), e.g. file:///data/captures or
+    /// s3://bucket/captures; default: the directory holding --state (the current directory
+    /// when --state is not local). Other outputs are refused with 403.
+    #[arg(long = "allowed-output")]
+    pub allowed_outputs: Vec<String>,
 }
 
 /// The daemon's shared state: the engine's identity, the jobs and their progress.
@@ -58,6 +89,12 @@ pub struct Daemon {
     submit: tokio::sync::Mutex<()>,
     metrics: Arc<Metrics>,
     ready: AtomicBool,
+    /// Where jobs may write.
+    allowed: AllowedOutputs,
+    /// `--max-job-bytes`.
+    max_job_bytes: u64,
+    /// Inputs being checked now, against `--max-spool-bytes`.
+    spool: Arc<SpoolBudget>,
 }
 
 #[derive(Default)]
@@ -271,7 +308,8 @@ async fn worker(d: Arc<Daemon>, mut engine: Engine) -> Result<()> {
             .record(id, StatusRecord::now(JobState::Running))
             .instrument(span.clone())
             .await;
-        let mut job = match recorded.and_then(|()| spec.job()) {
+        let admitted = recorded.and_then(|()| api::job_for(&d, &spec).map_err(anyhow::Error::msg));
+        let mut job = match admitted {
             Ok(job) => job,
             Err(e) => {
                 fail(&d, id, format!("{e:#}")).instrument(span).await;
@@ -391,13 +429,17 @@ async fn stop_signal() {
 /// the engine fails (non-zero, with the cause).
 pub async fn run(args: Args) -> Result<ExitCode> {
     let token = super::read_token_file(&args.token_file)?;
-    if !args.shutdown_timeout.is_finite() || args.shutdown_timeout <= 0.0 {
+    args.http.conn.check()?;
+    if args.max_spool_bytes < args.max_job_bytes {
         bail!(
-            "--shutdown-timeout must be a positive number of seconds, got {}",
-            args.shutdown_timeout
+            "--max-spool-bytes {} is below --max-job-bytes {}: a job of the largest size \
+             could never be checked",
+            show_size(args.max_spool_bytes),
+            show_size(args.max_job_bytes)
         );
     }
     let state = StateStore::open(&args.state)?;
+    let allowed = AllowedOutputs::new(&args.allowed_outputs, &args.state)?;
     let engine_options = args.engine.options();
     let check_options = engine_options.clone();
     let checked = tokio::task::spawn_blocking(move || CheckedModel::check(check_options))
@@ -419,15 +461,29 @@ pub async fn run(args: Args) -> Result<ExitCode> {
         submit: tokio::sync::Mutex::new(()),
         metrics,
         ready: AtomicBool::new(false),
+        allowed,
+        max_job_bytes: args.max_job_bytes,
+        spool: SpoolBudget::new(args.max_spool_bytes),
     });
     recover(&d).await?;
 
-    let listener = tokio::net::TcpListener::bind(args.bind)
-        .await
-        .with_context(|| format!("binding {}", args.bind))?;
+    let listener = crate::cmd::listen::bind(args.bind)?;
     let addr = listener.local_addr()?;
-    tokio::spawn(api::serve(listener, d.clone()));
-    tracing::info!(%addr, state = d.state.url(), "capture daemon listening; loading the model");
+    tokio::spawn(crate::cmd::listen::http::serve(
+        listener,
+        api::router(d.clone()),
+        args.http.clone(),
+    ));
+    tracing::info!(
+        %addr,
+        state = d.state.url(),
+        allowed_outputs = d.allowed.describe(),
+        max_job_bytes = show_size(args.max_job_bytes),
+        max_spool_bytes = show_size(args.max_spool_bytes),
+        max_connections = args.http.conn.max_connections,
+        per_client = args.http.conn.max_connections_per_client,
+        "capture daemon listening; loading the model"
+    );
 
     let load = tokio::task::spawn_blocking(move || Engine::load(checked));
     let engine = tokio::select! {
@@ -464,17 +520,16 @@ pub async fn run(args: Args) -> Result<ExitCode> {
         }
     }
     d.wake.notify_one();
-    let limit = Duration::from_secs_f64(args.shutdown_timeout);
-    match tokio::time::timeout(limit, work).await {
+    match tokio::time::timeout(args.shutdown_timeout, work).await {
         Ok(r) => {
             r.map_err(|e| anyhow!("the job worker panicked: {e}"))??;
             tracing::info!("stopped; a restart resumes any unfinished job");
             Ok(ExitCode::SUCCESS)
         }
         Err(_) => bail!(
-            "the job in flight did not commit within --shutdown-timeout {}s; \
+            "the job in flight did not commit within --shutdown-timeout {}; \
              a restart resumes it from its last commit",
-            args.shutdown_timeout
+            hslake_schemas::units::show_duration(args.shutdown_timeout)
         ),
     }
 }

@@ -200,7 +200,17 @@ impl StateStore {
                     self.loc.url
                 );
             }
-            let spec: JobArgs = self.read_json(&self.spec_rel(id)).await?;
+            let rel = self.spec_rel(id);
+            let spec: JobArgs = match serde_json::from_slice(&self.read(&rel).await?) {
+                Ok(spec) => spec,
+                Err(e) => {
+                    // Written before the job checks refused such values (a zstd level of 1000,
+                    // say): it can never run, and one old record must not keep the daemon from
+                    // starting. Its records stay where they are.
+                    tracing::warn!("{}/{rel}: left out of the job list: {e}", self.loc.url);
+                    continue;
+                }
+            };
             let mut history = vec![];
             for (n, path) in statuses {
                 let rel = self.loc.relative(&path).unwrap_or_default();
@@ -266,16 +276,19 @@ impl StateStore {
         }
     }
 
-    async fn read_json<T: serde::de::DeserializeOwned>(&self, rel: &str) -> Result<T> {
-        let bytes = self
-            .loc
+    async fn read(&self, rel: &str) -> Result<bytes::Bytes> {
+        self.loc
             .store
             .get(&self.loc.path(rel))
             .await
             .with_context(|| format!("reading {}/{rel}", self.loc.url))?
             .bytes()
             .await
-            .with_context(|| format!("reading {}/{rel}", self.loc.url))?;
+            .with_context(|| format!("reading {}/{rel}", self.loc.url))
+    }
+
+    async fn read_json<T: serde::de::DeserializeOwned>(&self, rel: &str) -> Result<T> {
+        let bytes = self.read(rel).await?;
         serde_json::from_slice(&bytes).with_context(|| format!("parsing {}/{rel}", self.loc.url))
     }
 }
@@ -322,5 +335,26 @@ mod tests {
         assert_eq!(states, [JobState::Running, JobState::Done]);
         assert_eq!(jobs[0].history[1].summary.as_ref().unwrap().samples, 3);
         assert!(jobs[1].history.is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_job_whose_spec_no_longer_passes_the_checks_is_left_out_not_fatal() {
+        let d = tempfile::tempdir().unwrap();
+        let url = d.path().join("state").display().to_string();
+        let s = StateStore::open(&url).unwrap();
+        s.create(1, &spec("file:///a")).await.unwrap();
+        // As an older daemon wrote it, before levels past 22 were refused.
+        let mut old = serde_json::to_value(spec("file:///b")).unwrap();
+        old["zstd_level"] = 1000.into();
+        s.put_new("jobs/00000002/spec.json", old.to_string().into_bytes())
+            .await
+            .unwrap();
+        s.record(2, 1, &StatusRecord::now(JobState::Failed))
+            .await
+            .unwrap();
+        let jobs = s.load().await.unwrap();
+        assert_eq!(jobs.iter().map(|j| j.id).collect::<Vec<_>>(), [1]);
+        // Its id stays taken.
+        assert_eq!(s.create(2, &spec("file:///c")).await.unwrap(), 3);
     }
 }
