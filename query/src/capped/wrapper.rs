@@ -184,7 +184,7 @@ impl ScalarUDFImpl for CappedFn {
 
 /// `e` with every growing built-in call in it capped, and every `a || b` made a capped call.
 fn cap_all(e: Expr) -> Result<Expr> {
-    Ok(e.transform_up(|e| cap_one(e))?.data)
+    Ok(e.transform_up(cap_one)?.data)
 }
 
 fn cap_one(e: Expr) -> Result<Transformed<Expr>> {
