@@ -8,7 +8,10 @@ Writes a synthetic dataset with `hslake synth` (unless it exists), starts the se
 - one client sends `SELECT array_agg(a.layer_1) FROM samples a, samples b` (the query that grew
   the server to 9.6 GB) every 10 s;
 - once, 8 client processes start `SELECT sum(tensor_norm(a.layer_1)) FROM samples a, samples b`
-  and are killed 3 s later; then a fresh client's first answer is timed.
+  and are killed 3 s later; then a fresh client's first answer is timed;
+- then two clients at once send each of the scalar queries that grew the server past its
+  memory before their results were capped (issue 37: a `concat` over a cross join, and
+  `repeat('x', 2147483647)`), and their outcomes are recorded.
 The server's peak resident memory is read from /proc. Everything is bounded in count and time
 and talks only to 127.0.0.1; the server is stopped at the end.
 Prints one JSON object (the figures in docs/PERFORMANCE.md).
@@ -43,6 +46,10 @@ LIGHT = [
 ]
 ARRAY_AGG = "SELECT array_agg(a.layer_1) FROM ds.samples a, ds.samples b"
 CROSS_NORM = "SELECT sum(tensor_norm(a.layer_1)) FROM ds.samples a, ds.samples b"
+SCALAR = [
+    ("concat_cross_join", "SELECT max(length(concat(a.layer_1, b.layer_1))) FROM ds.samples a, ds.samples b"),
+    ("repeat_2gib", "SELECT repeat('x', 2147483647)"),
+]
 
 
 def connect(uri):
@@ -108,6 +115,28 @@ def heavy_client(uri, stop, out):
     conn.close()
 
 
+def scalar_pair(uri, name, sql):
+    """Two clients send `sql` at once; each outcome with its time and first error line."""
+    out = []
+
+    def one():
+        t = time.perf_counter()
+        try:
+            with connect(uri) as conn:
+                run(conn, sql)
+            out.append({"query": name, "outcome": "completed", "s": round(time.perf_counter() - t, 1)})
+        except Exception as e:
+            out.append({"query": name, "outcome": "refused", "s": round(time.perf_counter() - t, 1),
+                        "error": str(e).splitlines()[0][:300]})
+
+    pair = [threading.Thread(target=one) for _ in range(2)]
+    for t in pair:
+        t.start()
+    for t in pair:
+        t.join(timeout=300)
+    return out
+
+
 def abandoned(uri):
     """A client process that starts the CPU-heavy cross join and is killed while it runs."""
     conn = connect(uri)
@@ -168,6 +197,8 @@ def main():
             run(conn, "SELECT count(*) FROM ds.samples WHERE seq_len > 100")
         after_kill = time.perf_counter() - t
 
+        scalar = [r for name, sql in SCALAR for r in scalar_pair(uri, name, sql)]
+
         time.sleep(max(0, a.duration - (time.time() - start)))
         stop.set()
         for t in threads:
@@ -205,6 +236,7 @@ def main():
                            "p99": ms(percentile([d for _, d in light], 99))},
         "array_agg_cross_join": [{"outcome": o, "s": round(d, 1), "error": e} for o, d, e in heavy],
         "answer_after_killing_8_cross_joins_s": round(after_kill, 2),
+        "scalar_queries_two_at_once": scalar,
     }
     json.dump(result, sys.stdout, indent=1)
     print()

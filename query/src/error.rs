@@ -38,6 +38,10 @@ pub enum QueryError {
         /// More about it (the biggest memory consumers), empty or starting with `; `.
         detail: String,
     },
+    /// The query was cancelled (its result stream was dropped: the client went away) and
+    /// stopped where it was.
+    #[error("query cancelled: its result stream was dropped")]
+    Cancelled,
     /// A tensor function met a stored value that does not decode (wrong length, corrupt
     /// frames, a checksum that does not match). The session fills in the file and row group
     /// from the sample id before the error reaches the caller.
@@ -81,8 +85,10 @@ impl From<DataFusionError> for QueryError {
                     detail: detail.clone(),
                 };
             }
-            if let Some(QueryError::BadValue(b)) = inner.downcast_ref::<QueryError>() {
-                return QueryError::BadValue(b.clone());
+            match inner.downcast_ref::<QueryError>() {
+                Some(QueryError::BadValue(b)) => return QueryError::BadValue(b.clone()),
+                Some(QueryError::Cancelled) => return QueryError::Cancelled,
+                _ => {}
             }
         }
         QueryError::Sql(strip_context(e))

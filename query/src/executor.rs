@@ -17,7 +17,7 @@ use datafusion::error::DataFusionError;
 use futures::{Stream, StreamExt};
 use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore};
 
-use crate::{QueryError, QuerySession, Result};
+use crate::{Cancel, QueryError, QuerySession, Result};
 
 /// Command-line flag setting [`ExecutorLimits::max_queries`].
 pub const MAX_QUERIES_FLAG: &str = "--max-queries";
@@ -99,11 +99,18 @@ impl QueryExecutor {
         // that stops reading stops the query instead of filling memory.
         let (tx, rx) = mpsc::channel(2);
         let slot = Slot::new(permit, self.running.clone());
-        let task = runtime.spawn(drive(session, sql, schema_tx, tx, slot));
+        let cancel = Cancel::default();
+        let query = Query {
+            session,
+            sql,
+            cancel: cancel.clone(),
+        };
+        let task = runtime.spawn(drive(query, schema_tx, tx, slot));
         let mut stream = QueryStream {
             schema: None,
             rx,
             task: Some(task),
+            cancel,
             started: Instant::now(),
         };
         match schema_rx.await {
@@ -174,17 +181,24 @@ impl Drop for Slot {
     }
 }
 
+/// One query to run: its statement, on which session, and the flag that stops it.
+struct Query {
+    session: Arc<QuerySession>,
+    sql: String,
+    cancel: Cancel,
+}
+
 /// Plan and execute on the query runtime, forwarding batches until the query ends or the
 /// receiver is gone. The slot is held exactly as long as this task lives.
 async fn drive(
-    session: Arc<QuerySession>,
-    sql: String,
+    query: Query,
     schema_tx: oneshot::Sender<Result<SchemaRef>>,
     tx: mpsc::Sender<std::result::Result<RecordBatch, DataFusionError>>,
     _slot: Slot,
 ) {
     let started = Instant::now();
-    let mut stream = match session.execute(&sql).await {
+    let executing = query.session.execute_cancellable(&query.sql, query.cancel);
+    let mut stream = match executing.await {
         Ok(s) => s,
         Err(e) => {
             let _ = schema_tx.send(Err(e));
@@ -218,12 +232,14 @@ async fn drive(
     tracing::info!(rows, elapsed_ms, "query done");
 }
 
-/// The batches of a running query. Dropping it before the end aborts the query's task, and
-/// with it every task the query spawned.
+/// The batches of a running query. Dropping it before the end cancels the query, so that its
+/// functions stop between rows, and aborts the query's task, and with it every task the query
+/// spawned, as soon as they yield.
 pub struct QueryStream {
     schema: Option<SchemaRef>,
     rx: mpsc::Receiver<std::result::Result<RecordBatch, DataFusionError>>,
     task: Option<tokio::task::JoinHandle<()>>,
+    cancel: Cancel,
     started: Instant,
 }
 
@@ -265,6 +281,9 @@ impl Drop for QueryStream {
                     "query cancelled: its client went away"
                 );
             }
+            // The task may be inside a batch that takes seconds and yields only at its end;
+            // the flag stops it between rows.
+            self.cancel.cancel();
             task.abort();
         }
     }

@@ -497,13 +497,27 @@ mod tests {
         executor: ExecutorLimits,
     ) -> (String, tokio::sync::oneshot::Sender<()>) {
         // Tests run in parallel in one process: each server gets a dataset of its own.
-        static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let url = format!("memory://flight-test-{n}");
+        let url = format!("memory://flight-test-{}", next_test());
         let ds = crate::testdata::write(&url, DType::Bf16, 6, 1).await;
+        start_on(&ds, "tiny", token, limits, executor).await
+    }
+
+    fn next_test() -> usize {
+        static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// A server over `ds` (schema `name`) with the given limits.
+    async fn start_on(
+        ds: &hslake_store::Dataset,
+        name: &str,
+        token: &str,
+        limits: QueryLimits,
+        executor: ExecutorLimits,
+    ) -> (String, tokio::sync::oneshot::Sender<()>) {
         let mut session = QuerySession::new().unwrap();
         session.set_limits(limits);
-        session.add_dataset(Some("tiny"), &ds, None).await.unwrap();
+        session.add_dataset(Some(name), ds, None).await.unwrap();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let (tx, rx) = tokio::sync::oneshot::channel();
@@ -646,7 +660,7 @@ mod tests {
     async fn a_query_past_the_memory_limit_is_refused_naming_it_and_the_server_keeps_serving() {
         let limits = QueryLimits {
             memory_per_query: Some(1 << 20),
-            timeout: None,
+            ..QueryLimits::default()
         };
         let (url, stop) = start_with("t", limits, ExecutorLimits::for_machine()).await;
         let mut c = client(&url, "t").await;
@@ -678,8 +692,8 @@ mod tests {
     #[tokio::test]
     async fn a_query_past_the_time_limit_is_stopped_naming_it() {
         let limits = QueryLimits {
-            memory_per_query: None,
             timeout: Some(std::time::Duration::from_millis(300)),
+            ..QueryLimits::default()
         };
         let (url, stop) = start_with("t", limits, ExecutorLimits::for_machine()).await;
         let mut c = client(&url, "t").await;
@@ -745,6 +759,93 @@ mod tests {
             6
         );
         assert!(started.elapsed() < std::time::Duration::from_secs(60));
+        let _ = stop.send(());
+    }
+
+    #[tokio::test]
+    async fn concurrent_scalar_functions_past_the_limits_are_refused_and_the_server_lives() {
+        // 32 samples of 64 x 256 bf16 values: the cross join's concat would build 1024
+        // values of about twice a stored value (tens of KB) each, more than the query's 1 MiB.
+        // (Were concat not refused, `length` would fail next: these bytes are not text.)
+        let url = format!("memory://flight-test-{}", next_test());
+        let ds = crate::testdata::write_wide(&url, 32, 64, 256).await;
+        let limits = QueryLimits {
+            memory_per_query: Some(1 << 20),
+            ..QueryLimits::default()
+        };
+        let (url, stop) = start_on(&ds, "big", "t", limits, ExecutorLimits::for_machine()).await;
+        let (mut c1, mut c2) = (client(&url, "t").await, client(&url, "t").await);
+
+        let concat =
+            "SELECT max(length(concat(a.layer_1, b.layer_1))) FROM big.samples a, big.samples b";
+        let (e1, e2) = tokio::join!(run(&mut c1, concat), run(&mut c2, concat));
+        for e in [e1.unwrap_err(), e2.unwrap_err()] {
+            assert!(e.contains("resource has been exhausted"), "{e}");
+            assert!(
+                e.contains("needs more memory than one query may use (limit: 1024.0 KB per query, set by --query-memory)"),
+                "{e}"
+            );
+            assert!(e.contains("for concat"), "{e}");
+        }
+
+        let repeat = "SELECT repeat('x', 2147483647)";
+        let (e1, e2) = tokio::join!(run(&mut c1, repeat), run(&mut c2, repeat));
+        for e in [e1.unwrap_err(), e2.unwrap_err()] {
+            assert!(e.contains("resource has been exhausted"), "{e}");
+            assert!(
+                e.contains(
+                    "repeat would build a value of 2.0 GB (row 0 of its batch), larger than one \
+                     value may be (limit: 256.0 KB per value, set by --max-value-size)"
+                ),
+                "{e}"
+            );
+        }
+        assert_eq!(
+            run(&mut c1, "SELECT sample_id FROM big.samples")
+                .await
+                .unwrap(),
+            32
+        );
+        let _ = stop.send(());
+    }
+
+    #[tokio::test]
+    async fn a_dropped_client_stream_cancels_its_query_mid_batch_within_a_second() {
+        // One slot, one query thread and a queue that waits one second: the light query is
+        // answered only if dropping the heavy one's stream freed the slot within that second.
+        // Each 8192-row batch of the heavy query decodes 8192 values of 64 x 256 elements,
+        // seconds of work in a debug build, and DataFusion yields only between batches: the
+        // query must stop between rows.
+        let url = format!("memory://flight-test-{}", next_test());
+        let ds = crate::testdata::write_wide(&url, 1, 64, 256).await;
+        let executor = ExecutorLimits {
+            max_queries: 1,
+            queue_timeout: std::time::Duration::from_secs(1),
+            threads: 1,
+        };
+        let (url, stop) = start_on(&ds, "big", "t", QueryLimits::default(), executor).await;
+        let heavy = "SELECT sum(tensor_norm(a.layer_1)) FROM big.samples a CROSS JOIN generate_series(1, 1000000000) g";
+        for _ in 0..2 {
+            let mut gone = client(&url, "t").await;
+            let info = gone.execute(heavy.to_string(), None).await.unwrap();
+            let stream = gone
+                .do_get(info.endpoint[0].ticket.clone().unwrap())
+                .await
+                .unwrap();
+            // Inside the first batch by now.
+            tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+            drop(stream);
+            drop(gone);
+            let mut c = client(&url, "t").await;
+            let started = std::time::Instant::now();
+            assert_eq!(
+                run(&mut c, "SELECT sample_id FROM big.samples")
+                    .await
+                    .unwrap(),
+                1
+            );
+            assert!(started.elapsed() < std::time::Duration::from_secs(2));
+        }
         let _ = stop.send(());
     }
 }

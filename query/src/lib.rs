@@ -4,8 +4,10 @@
 //! `versions`) and the tensor functions of [`udf`] (`tensor_norm`, `cosine_similarity`, ...).
 //! Queries that touch no tensor column read no tensor bytes: the `samples` table hands
 //! projection and filters to DataFusion's Parquet scan. [`flight`] serves the same over Arrow
-//! Flight SQL. [`limits`] bounds what one query may take (memory, time) and [`executor`] how
-//! many run at once in a server, so one client cannot take the process down.
+//! Flight SQL. [`limits`] bounds what one query may take (memory, time, the size of one value),
+//! [`capped`] makes DataFusion's own functions that can build large values keep to those
+//! bounds, and [`executor`] bounds how many queries run at once in a server, so one client
+//! cannot take the process down.
 //!
 //! ```no_run
 //! # async fn example() -> Result<(), hslake_query::QueryError> {
@@ -17,6 +19,8 @@
 //! ```
 #![deny(missing_docs)]
 
+pub mod budget;
+pub mod capped;
 mod error;
 pub mod executor;
 pub mod flight;
@@ -27,6 +31,7 @@ pub mod table;
 pub mod tensor;
 pub mod udf;
 
+pub use budget::Cancel;
 pub use datafusion::execution::{RecordBatchStream, SendableRecordBatchStream};
 pub use error::{BadTensorValue, QueryError, Result};
 pub use limits::QueryLimits;

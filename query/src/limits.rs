@@ -1,6 +1,7 @@
 //! Limits that keep one query from taking the process down: a memory pool of its own with a
-//! fixed size, and a wall-clock deadline. Both turn into [`QueryError::Limit`], which names the
-//! limit and the setting that changes it.
+//! fixed size, a cap on the size of any one value a function builds, and a wall-clock
+//! deadline. Each turns into [`QueryError::Limit`], which names the limit and the setting that
+//! changes it.
 use std::future::Future;
 use std::num::NonZeroUsize;
 use std::pin::Pin;
@@ -18,12 +19,19 @@ use datafusion::execution::{RecordBatchStream, SendableRecordBatchStream};
 use datafusion::physical_plan::EmptyRecordBatchStream;
 use futures::{Stream, StreamExt};
 
+use crate::budget::Cancel;
 use crate::QueryError;
 
 /// Command-line flag setting [`QueryLimits::memory_per_query`].
 pub const MEMORY_FLAG: &str = "--query-memory";
 /// Command-line flag setting [`QueryLimits::timeout`].
 pub const TIMEOUT_FLAG: &str = "--query-timeout";
+/// Command-line flag setting [`QueryLimits::max_value`].
+pub const VALUE_FLAG: &str = "--max-value-size";
+
+/// The per-value cap without a memory limit to derive it from: Arrow's 32-bit offsets hold
+/// 2 GiB per array, and a value that size is copied a few times on its way to a client.
+pub const DEFAULT_MAX_VALUE: usize = 1 << 30;
 
 /// What one query may use. `None` leaves that resource unbounded.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -33,6 +41,9 @@ pub struct QueryLimits {
     pub memory_per_query: Option<usize>,
     /// Wall-clock time from the start of execution to the last batch.
     pub timeout: Option<Duration>,
+    /// Bytes of the largest value (string, binary, list, tensor) one function call may build;
+    /// `None`: a quarter of `memory_per_query`, or [`DEFAULT_MAX_VALUE`] without one.
+    pub max_value: Option<usize>,
 }
 
 impl QueryLimits {
@@ -46,7 +57,18 @@ impl QueryLimits {
         QueryLimits {
             memory_per_query: Some(memory_share(memory, concurrent)),
             timeout: None,
+            max_value: None,
         }
+    }
+
+    /// The per-value cap in force. A quarter of the query's memory by default: DataFusion
+    /// copies a value a few times after the function that built it returns (into a scalar,
+    /// into each row of a batch, into the client's message), and those copies are not
+    /// counted in the pool.
+    pub fn value_cap(&self) -> usize {
+        self.max_value
+            .or(self.memory_per_query.map(|m| m / 4))
+            .unwrap_or(DEFAULT_MAX_VALUE)
     }
 
     /// A fresh memory pool for one query: its own, so one query's use never counts against
@@ -61,11 +83,17 @@ impl QueryLimits {
         }
     }
 
-    /// `stream` with the deadline applied and memory errors named as this limit.
-    pub fn guard(&self, stream: SendableRecordBatchStream) -> SendableRecordBatchStream {
+    /// `stream` with the deadline applied and memory errors named as this limit; `cancel` is
+    /// set when it is dropped or stopped, so that work still running for it stops too.
+    pub fn guard(
+        &self,
+        stream: SendableRecordBatchStream,
+        cancel: Cancel,
+    ) -> SendableRecordBatchStream {
         Box::pin(LimitedStream {
             schema: stream.schema(),
             inner: stream,
+            cancel,
             deadline: self.timeout.map(|t| (Box::pin(tokio::time::sleep(t)), t)),
             memory: self.memory_per_query,
             done: false,
@@ -95,7 +123,8 @@ pub fn memory_share(memory: u64, concurrent: usize) -> usize {
     usize::try_from(share).unwrap_or(usize::MAX)
 }
 
-/// Memory this process may use: the machine's total, or the cgroup's limit when lower.
+/// Memory this process may use: the machine's total, or the cgroup's limit or the process's
+/// address-space limit (`ulimit -v`) when lower.
 pub fn machine_memory() -> Option<u64> {
     let total = std::fs::read_to_string("/proc/meminfo")
         .ok()
@@ -103,10 +132,20 @@ pub fn machine_memory() -> Option<u64> {
     let cgroup = std::fs::read_to_string("/sys/fs/cgroup/memory.max")
         .ok()
         .and_then(|t| t.trim().parse::<u64>().ok());
-    match (total, cgroup) {
-        (Some(t), Some(c)) => Some(t.min(c)),
-        (t, c) => t.or(c),
-    }
+    let address_space = std::fs::read_to_string("/proc/self/limits")
+        .ok()
+        .and_then(|t| address_space_limit(&t));
+    [total, cgroup, address_space].into_iter().flatten().min()
+}
+
+/// The soft `Max address space` of a `/proc/self/limits` text, in bytes; `None` when unlimited.
+fn address_space_limit(text: &str) -> Option<u64> {
+    let line = text.lines().find(|l| l.starts_with("Max address space"))?;
+    line["Max address space".len()..]
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
 }
 
 /// `MemTotal` of a `/proc/meminfo` text, in bytes.
@@ -122,6 +161,7 @@ fn meminfo_total(text: &str) -> Option<u64> {
 struct LimitedStream {
     schema: SchemaRef,
     inner: SendableRecordBatchStream,
+    cancel: Cancel,
     deadline: Option<(Pin<Box<tokio::time::Sleep>>, Duration)>,
     memory: Option<usize>,
     done: bool,
@@ -130,6 +170,7 @@ struct LimitedStream {
 impl LimitedStream {
     fn stop(&mut self, e: QueryError) -> Poll<Option<Result<RecordBatch, DataFusionError>>> {
         self.done = true;
+        self.cancel.cancel();
         self.inner = Box::pin(EmptyRecordBatchStream::new(self.schema.clone()));
         Poll::Ready(Some(Err(DataFusionError::External(Box::new(e)))))
     }
@@ -153,7 +194,7 @@ impl Stream for LimitedStream {
                 if let DataFusionError::ResourcesExhausted(detail) = e.find_root() {
                     let limits = QueryLimits {
                         memory_per_query: self.memory,
-                        timeout: None,
+                        ..QueryLimits::default()
                     };
                     let e = limits.memory_error(detail);
                     return self.stop(e);
@@ -167,6 +208,15 @@ impl Stream for LimitedStream {
             }
             other => other,
         }
+    }
+}
+
+impl Drop for LimitedStream {
+    fn drop(&mut self) {
+        // Tasks of the query that are still running (each partition's, spawned by DataFusion)
+        // are aborted with the stream, but only once they next yield; this stops the
+        // functions among them between rows.
+        self.cancel.cancel();
     }
 }
 
@@ -198,6 +248,26 @@ mod tests {
     }
 
     #[test]
+    fn reads_the_address_space_limit_in_bytes() {
+        let limited = "Max stack size            8388608              unlimited            bytes\n\
+                       Max address space         4294967296           unlimited            bytes\n";
+        assert_eq!(address_space_limit(limited), Some(4 << 30));
+        let unlimited =
+            "Max address space         unlimited            unlimited            bytes\n";
+        assert_eq!(address_space_limit(unlimited), None);
+    }
+
+    #[test]
+    fn the_value_cap_is_a_quarter_of_the_query_memory_unless_set() {
+        let mut limits = QueryLimits::default();
+        assert_eq!(limits.value_cap(), DEFAULT_MAX_VALUE);
+        limits.memory_per_query = Some(6 << 30);
+        assert_eq!(limits.value_cap(), 3 << 29);
+        limits.max_value = Some(1000);
+        assert_eq!(limits.value_cap(), 1000);
+    }
+
+    #[test]
     fn concurrent_queries_share_a_quarter_of_the_memory() {
         assert_eq!(memory_share(24 << 30, 4), 3 << 29);
         assert_eq!(memory_share(8 << 30, 0), 2 << 30);
@@ -207,7 +277,7 @@ mod tests {
     fn memory_error_names_the_limit_and_the_flag() {
         let limits = QueryLimits {
             memory_per_query: Some(3 << 30),
-            timeout: None,
+            ..QueryLimits::default()
         };
         let e = limits
             .memory_error("Failed to allocate additional 1 MB")

@@ -10,7 +10,7 @@ use datafusion::datasource::object_store::ObjectStoreUrl;
 use datafusion::datasource::MemTable;
 use datafusion::error::DataFusionError;
 use datafusion::execution::runtime_env::RuntimeEnvBuilder;
-use datafusion::execution::{SendableRecordBatchStream, SessionStateBuilder};
+use datafusion::execution::{SendableRecordBatchStream, SessionStateBuilder, TaskContext};
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::prelude::{DataFrame, SQLOptions, SessionConfig, SessionContext};
 use datafusion::sql::parser::{DFParser, Statement as DFStatement};
@@ -19,6 +19,7 @@ use datafusion::sql::sqlparser::dialect::GenericDialect;
 use futures::{StreamExt, TryStreamExt};
 use hslake_store::{Dataset, DatasetReader, Manifest};
 
+use crate::budget::{Cancel, QueryBudget};
 use crate::limits::QueryLimits;
 use crate::table::{unpanicking, CountingStore, ShardFile, ShardTable};
 use crate::udf::register_tensor_functions;
@@ -58,19 +59,24 @@ pub struct QuerySession {
 }
 
 impl QuerySession {
-    /// An empty session with the tensor functions registered.
+    /// An empty session with the tensor functions registered, and DataFusion's functions that
+    /// can build large values capped.
     pub fn new() -> Result<Self> {
-        let config = SessionConfig::new().with_information_schema(true);
+        let limits = QueryLimits::default();
+        let config = SessionConfig::new()
+            .with_information_schema(true)
+            .with_option_extension(QueryBudget::new(&limits, None, Cancel::default()));
         let state = SessionStateBuilder::new()
             .with_config(config)
             .with_default_features()
             .build();
         let ctx = SessionContext::new_with_state(state);
         register_tensor_functions(&ctx)?;
+        crate::capped::register(&ctx)?;
         Ok(QuerySession {
             ctx,
             datasets: Vec::new(),
-            limits: QueryLimits::default(),
+            limits,
         })
     }
 
@@ -185,9 +191,17 @@ impl QuerySession {
         Ok(self.ctx.sql_with_options(sql, opts).await?)
     }
 
-    /// Apply `limits` to every query run from now on (default: none).
+    /// Apply `limits` to every query run from now on (default: none but the per-value cap).
     pub fn set_limits(&mut self, limits: QueryLimits) {
         self.limits = limits;
+        // The per-value cap also shows in `information_schema.df_settings`.
+        self.ctx
+            .state_ref()
+            .write()
+            .config_mut()
+            .options_mut()
+            .extensions
+            .insert(QueryBudget::new(&limits, None, Cancel::default()));
     }
 
     /// The limits each query runs under.
@@ -196,17 +210,38 @@ impl QuerySession {
     }
 
     /// Plan one read-only statement and start it under the session's limits: a memory pool of
-    /// its own and a deadline. Dropping the stream stops the query.
+    /// its own, the per-value cap and a deadline. Dropping the stream stops the query.
     pub async fn execute(&self, sql: &str) -> Result<SendableRecordBatchStream> {
-        let df = self.sql(sql).await?;
-        let task = df.task_ctx();
-        let plan = df.create_physical_plan().await?;
-        let runtime = RuntimeEnvBuilder::from_runtime_env(&task.runtime_env())
-            .with_memory_pool(self.limits.memory_pool())
+        self.execute_cancellable(sql, Cancel::default()).await
+    }
+
+    /// [`Self::execute`], stopping also once `cancel` is set: functions of the query check it
+    /// between rows, so it stops within a row's work even while a batch is being computed,
+    /// before whoever drives the stream can drop it.
+    pub async fn execute_cancellable(
+        &self,
+        sql: &str,
+        cancel: Cancel,
+    ) -> Result<SendableRecordBatchStream> {
+        let (mut state, plan) = self.sql(sql).await?.into_parts();
+        let pool = self.limits.memory_pool();
+        let budget = QueryBudget::new(&self.limits, Some(pool.clone()), cancel.clone());
+        state
+            .config_mut()
+            .options_mut()
+            .extensions
+            .insert(budget.clone());
+        // Functions get the config the plan is made with, also those evaluated while it is
+        // made (constants folded by the optimizer): the config must hold the budget before.
+        state.mark_start_execution();
+        let plan = state.create_physical_plan(&plan).await?;
+        crate::capped::check_plan(&plan, &budget, state.config().batch_size())?;
+        let runtime = RuntimeEnvBuilder::from_runtime_env(state.runtime_env())
+            .with_memory_pool(pool)
             .build_arc()?;
-        let task = Arc::new(task.with_runtime(runtime));
+        let task = Arc::new(TaskContext::from(&state).with_runtime(runtime));
         let stream = datafusion::physical_plan::execute_stream(plan, task)?;
-        Ok(self.locating(self.limits.guard(unpanicking(stream))))
+        Ok(self.locating(self.limits.guard(unpanicking(stream), cancel)))
     }
 
     /// `stream` with each [`QueryError::BadValue`] it fails with completed by the file, row

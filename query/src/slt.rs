@@ -197,6 +197,20 @@ async fn sql_files_over_an_fp8_dataset_give_the_pinned_results() {
     run_files("fp8_", session).await;
 }
 
+#[tokio::test]
+async fn sql_files_under_a_small_value_cap_refuse_what_would_outgrow_it() {
+    testdata::write("memory://slt-caps", DType::Bf16, 10, 1).await;
+    let mut session = QuerySession::open("memory://slt-caps", None).await.unwrap();
+    // A pool this large only counts (nothing is allocated for it); with it, constants up to
+    // the cap are left alone, so each refusal below is the function's own.
+    session.set_limits(crate::QueryLimits {
+        max_value: Some(1 << 20),
+        memory_per_query: Some(8 << 30),
+        timeout: None,
+    });
+    run_files("caps_", session).await;
+}
+
 #[test]
 fn floats_are_rounded_to_twelve_significant_digits_also_in_lists() {
     assert_eq!(float(0.9999999999999997), "1");

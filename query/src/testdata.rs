@@ -102,3 +102,24 @@ pub async fn write(url: &str, dtype: DType, n: u64, shards: u64) -> Dataset {
     w.commit().await.unwrap();
     ds
 }
+
+/// Write `n` synthetic samples of `tokens` tokens of `hidden` bf16 values, one column
+/// (`layer_1`), for tests that need values of some size (`tokens × hidden × 2` bytes raw).
+pub async fn write_wide(url: &str, n: u64, tokens: usize, hidden: usize) -> Dataset {
+    use hslake_store::tools::synth::{write_dataset, SynthSpec};
+    let spec = SynthSpec {
+        samples: n,
+        seq_len: (tokens, tokens),
+        hidden,
+        layers: vec![1],
+        final_norm: false,
+        num_layers: None,
+        vocab_size: 1000,
+        dtype: DType::Bf16,
+        seed: 1,
+        first_id: 0,
+        writer: WriterOptions::default(),
+        commit_every: 0,
+    };
+    write_dataset(url, &spec, || {}).await.unwrap().dataset
+}

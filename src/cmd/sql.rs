@@ -51,6 +51,11 @@ pub struct LimitArgs {
     /// sql, 60s for serve-sql).
     #[arg(long, value_parser = QUERY_TIMEOUT.parser())]
     pub query_timeout: Option<Duration>,
+    /// Largest value (text, bytes, list, tensor) one function call may build, e.g. 256MiB;
+    /// a call that would build a larger one stops the query with an error naming this limit
+    /// (default: a quarter of --query-memory).
+    #[arg(long, value_parser = parse_size)]
+    pub max_value_size: Option<u64>,
 }
 
 impl LimitArgs {
@@ -62,6 +67,10 @@ impl LimitArgs {
                 .map(|b| usize::try_from(b).unwrap_or(usize::MAX))
                 .or(defaults.memory_per_query),
             timeout: self.query_timeout.or(defaults.timeout),
+            max_value: self
+                .max_value_size
+                .map(|b| usize::try_from(b).unwrap_or(usize::MAX))
+                .or(defaults.max_value),
         }
     }
 }
@@ -75,6 +84,7 @@ pub fn log_limits(limits: &QueryLimits) {
         query_timeout = limits
             .timeout
             .map_or("none".to_string(), |t| format!("{} s", t.as_secs_f64())),
+        max_value_size = human_bytes(limits.value_cap() as u64),
         "query limits"
     );
 }

@@ -136,6 +136,26 @@ def test_sql_cli_stops_a_query_past_its_memory_limit_naming_the_flag(dataset):
     assert "more memory than one query may use (limit: 1024.0 KB per query, set by --query-memory)" in r.stderr
 
 
+def test_sql_cli_refuses_a_value_past_its_cap_within_its_address_space(dataset):
+    # Before: 8.8 GB resident against a 5.9 GB limit. Here the address space is 4 GiB, so
+    # building the 2 GiB text (and the copies DataFusion makes of it) would abort the process;
+    # the limits derive from it (1 GiB per query, a quarter of that per value).
+    import resource
+    url, _ = dataset
+
+    def four_gib():
+        resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))
+
+    r = subprocess.run([str(HSLAKE), "sql", url, "SELECT length(repeat('x', 2147483647)) FROM samples"],
+                       capture_output=True, text=True, preexec_fn=four_gib)
+    assert r.returncode == 1, r.stderr
+    assert ("query stopped: repeat would build a value of 2.0 GB (row 0 of its batch), larger than one value "
+            "may be (limit: 256.0 MB per value, set by --max-value-size)") in r.stderr
+    ok = subprocess.run([str(HSLAKE), "sql", url, "SELECT length(repeat('x', 1000000)) AS n", "--format", "csv"],
+                        capture_output=True, text=True, preexec_fn=four_gib)
+    assert ok.stdout.splitlines() == ["n", "1000000"], ok.stderr
+
+
 def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
