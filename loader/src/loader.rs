@@ -16,7 +16,8 @@ use crate::batch::{assemble, Assembly};
 use crate::plan::{EpochPlan, Mode, Part, Pick, Unit};
 use crate::rowgroup::{from_batch, needed_columns, RowGroupData};
 use crate::{
-    Batch, Batching, CorruptPolicy, Layout, LoaderConfig, LoaderError, LoaderState, ShuffleMode,
+    Batch, Batching, CorruptPolicy, Layout, LoaderConfig, LoaderError, LoaderState, Resolved,
+    ShuffleMode,
 };
 
 /// Counters a loader keeps while it runs (shared by all its streams).
@@ -42,6 +43,8 @@ struct Inner {
     dataset: Dataset,
     reader: DatasetReader,
     config: LoaderConfig,
+    /// What the checked configuration runs by.
+    run: Resolved,
     version: u64,
     aux: Vec<CapturePoint>,
     target: CapturePoint,
@@ -133,8 +136,8 @@ fn resolve_points(
 impl Loader {
     /// Open a dataset (`file://`, `s3://`, `memory://` or a path) for loading.
     pub async fn open(url: &str, config: LoaderConfig) -> Result<Self, LoaderError> {
-        config.check()?;
-        let limit = config.io_timeout;
+        let run = config.check()?;
+        let limit = run.io_timeout;
         let dataset = timed(limit, || format!("opening {url}"), url, Dataset::open(url)).await?;
         let reader = timed(
             limit,
@@ -177,6 +180,7 @@ impl Loader {
                 dataset,
                 reader,
                 config,
+                run,
                 version,
                 aux,
                 target,
@@ -236,7 +240,7 @@ impl Loader {
             None,
             Mode::Window(1),
             self.inner.part(),
-            c.remainder,
+            c.remainder(),
         )
         .len()
     }
@@ -316,7 +320,7 @@ impl Inner {
             c.shuffle.then_some([c.seed, epoch, segment]),
             mode,
             part,
-            c.remainder,
+            c.remainder(),
         )
     }
 
@@ -330,7 +334,7 @@ impl Inner {
         if seg == self.version {
             return Ok((self.reader.clone(), units_of(self.reader.manifest(), None)));
         }
-        let limit = self.config.io_timeout;
+        let limit = self.run.io_timeout;
         let url = self.url();
         let reader = timed(
             limit,
@@ -352,14 +356,14 @@ impl Inner {
 
     /// Wait for version `next` to be committed; `false` after the idle timeout.
     async fn wait_for_version(&self, next: u64) -> Result<bool, LoaderError> {
-        let Some(f) = self.config.follow else {
+        let Some(f) = self.run.follow else {
             return Ok(false);
         };
         let since = Instant::now();
         let url = self.url();
         loop {
             let latest = timed(
-                self.config.io_timeout,
+                self.run.io_timeout,
                 || format!("listing versions of {url}"),
                 url,
                 self.dataset.latest_version(),
@@ -394,7 +398,7 @@ impl Inner {
                 return Ok(());
             }
             state.position = plan.len();
-            if self.config.follow.is_none() {
+            if self.run.follow.is_none() {
                 let next = LoaderState::start(&self.config, self.version, state.epoch + 1);
                 let _ = tx.send(Msg::End(next)).await;
                 return Ok(());
@@ -440,7 +444,7 @@ impl Inner {
             .buffered(depth);
 
         let spec = Assembly {
-            layout: c.layout,
+            layout: c.layout(),
             truncate: c.truncate_to(),
             pad_multiple: c.pad_to_multiple_of,
             pad_token_id: c.pad_token_id,
@@ -518,8 +522,8 @@ impl Inner {
                 let len = spec
                     .truncate
                     .map_or(g.seq_len(row), |t| g.seq_len(row).min(t));
-                let overflow = match c.batching {
-                    Batching::Tokens(budget) if !current.is_empty() => match c.layout {
+                let overflow = match self.run.batching {
+                    Batching::Tokens(budget) if !current.is_empty() => match c.layout() {
                         Layout::Padded => (current.len() + 1) * cur_longest.max(len) > budget,
                         Layout::Packed => cur_tokens + len > budget,
                     },
@@ -544,7 +548,7 @@ impl Inner {
                     loaded.remove(&read);
                 }
             }
-            if matches!(c.batching, Batching::Samples(b) if current.len() >= b) {
+            if matches!(self.run.batching, Batching::Samples(b) if current.len() >= b) {
                 if !emit(std::mem::take(&mut current), position).await {
                     return Ok(false);
                 }
@@ -585,7 +589,7 @@ impl Inner {
                 Some(r) => reader.read_rows(unit.shard, unit.row_group, r, cols).await,
             }
         };
-        let batch = match tokio::time::timeout(self.config.io_timeout, fut).await {
+        let batch = match tokio::time::timeout(self.run.io_timeout, fut).await {
             Ok(Ok(b)) => b,
             Ok(Err(e)) => {
                 return Err(LoaderError::Shard {
@@ -597,7 +601,7 @@ impl Inner {
             Err(_) => {
                 return Err(LoaderError::Timeout {
                     what: format!("reading {path} row group {}", unit.row_group),
-                    seconds: self.config.io_timeout.as_secs_f64(),
+                    seconds: self.run.io_timeout.as_secs_f64(),
                     hint: endpoint_hint(self.url()),
                 })
             }
@@ -838,7 +842,7 @@ mod tests {
     use hslake_store::{DatasetWriter, Provenance, WriterOptions};
 
     use super::*;
-    use crate::{Follow, HostTensor, Remainder};
+    use crate::{HostTensor, Remainder};
 
     const H: usize = 8;
 
@@ -907,7 +911,7 @@ mod tests {
 
     fn cfg(batch: usize) -> LoaderConfig {
         LoaderConfig {
-            batching: Batching::Samples(batch),
+            batch_size: Some(batch),
             seed: 3,
             shuffle_window: 2,
             ..Default::default()
@@ -990,7 +994,7 @@ mod tests {
                     let c = LoaderConfig {
                         rank,
                         world_size: 2,
-                        remainder: rem,
+                        drop_last: rem == Remainder::Drop,
                         ..base.clone()
                     };
                     let l = Loader::open("memory://l-ranks", c).await.unwrap();
@@ -1034,7 +1038,7 @@ mod tests {
                         world_size: world,
                         worker,
                         num_workers: 3,
-                        remainder: rem,
+                        drop_last: rem == Remainder::Drop,
                         ..modes(cfg(2))[1].clone()
                     };
                     let l = Loader::open("memory://l-workers", c).await.unwrap();
@@ -1045,7 +1049,7 @@ mod tests {
                 let whole = LoaderConfig {
                     rank,
                     world_size: world,
-                    remainder: rem,
+                    drop_last: rem == Remainder::Drop,
                     ..modes(cfg(2))[1].clone()
                 };
                 let l = Loader::open("memory://l-workers", whole).await.unwrap();
@@ -1074,12 +1078,14 @@ mod tests {
     #[tokio::test]
     async fn resuming_mid_epoch_continues_exactly() {
         make("memory://l-resume", 37).await;
-        for (batching, base) in [Batching::Samples(5), Batching::Tokens(40)]
+        // (batch_size, max_tokens): by samples, then by a token budget.
+        for (batching, base) in [(Some(5), None), (None, Some(40))]
             .into_iter()
             .flat_map(|b| modes(cfg(1)).map(|c| (b, c)))
         {
             let c = LoaderConfig {
-                batching,
+                batch_size: batching.0,
+                max_tokens: batching.1,
                 decode_threads: 3,
                 prefetch_batches: 2,
                 ..base
@@ -1190,8 +1196,9 @@ mod tests {
         make("memory://l-tokens", 30).await;
         for layout in [Layout::Padded, Layout::Packed] {
             let c = LoaderConfig {
-                batching: Batching::Tokens(24),
-                layout,
+                batch_size: None,
+                max_tokens: Some(24),
+                packed: layout == Layout::Packed,
                 ..cfg(1)
             };
             let l = Loader::open("memory://l-tokens", c).await.unwrap();
@@ -1272,7 +1279,7 @@ mod tests {
     async fn packed_batch_has_cu_seqlens_document_ids_and_restarting_positions() {
         make("memory://l-packed", 9).await;
         let c = LoaderConfig {
-            layout: Layout::Packed,
+            packed: true,
             shuffle: false,
             ..cfg(3)
         };
@@ -1302,10 +1309,9 @@ mod tests {
     async fn follow_mode_reads_new_versions_without_repeating() {
         let ds = make("memory://l-follow", 10).await;
         let c = LoaderConfig {
-            follow: Some(Follow {
-                poll_interval: Duration::from_millis(20),
-                idle_timeout: Some(Duration::from_millis(1500)),
-            }),
+            follow: true,
+            poll_interval: 0.02,
+            follow_idle_timeout: Some(1.5),
             ..cfg(4)
         };
         let l = Loader::open("memory://l-follow", c).await.unwrap();

@@ -4,7 +4,7 @@
 //! complete. Used by `hslake export --format` and the Python module's `hslake.export`.
 use std::path::{Path, PathBuf};
 
-use crate::{Batch, Batching, HostTensor, Loader, LoaderConfig, LoaderError, Preset};
+use crate::{Batch, HostTensor, Loader, LoaderConfig, LoaderError, Preset};
 
 mod hf_dataset;
 mod specforge;
@@ -125,7 +125,7 @@ pub async fn export_trainer_files(
         ));
     }
     let config = LoaderConfig {
-        batching: Batching::Samples(1),
+        batch_size: Some(1),
         shuffle: false,
         preset: Some(preset),
         version: opts.version,
