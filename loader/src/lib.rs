@@ -44,10 +44,15 @@ mod error;
 pub mod export;
 mod loader;
 mod plan;
+mod points;
+mod prefetch;
 mod preset;
 mod rng;
 mod rowgroup;
+mod schedule;
 mod state;
+mod stats;
+mod stream;
 
 pub use batch::{Batch, ElemType, HostTensor};
 pub use config::{
@@ -55,6 +60,8 @@ pub use config::{
 };
 pub use declare::OptionDoc;
 pub use error::LoaderError;
-pub use loader::{BatchStream, Loader, LoaderStats};
+pub use loader::Loader;
 pub use preset::{Preset, PresetPoints};
 pub use state::{LoaderState, STATE_FORMAT};
+pub use stats::LoaderStats;
+pub use stream::BatchStream;

@@ -1,8 +1,7 @@
 //! The pipeline: plan → ranged row-group reads (bounded, ahead of use) → batch assembly on a
 //! bounded set of blocking threads → an ordered, bounded queue of ready batches.
-use std::collections::HashMap;
 use std::future::Future;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -10,28 +9,17 @@ use futures::StreamExt;
 use hslake_schemas::{CapturePoint, DatasetSchema};
 use hslake_store::{Dataset, DatasetReader, Manifest};
 use tokio::sync::{mpsc, Semaphore};
-use tokio::task::JoinHandle;
 
-use crate::batch::{assemble, Assembly};
-use crate::plan::{EpochPlan, Mode, Part, Pick, Unit};
+use crate::batch::{assemble, Assembly, Batcher};
+use crate::plan::{EpochPlan, Mode, Part, Unit};
+use crate::points::resolve_points;
+use crate::prefetch::Prefetch;
 use crate::rowgroup::{from_batch, needed_columns, RowGroupData};
+use crate::schedule::Schedule;
+use crate::stream::{BatchStream, Msg};
 use crate::{
-    Batch, Batching, CorruptPolicy, Layout, LoaderConfig, LoaderError, LoaderState, Resolved,
-    ShuffleMode,
+    CorruptPolicy, LoaderConfig, LoaderError, LoaderState, LoaderStats, Resolved, ShuffleMode,
 };
-
-/// Counters a loader keeps while it runs (shared by all its streams).
-#[derive(Debug, Default)]
-pub struct LoaderStats {
-    /// Row groups read from storage.
-    pub row_groups_read: AtomicU64,
-    /// Row groups left out under [`CorruptPolicy::Skip`].
-    pub row_groups_skipped: AtomicU64,
-    /// Samples left out with them.
-    pub samples_skipped: AtomicU64,
-    /// Batches delivered.
-    pub batches: AtomicU64,
-}
 
 /// A loader over one pinned dataset version: opens the dataset, checks the configuration
 /// against it, and starts [`BatchStream`]s from any [`LoaderState`].
@@ -81,56 +69,6 @@ fn endpoint_hint(url: &str) -> String {
     } else {
         url.to_string()
     }
-}
-
-fn list_points(s: &DatasetSchema) -> String {
-    s.points
-        .iter()
-        .map(|p| p.column())
-        .collect::<Vec<_>>()
-        .join(", ")
-}
-
-/// The auxiliary and target points: as configured, checked against the schema, or the
-/// defaults (`final_norm`, else the last point, as target; every other point as aux).
-fn resolve_points(
-    url: &str,
-    s: &DatasetSchema,
-    c: &LoaderConfig,
-) -> Result<(Vec<CapturePoint>, CapturePoint), LoaderError> {
-    if let Some(preset) = c.preset {
-        let p = preset.resolve(url, s)?;
-        return Ok((p.aux, p.target));
-    }
-    let missing = |p: CapturePoint, role| LoaderError::MissingPoint {
-        url: url.to_string(),
-        wanted: p.column(),
-        role,
-        available: list_points(s),
-    };
-    let target = match c.target {
-        Some(t) if s.point_index(t).is_none() => return Err(missing(t, "target")),
-        Some(t) => t,
-        None => match s.point_index(CapturePoint::FinalNorm) {
-            Some(_) => CapturePoint::FinalNorm,
-            None => *s
-                .points
-                .last()
-                .ok_or_else(|| LoaderError::Config("the dataset has no capture points".into()))?,
-        },
-    };
-    let aux = match &c.aux_layers {
-        Some(list) => {
-            for &p in list {
-                if s.point_index(p).is_none() {
-                    return Err(missing(p, "aux_layers"));
-                }
-            }
-            list.clone()
-        }
-        None => s.points.iter().copied().filter(|&p| p != target).collect(),
-    };
-    Ok((aux, target))
 }
 
 impl Loader {
@@ -258,12 +196,7 @@ impl Loader {
                 let _ = tx2.send(Msg::Error(e)).await;
             }
         });
-        Ok(BatchStream {
-            rx,
-            driver,
-            state: state.clone(),
-            done: false,
-        })
+        Ok(BatchStream::new(rx, driver, state.clone()))
     }
 }
 
@@ -288,12 +221,6 @@ fn units_of(m: &Manifest, exclude: Option<&Manifest>) -> Vec<Unit> {
         }
     }
     units
-}
-
-enum Msg {
-    Batch(JoinHandle<Batch>),
-    Error(LoaderError),
-    End(LoaderState),
 }
 
 impl Inner {
@@ -433,8 +360,12 @@ impl Inner {
         let me = self.clone();
         let rd = reader.clone();
         let depth = sched.depth(plan, c.prefetch_row_groups);
-        let mut uses = sched.uses;
-        let mut loads = futures::stream::iter(sched.reads.into_iter().enumerate())
+        let Schedule {
+            reads,
+            uses,
+            assign,
+        } = sched;
+        let loads = futures::stream::iter(reads.into_iter().enumerate())
             .map(move |(i, read)| {
                 let me = me.clone();
                 let rd = rd.clone();
@@ -442,6 +373,8 @@ impl Inner {
                 tokio::spawn(async move { (i, read.unit, me.load(&rd, unit, read.rows).await) })
             })
             .buffered(depth);
+        let mut prefetch =
+            Prefetch::new(loads, uses, plan.units(), c.on_corrupt, self.stats.clone());
 
         let spec = Assembly {
             layout: c.layout(),
@@ -451,15 +384,9 @@ impl Inner {
             hidden: schema.hidden_size,
             dtype: schema.dtype,
         };
+        let mut batcher = Batcher::new(self.run.batching, &spec);
         let spec = Arc::new(spec);
         let pool = Arc::new(Semaphore::new(c.decode_threads));
-        // Reads by index, while they have uses left; failed reads (skip policy) by index, and
-        // the units they read, so that a unit read in several lookaheads is counted once.
-        let mut loaded: HashMap<usize, Arc<RowGroupData>> = HashMap::new();
-        let mut skipped: std::collections::HashSet<usize> = Default::default();
-        let mut skipped_units: std::collections::HashSet<usize> = Default::default();
-        let mut current: Vec<(Arc<RowGroupData>, usize)> = Vec::new();
-        let (mut cur_tokens, mut cur_longest) = (0usize, 0usize);
         let mut position = from;
 
         let emit = |rows: Vec<(Arc<RowGroupData>, usize)>, position: u64| {
@@ -485,81 +412,39 @@ impl Inner {
         };
 
         for (i, pick) in plan.picks_from(from).enumerate() {
-            let (read, row) = sched.assign.of(i, pick);
-            while !loaded.contains_key(&read) && !skipped.contains(&read) {
-                let Some(next) = loads.next().await else {
-                    return Err(LoaderError::Pipeline(
-                        "row-group reads ended before the plan".into(),
-                    ));
-                };
-                let (r, u, result) =
-                    next.map_err(|e| LoaderError::Pipeline(format!("a read task failed: {e}")))?;
-                match result {
-                    Ok(data) => {
-                        loaded.insert(r, Arc::new(data));
-                    }
-                    Err(e) if c.on_corrupt == CorruptPolicy::Skip => {
-                        if skipped_units.insert(u) {
-                            let rows = plan.units()[u].rows;
-                            tracing::warn!("loader: skipping the {rows} samples of: {e}");
-                            self.stats
-                                .row_groups_skipped
-                                .fetch_add(1, Ordering::Relaxed);
-                        }
-                        skipped.insert(r);
-                    }
-                    Err(e) => return Err(e),
-                }
-            }
-            let usable = loaded.get(&read).filter(|g| match g.refusal(row) {
+            let (read, row) = assign.of(i, pick);
+            let usable = prefetch.get(read).await?.filter(|g| match g.refusal(row) {
                 Some(e) => {
                     tracing::warn!("loader: skipping 1 sample: {e}");
                     false
                 }
                 None => true,
             });
-            if let Some(g) = usable {
-                let len = spec
-                    .truncate
-                    .map_or(g.seq_len(row), |t| g.seq_len(row).min(t));
-                let overflow = match self.run.batching {
-                    Batching::Tokens(budget) if !current.is_empty() => match c.layout() {
-                        Layout::Padded => (current.len() + 1) * cur_longest.max(len) > budget,
-                        Layout::Packed => cur_tokens + len > budget,
-                    },
-                    _ => false,
-                };
-                if overflow {
-                    if !emit(std::mem::take(&mut current), position).await {
-                        return Ok(false);
+            match usable {
+                Some(g) => {
+                    let len = g.seq_len(row);
+                    if let Some(done) = batcher.push((g, row), len) {
+                        if !emit(done, position).await {
+                            return Ok(false);
+                        }
                     }
-                    (cur_tokens, cur_longest) = (0, 0);
                 }
-                current.push((g.clone(), row));
-                cur_tokens += len;
-                cur_longest = cur_longest.max(len);
-            } else {
-                self.stats.samples_skipped.fetch_add(1, Ordering::Relaxed);
+                None => {
+                    self.stats.samples_skipped.fetch_add(1, Ordering::Relaxed);
+                }
             }
             position += 1;
-            if let Some(n) = uses.get_mut(read) {
-                *n -= 1;
-                if *n == 0 {
-                    loaded.remove(&read);
-                }
-            }
-            if matches!(self.run.batching, Batching::Samples(b) if current.len() >= b) {
-                if !emit(std::mem::take(&mut current), position).await {
+            prefetch.used(read);
+            if let Some(done) = batcher.full() {
+                if !emit(done, position).await {
                     return Ok(false);
                 }
-                (cur_tokens, cur_longest) = (0, 0);
             }
         }
-        if !current.is_empty()
-            && !c.drop_last_batch
-            && !emit(std::mem::take(&mut current), plan.len()).await
-        {
-            return Ok(false);
+        if let Some(last) = batcher.rest(c.drop_last_batch) {
+            if !emit(last, plan.len()).await {
+                return Ok(false);
+            }
         }
         Ok(true)
     }
@@ -633,216 +518,15 @@ impl Inner {
     }
 }
 
-/// One read of a row group: every row (window order), or the rows one lookahead picks from it
-/// (sample order).
-struct Read {
-    unit: usize,
-    rows: Option<Vec<usize>>,
-}
-
-/// Which read serves each pick, and at which row of what it returns.
-enum Assign {
-    /// Window order: one read per unit (`unit → read`), at the pick's own row.
-    ByUnit(Vec<usize>),
-    /// Sample order: per pick, from the reader's `from`-th on.
-    PerPick(Vec<(u32, u32)>),
-}
-
-impl Assign {
-    fn of(&self, i: usize, pick: Pick) -> (usize, usize) {
-        match self {
-            Assign::ByUnit(read_of) => (read_of[pick.unit], pick.row as usize),
-            Assign::PerPick(v) => (v[i].0 as usize, v[i].1 as usize),
-        }
-    }
-}
-
-/// The reads of one segment from a position on, in the order they are first needed, and how
-/// often each is needed, so that each is dropped after its last use.
-///
-/// Window order: each unit is read once, whole. Sample order: the picks are cut into
-/// lookaheads of about `lookahead_bytes` (by the manifest's raw bytes per sample, at least
-/// one pick each); within a lookahead each unit it touches is read once, only the rows picked,
-/// so memory holds about one lookahead while every sample is still decoded once. Where the
-/// lookaheads fall does not change the order, so a resumed stream may cut them elsewhere.
-struct Schedule {
-    reads: Vec<Read>,
-    uses: Vec<u32>,
-    assign: Assign,
-}
-
-impl Schedule {
-    /// Reads in flight for about `row_groups` row groups' worth of rows: a read of some rows is
-    /// as much smaller, so more of them run at once to keep the decode threads busy.
-    fn depth(&self, plan: &EpochPlan, row_groups: usize) -> usize {
-        let (mut unit_rows, mut read_rows) = (0u64, 0u64);
-        for r in &self.reads {
-            unit_rows += plan.units()[r.unit].rows;
-            read_rows += r
-                .rows
-                .as_ref()
-                .map_or(plan.units()[r.unit].rows, |v| v.len() as u64);
-        }
-        let ratio = unit_rows.div_ceil(read_rows.max(1)).clamp(1, 64) as usize;
-        row_groups.saturating_mul(ratio)
-    }
-
-    fn new(plan: &EpochPlan, from: u64, c: &LoaderConfig) -> Result<Schedule, LoaderError> {
-        let mut reads = Vec::new();
-        let mut uses = Vec::new();
-        if !(c.shuffle && c.shuffle_mode == ShuffleMode::Sample) {
-            let mut read_of = vec![usize::MAX; plan.units().len()];
-            for p in plan.picks_from(from) {
-                if read_of[p.unit] == usize::MAX {
-                    read_of[p.unit] = reads.len();
-                    reads.push(Read {
-                        unit: p.unit,
-                        rows: None,
-                    });
-                    uses.push(0);
-                }
-                uses[read_of[p.unit]] += 1;
-            }
-            return Ok(Schedule {
-                reads,
-                uses,
-                assign: Assign::ByUnit(read_of),
-            });
-        }
-        let units = plan.units();
-        let left = plan.len().saturating_sub(from);
-        if left > u64::from(u32::MAX) {
-            return Err(LoaderError::Config(format!(
-                "this reader's part of the epoch holds {left} samples; the sample shuffle takes \
-                 at most {} per reader: divide it among more ranks or workers",
-                u32::MAX
-            )));
-        }
-        let mut assign = Vec::with_capacity(left as usize);
-        let mut picks = plan.picks_from(from).peekable();
-        let mut chunk: Vec<Pick> = Vec::new();
-        let mut read_of: HashMap<usize, usize> = HashMap::new();
-        while picks.peek().is_some() {
-            chunk.clear();
-            read_of.clear();
-            let mut bytes = 0u64;
-            while let Some(&p) = picks.peek() {
-                let cost = units[p.unit].row_bytes.max(1);
-                if !chunk.is_empty() && bytes.saturating_add(cost) > c.lookahead_bytes {
-                    break;
-                }
-                bytes = bytes.saturating_add(cost);
-                chunk.push(p);
-                picks.next();
-            }
-            let first = reads.len();
-            for p in &chunk {
-                let r = *read_of.entry(p.unit).or_insert_with(|| {
-                    reads.push(Read {
-                        unit: p.unit,
-                        rows: Some(Vec::new()),
-                    });
-                    uses.push(0);
-                    reads.len() - 1
-                });
-                if let Some(rows) = &mut reads[r].rows {
-                    rows.push(p.row as usize);
-                }
-                uses[r] += 1;
-            }
-            for read in &mut reads[first..] {
-                if let Some(rows) = &mut read.rows {
-                    rows.sort_unstable();
-                    rows.dedup();
-                }
-            }
-            for p in &chunk {
-                let r = read_of[&p.unit];
-                let rows = reads[r].rows.as_deref().unwrap_or_default();
-                let local = rows.binary_search(&(p.row as usize)).unwrap_or(0);
-                assign.push((r as u32, local as u32));
-            }
-        }
-        Ok(Schedule {
-            reads,
-            uses,
-            assign: Assign::PerPick(assign),
-        })
-    }
-}
-
-/// Batches of one pass (an epoch, or in follow mode until no new version arrives), in order.
-pub struct BatchStream {
-    rx: mpsc::Receiver<Msg>,
-    driver: JoinHandle<()>,
-    state: LoaderState,
-    done: bool,
-}
-
-impl BatchStream {
-    /// The next batch; `None` at the end of the pass.
-    pub async fn next(&mut self) -> Option<Result<Batch, LoaderError>> {
-        if self.done {
-            return None;
-        }
-        let msg = self.rx.recv().await;
-        match msg {
-            Some(Msg::Batch(h)) => match h.await {
-                Ok(b) => {
-                    self.state = b.state.clone();
-                    Some(Ok(b))
-                }
-                Err(e) => {
-                    self.done = true;
-                    Some(Err(LoaderError::Pipeline(format!(
-                        "batch assembly failed: {e}"
-                    ))))
-                }
-            },
-            Some(Msg::Error(e)) => {
-                self.done = true;
-                Some(Err(e))
-            }
-            Some(Msg::End(next)) => {
-                self.done = true;
-                self.state = next;
-                None
-            }
-            None => {
-                self.done = true;
-                Some(Err(LoaderError::Pipeline(
-                    "the reading task stopped without a reason".into(),
-                )))
-            }
-        }
-    }
-
-    /// [`BatchStream::next`] for synchronous callers; must not be called on a runtime thread.
-    pub fn blocking_next(&mut self) -> Option<Result<Batch, LoaderError>> {
-        futures::executor::block_on(self.next())
-    }
-
-    /// The state after the last batch delivered (after the end: the start of the next pass).
-    pub fn state(&self) -> &LoaderState {
-        &self.state
-    }
-}
-
-impl Drop for BatchStream {
-    fn drop(&mut self) {
-        self.driver.abort();
-    }
-}
-
 #[cfg(test)]
 mod tests {
-    use std::collections::BTreeSet;
+    use std::collections::{BTreeSet, HashMap};
 
     use hslake_schemas::{bf16_bits_to_f32, f32_to_bf16_bits, DType, Sample, TensorData};
     use hslake_store::{DatasetWriter, Provenance, WriterOptions};
 
     use super::*;
-    use crate::{HostTensor, Remainder};
+    use crate::{Batch, HostTensor, Layout, Remainder};
 
     const H: usize = 8;
 
