@@ -1,10 +1,11 @@
-//! EAGLE-3 batches: assembly of picked rows into padded or packed host tensors.
+//! EAGLE-3 batches: where one ends ([`Batcher`]), and the assembly of its picked rows into
+//! padded or packed host tensors.
 use std::sync::Arc;
 
 use hslake_schemas::{f32_to_bf16_bits, fp8_e4m3_to_f32, DType};
 
 use crate::rowgroup::RowGroupData;
-use crate::{Layout, LoaderState};
+use crate::{Batching, Layout, LoaderState};
 
 /// Element type of a host tensor.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -218,6 +219,67 @@ pub(crate) struct Assembly {
     pub dtype: DType,
 }
 
+/// Where batches end: rows are gathered until the batch holds `batch_size` samples, or until
+/// the next row would take it over the token budget (`B × T` padded, where the longest row
+/// sets `T`; `ΣT` packed), counting each row at its length after truncation.
+#[derive(Debug)]
+pub(crate) struct Batcher<R> {
+    batching: Batching,
+    layout: Layout,
+    truncate: Option<usize>,
+    rows: Vec<R>,
+    tokens: usize,
+    longest: usize,
+}
+
+impl<R> Batcher<R> {
+    /// An empty batch of `spec`'s layout and truncation.
+    pub(crate) fn new(batching: Batching, spec: &Assembly) -> Self {
+        Batcher {
+            batching,
+            layout: spec.layout,
+            truncate: spec.truncate,
+            rows: Vec::new(),
+            tokens: 0,
+            longest: 0,
+        }
+    }
+
+    /// Add a row of `seq_len` tokens; where it would take the rows gathered so far over the
+    /// token budget, those rows are returned, a finished batch, and it starts the next.
+    pub(crate) fn push(&mut self, row: R, seq_len: usize) -> Option<Vec<R>> {
+        let len = self.truncate.map_or(seq_len, |t| seq_len.min(t));
+        let overflow = match self.batching {
+            Batching::Tokens(budget) if !self.rows.is_empty() => match self.layout {
+                Layout::Padded => (self.rows.len() + 1) * self.longest.max(len) > budget,
+                Layout::Packed => self.tokens + len > budget,
+            },
+            _ => false,
+        };
+        let done = overflow.then(|| self.take());
+        self.rows.push(row);
+        self.tokens += len;
+        self.longest = self.longest.max(len);
+        done
+    }
+
+    /// The rows gathered, once they are `batch_size` samples.
+    pub(crate) fn full(&mut self) -> Option<Vec<R>> {
+        matches!(self.batching, Batching::Samples(b) if self.rows.len() >= b).then(|| self.take())
+    }
+
+    /// The rows left at the end of a pass: a last batch, unless there are none or
+    /// `drop_last_batch` leaves a short one out.
+    pub(crate) fn rest(mut self, drop_last_batch: bool) -> Option<Vec<R>> {
+        (!self.rows.is_empty() && !drop_last_batch).then(|| self.take())
+    }
+
+    fn take(&mut self) -> Vec<R> {
+        (self.tokens, self.longest) = (0, 0);
+        std::mem::take(&mut self.rows)
+    }
+}
+
 /// Assemble rows (a row group and a row in it) into a batch; `state` is set by the caller.
 pub(crate) fn assemble(
     spec: &Assembly,
@@ -363,6 +425,65 @@ fn write_tokens(
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn batcher(batching: Batching, layout: Layout, truncate: Option<usize>) -> Batcher<usize> {
+        let spec = Assembly {
+            layout,
+            truncate,
+            pad_multiple: None,
+            pad_token_id: 0,
+            hidden: 4,
+            dtype: DType::Bf16,
+        };
+        Batcher::new(batching, &spec)
+    }
+
+    /// The batches `lens` (row i of `lens[i]` tokens) fall into, as row indices.
+    fn cut(mut b: Batcher<usize>, lens: &[usize]) -> Vec<Vec<usize>> {
+        let mut out = vec![];
+        for (i, &len) in lens.iter().enumerate() {
+            out.extend(b.push(i, len));
+            out.extend(b.full());
+        }
+        out.extend(b.rest(false));
+        out
+    }
+
+    #[test]
+    fn a_sample_count_ends_a_batch_when_reached_and_the_rest_is_a_short_last_one() {
+        let b = batcher(Batching::Samples(2), Layout::Padded, None);
+        assert_eq!(cut(b, &[5, 9, 1, 7, 3]), [vec![0, 1], vec![2, 3], vec![4]]);
+        let mut b = batcher(Batching::Samples(2), Layout::Padded, None);
+        assert_eq!(b.push(0, 5), None);
+        assert_eq!(
+            b.rest(true),
+            None,
+            "drop_last_batch leaves the short one out"
+        );
+    }
+
+    #[test]
+    fn a_padded_budget_counts_rows_times_the_longest_and_a_packed_one_the_sum() {
+        // Padded, budget 12: [4, 3] makes 2 × 4 = 8; adding 5 would make 3 × 5 = 15.
+        let lens = [4, 3, 5, 2, 6, 6];
+        let padded = batcher(Batching::Tokens(12), Layout::Padded, None);
+        assert_eq!(cut(padded, &lens), [vec![0, 1], vec![2, 3], vec![4, 5]]);
+        // Packed, budget 12: 4 + 3 + 5 = 12 fits; 2 + 6 = 8, then 8 + 6 = 14 does not.
+        let packed = batcher(Batching::Tokens(12), Layout::Packed, None);
+        assert_eq!(cut(packed, &lens), [vec![0, 1, 2], vec![3, 4], vec![5]]);
+    }
+
+    #[test]
+    fn rows_count_at_their_truncated_length() {
+        // Cut to 3 tokens, four rows of 10 fit a packed budget of 12.
+        let b = batcher(Batching::Tokens(12), Layout::Packed, Some(3));
+        assert_eq!(cut(b, &[10, 10, 10, 10, 10]), [vec![0, 1, 2, 3], vec![4]]);
     }
 }
 

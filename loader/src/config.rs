@@ -1,9 +1,18 @@
+//! The loader's options, declared once: [`LoaderConfig`] holds each option's doc, type and
+//! default, named as `hslake.Loader` takes its keyword arguments. Rust code fills it in
+//! directly, serde reads it from the JSON of the keywords a Python user gave, and Python lists
+//! it (`LoaderConfig::OPTIONS`); [`LoaderConfig::check`] refuses what cannot work and gives the
+//! values several options make together ([`Resolved`]).
+use std::fmt;
 use std::time::Duration;
 
 use hslake_schemas::CapturePoint;
+use serde::de::{self, Deserializer, Visitor};
 use serde::{Deserialize, Serialize};
+use serde_json::Value;
 
-use crate::{LoaderError, LoaderOptions, Preset};
+use crate::declare::declare_options;
+use crate::{LoaderError, Preset};
 
 /// How samples are grouped into batches.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -73,83 +82,164 @@ pub struct Follow {
     pub idle_timeout: Option<Duration>,
 }
 
-/// Everything that shapes what a loader yields, resolved from [`LoaderOptions`] (or built
-/// directly in Rust).
-#[derive(Debug, Clone, PartialEq)]
-pub struct LoaderConfig {
-    /// Batch by samples or by tokens.
-    pub batching: Batching,
-    /// Padded or packed batches.
-    pub layout: Layout,
-    /// Truncate every sample to at most this many tokens.
-    pub max_seq_len: Option<usize>,
-    /// Round the padded length up to a multiple of this.
-    pub pad_to_multiple_of: Option<usize>,
-    /// Token id written into padding.
-    pub pad_token_id: i64,
-    /// This process's rank.
-    pub rank: usize,
-    /// Number of ranks.
-    pub world_size: usize,
-    /// Sub-partition of this rank (e.g. a torch DataLoader worker).
-    pub worker: usize,
-    /// Number of sub-partitions per rank.
-    pub num_workers: usize,
-    /// Seed of the shuffle; with the epoch it fixes the order on every machine.
-    pub seed: u64,
-    /// Shuffle at all.
-    pub shuffle: bool,
-    /// Row groups whose samples are shuffled together; memory holds about this many row groups.
-    pub shuffle_window: usize,
-    /// Window shuffle (the default) or a full per-sample permutation.
-    pub shuffle_mode: ShuffleMode,
-    /// In sample mode: raw tensor bytes (estimated from the manifest) of the samples read
-    /// together; memory holds about this much decoded, and a row group is read once per
-    /// lookahead it has samples in.
-    pub lookahead_bytes: u64,
-    /// Policy for samples that do not divide among ranks.
-    pub remainder: Remainder,
-    /// Leave out a last batch smaller than the batch size or budget.
-    pub drop_last_batch: bool,
-    /// Auxiliary capture points, concatenated in this order (`None`: every point but the target).
-    pub aux_layers: Option<Vec<CapturePoint>>,
-    /// The target point (`None`: `final_norm` if captured, else the last point).
-    pub target: Option<CapturePoint>,
-    /// A trainer's named convention, resolved against the dataset's layer count in place of
-    /// `aux_layers` and `target` (which must then be `None`).
-    pub preset: Option<Preset>,
-    /// Dataset version to read (`None`: the latest at open).
-    pub version: Option<u64>,
-    /// Row groups read ahead of use.
-    pub prefetch_row_groups: usize,
-    /// Assembled batches held ready ahead of use.
-    pub prefetch_batches: usize,
-    /// Threads that assemble batches at the same time.
-    pub decode_threads: usize,
-    /// Policy for unreadable row groups.
-    pub on_corrupt: CorruptPolicy,
-    /// Follow newly committed versions.
-    pub follow: Option<Follow>,
-    /// Upper bound on any single storage call, retries included.
-    pub io_timeout: Duration,
-}
-
-impl Default for LoaderConfig {
-    /// [`LoaderOptions`]' defaults, batching 8 samples (Python asks for `batch_size` or
-    /// `max_tokens` instead of defaulting).
-    fn default() -> Self {
-        LoaderOptions {
-            batch_size: Some(8),
-            ..Default::default()
-        }
-        .resolve()
-        .expect("the default loader options resolve")
+declare_options! {
+    /// Everything that shapes what a loader yields, named as `hslake.Loader` takes it. A JSON
+    /// key left out takes the default; an unknown key is refused.
+    pub struct LoaderConfig {
+        /// Samples per batch (give this or `max_tokens`).
+        pub batch_size: Option<usize> = None,
+        /// Token budget per batch: `B × T` padded, `ΣT` packed (give this or `batch_size`);
+        /// samples are also truncated to it.
+        pub max_tokens: Option<usize> = None,
+        /// One packed row with `cu_seqlens` instead of padded rows.
+        pub packed: bool = false,
+        /// Truncate every sample to at most this many tokens.
+        pub max_seq_len: Option<usize> = None,
+        /// Round the padded length up to a multiple of this.
+        pub pad_to_multiple_of: Option<usize> = None,
+        /// Token id written into padding.
+        pub pad_token_id: i64 = 0,
+        /// This process's rank.
+        pub rank: usize = 0,
+        /// Number of ranks.
+        pub world_size: usize = 1,
+        /// Sub-partition of this rank (a torch DataLoader worker).
+        pub worker: usize = 0,
+        /// Sub-partitions per rank.
+        pub num_workers: usize = 1,
+        /// Shuffle seed; with the epoch it fixes the order on every machine.
+        pub seed: u64 = 0,
+        /// Shuffle at all.
+        pub shuffle: bool = true,
+        /// Row groups whose samples are shuffled together (`shuffle_mode="window"`); memory
+        /// holds about this many row groups.
+        pub shuffle_window: usize = 16,
+        /// `window` (row groups permuted, samples permuted within windows of `shuffle_window`
+        /// row groups; the faster) or `sample` (a full per-sample permutation of the epoch).
+        pub shuffle_mode: ShuffleMode = ShuffleMode::Window,
+        /// With `shuffle_mode="sample"`: raw tensor bytes (estimated from the manifest) of the
+        /// samples read ahead together; memory holds about this much decoded, and a row group
+        /// is read once per lookahead it has samples in.
+        pub lookahead_bytes: u64 = 256 << 20,
+        /// Leave out the samples that do not divide among ranks instead of repeating some.
+        pub drop_last: bool = false,
+        /// Leave out a last batch smaller than the batch size or budget.
+        pub drop_last_batch: bool = false,
+        /// Auxiliary points, concatenated in this order: layer indices or names (`30`,
+        /// `"layer_30"`). None: every point but the target.
+        #[serde(deserialize_with = "points")]
+        pub aux_layers: Option<Vec<CapturePoint>> = None,
+        /// The target point. None: `final_norm` if captured, else the last point.
+        #[serde(deserialize_with = "point")]
+        pub target: Option<CapturePoint> = None,
+        /// A trainer's convention (`"speculators"`, `"specforge"`) choosing `aux_layers` and
+        /// `target` from the dataset's layer count; give it or those two, not both.
+        pub preset: Option<Preset> = None,
+        /// Dataset version to read. None: the newest at open.
+        pub version: Option<u64> = None,
+        /// Row groups read ahead of use.
+        pub prefetch_row_groups: usize = 4,
+        /// Assembled batches held ready.
+        pub prefetch_batches: usize = 4,
+        /// Threads that assemble batches.
+        pub decode_threads: usize = 2,
+        /// `error` (stop, naming the file) or `skip` (leave its samples out, count them) for an
+        /// unreadable row group.
+        pub on_corrupt: CorruptPolicy = CorruptPolicy::Error,
+        /// Keep reading the shards each newly committed version adds.
+        pub follow: bool = false,
+        /// Seconds between looks for a new version when following.
+        pub poll_interval: f64 = 1.0,
+        /// End a followed pass after this many seconds without a new version. None: never.
+        pub follow_idle_timeout: Option<f64> = None,
+        /// Seconds any single storage call may take, retries included.
+        pub timeout: f64 = 60.0,
     }
 }
 
+/// What a checked configuration runs by: the values that several options, or a conversion of
+/// one, make.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Resolved {
+    /// Batch by samples (`batch_size`) or by tokens (`max_tokens`).
+    pub batching: Batching,
+    /// Follow newly committed versions (`follow`, `poll_interval`, `follow_idle_timeout`).
+    pub follow: Option<Follow>,
+    /// Upper bound on any single storage call, retries included (`timeout`).
+    pub io_timeout: Duration,
+}
+
 impl LoaderConfig {
-    /// Check the values that do not need the dataset.
-    pub fn check(&self) -> Result<(), LoaderError> {
+    /// Options from a JSON object of the keys the user gave; an unknown key or a value of the
+    /// wrong type is refused naming the key.
+    pub fn from_json(json: &str) -> Result<Self, LoaderError> {
+        let bad = |m: String| LoaderError::Config(m);
+        let map: serde_json::Map<String, Value> = serde_json::from_str(json)
+            .map_err(|e| bad(format!("loader options are not a JSON object: {e}")))?;
+        serde_json::from_value(Value::Object(map.clone())).map_err(|e| {
+            // serde names an unknown key but not the key of a mistyped value: find the key.
+            let culprit = map.iter().find_map(|(k, v)| {
+                let one = Value::Object([(k.clone(), v.clone())].into_iter().collect());
+                serde_json::from_value::<LoaderConfig>(one)
+                    .err()
+                    .map(|e| format!("{k}={v}: {e}"))
+            });
+            bad(culprit.unwrap_or_else(|| e.to_string()))
+        })
+    }
+
+    /// The default of every option, as JSON values by option name (what Python shows).
+    pub fn defaults_json() -> serde_json::Map<String, Value> {
+        match serde_json::to_value(LoaderConfig::default()) {
+            Ok(Value::Object(map)) => map,
+            _ => serde_json::Map::new(),
+        }
+    }
+
+    /// Padded or packed batches (`packed`).
+    pub fn layout(&self) -> Layout {
+        match self.packed {
+            true => Layout::Packed,
+            false => Layout::Padded,
+        }
+    }
+
+    /// What happens to the samples that do not divide among ranks (`drop_last`).
+    pub fn remainder(&self) -> Remainder {
+        match self.drop_last {
+            true => Remainder::Drop,
+            false => Remainder::Pad,
+        }
+    }
+
+    fn batching(&self) -> Result<Batching, LoaderError> {
+        match (self.batch_size, self.max_tokens) {
+            (Some(b), None) => Ok(Batching::Samples(b)),
+            (None, Some(t)) => Ok(Batching::Tokens(t)),
+            _ => Err(LoaderError::Config(
+                "give exactly one of batch_size or max_tokens".into(),
+            )),
+        }
+    }
+
+    fn follow_settings(&self) -> Result<Option<Follow>, LoaderError> {
+        if !self.follow {
+            return Ok(None);
+        }
+        Ok(Some(Follow {
+            poll_interval: seconds("poll_interval", self.poll_interval)?,
+            idle_timeout: self
+                .follow_idle_timeout
+                .map(|t| seconds("follow_idle_timeout", t))
+                .transpose()?,
+        }))
+    }
+
+    /// Check the values that do not need the dataset, and resolve those that combine.
+    pub fn check(&self) -> Result<Resolved, LoaderError> {
+        let batching = self.batching()?;
+        let follow = self.follow_settings()?;
+        let io_timeout = seconds("timeout", self.timeout)?;
         let bad = |m: String| Err(LoaderError::Config(m));
         if self.world_size == 0 {
             return bad("world_size must be at least 1".into());
@@ -173,7 +263,7 @@ impl LoaderConfig {
                 self.num_workers - 1
             ));
         }
-        match self.batching {
+        match batching {
             Batching::Samples(0) => return bad("batch_size must be at least 1".into()),
             Batching::Tokens(0) => return bad("max_tokens must be at least 1".into()),
             _ => {}
@@ -208,23 +298,27 @@ impl LoaderConfig {
                 ));
             }
         }
-        if self.io_timeout.is_zero() {
+        if io_timeout.is_zero() {
             return bad("io_timeout must be positive".into());
         }
-        if let Some(f) = self.follow {
+        if let Some(f) = follow {
             if f.poll_interval.is_zero() {
                 return bad("follow poll_interval must be positive".into());
             }
         }
-        Ok(())
+        Ok(Resolved {
+            batching,
+            follow,
+            io_timeout,
+        })
     }
 
     /// The length every sample is cut to, if any: `max_seq_len`, and in token-budget mode also
     /// the budget, so that no batch exceeds it.
     pub fn truncate_to(&self) -> Option<usize> {
-        let budget = match self.batching {
-            Batching::Tokens(t) => Some(t),
-            Batching::Samples(_) => None,
+        let budget = match self.batching() {
+            Ok(Batching::Tokens(t)) => Some(t),
+            _ => None,
         };
         match (self.max_seq_len, budget) {
             (Some(a), Some(b)) => Some(a.min(b)),
@@ -233,16 +327,220 @@ impl LoaderConfig {
     }
 }
 
+/// `v` seconds as a duration, or the error naming the option.
+fn seconds(name: &str, v: f64) -> Result<Duration, LoaderError> {
+    Duration::try_from_secs_f64(v).map_err(|_| {
+        LoaderError::Config(format!(
+            "{name} must be a non-negative number of seconds, got {v}"
+        ))
+    })
+}
+
+/// A capture point as users name it: a layer index (`30`) or a name (`"layer_30"`,
+/// `"final_norm"`).
+struct PointArg(CapturePoint);
+
+impl<'de> Deserialize<'de> for PointArg {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl Visitor<'_> for V {
+            type Value = PointArg;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(
+                    "a layer index or a capture point name such as \"layer_30\" or \"final_norm\"",
+                )
+            }
+            fn visit_u64<E: de::Error>(self, v: u64) -> Result<PointArg, E> {
+                u32::try_from(v)
+                    .map(|l| PointArg(CapturePoint::LayerOutput(l)))
+                    .map_err(|_| E::custom(format!("layer {v} is out of range")))
+            }
+            fn visit_i64<E: de::Error>(self, v: i64) -> Result<PointArg, E> {
+                match u64::try_from(v) {
+                    Ok(v) => self.visit_u64(v),
+                    Err(_) => Err(E::custom(format!(
+                        "layer {v}: layer indices are 0-based and non-negative"
+                    ))),
+                }
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<PointArg, E> {
+                v.parse().map(PointArg).map_err(E::custom)
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+fn point<'de, D: Deserializer<'de>>(d: D) -> Result<Option<CapturePoint>, D::Error> {
+    Ok(Option::<PointArg>::deserialize(d)?.map(|p| p.0))
+}
+
+fn points<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Vec<CapturePoint>>, D::Error> {
+    Ok(Option::<Vec<PointArg>>::deserialize(d)?.map(|v| v.into_iter().map(|p| p.0).collect()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The options a JSON object gives, checked.
+    fn resolve(json: &str) -> Result<(LoaderConfig, Resolved), String> {
+        LoaderConfig::from_json(json)
+            .and_then(|c| c.check().map(|r| (c, r)))
+            .map_err(|e| e.to_string())
+    }
+
+    fn batched(size: usize) -> LoaderConfig {
+        LoaderConfig {
+            batch_size: Some(size),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn keys_left_out_take_the_defaults() {
+        let (c, r) = resolve(r#"{"batch_size": 4}"#).unwrap();
+        assert_eq!(c, batched(4));
+        assert_eq!(
+            r,
+            Resolved {
+                batching: Batching::Samples(4),
+                follow: None,
+                io_timeout: Duration::from_secs(60),
+            }
+        );
+        assert_eq!(
+            (c.layout(), c.remainder()),
+            (Layout::Padded, Remainder::Pad)
+        );
+    }
+
+    #[test]
+    fn python_style_values_become_the_config() {
+        let (c, r) = resolve(
+            r#"{"max_tokens": 60, "packed": true, "drop_last": true, "aux_layers": [3, "layer_1"],
+                "target": "final_norm", "on_corrupt": "skip", "follow": true, "poll_interval": 0.5,
+                "follow_idle_timeout": 4, "timeout": 30}"#,
+        )
+        .unwrap();
+        assert_eq!(r.batching, Batching::Tokens(60));
+        assert_eq!(
+            (c.layout(), c.remainder()),
+            (Layout::Packed, Remainder::Drop)
+        );
+        assert_eq!(
+            c.aux_layers,
+            Some(vec![
+                CapturePoint::LayerOutput(3),
+                CapturePoint::LayerOutput(1)
+            ])
+        );
+        assert_eq!(c.target, Some(CapturePoint::FinalNorm));
+        assert_eq!(c.on_corrupt, CorruptPolicy::Skip);
+        assert_eq!(
+            r.follow,
+            Some(Follow {
+                poll_interval: Duration::from_millis(500),
+                idle_timeout: Some(Duration::from_secs(4)),
+            })
+        );
+        assert_eq!(r.io_timeout, Duration::from_secs(30));
+    }
+
+    #[test]
+    fn refuses_unknown_keys_and_mistyped_values_naming_the_key() {
+        let err = resolve(r#"{"batch_size": 4, "sead": 1}"#).unwrap_err();
+        assert!(err.contains("unknown field `sead`"), "{err}");
+        let err = resolve(r#"{"batch_size": 4, "rank": -1}"#).unwrap_err();
+        assert!(err.contains("rank=-1"), "{err}");
+        let err = resolve(r#"{"batch_size": 4, "aux_layers": [2, -1]}"#).unwrap_err();
+        assert!(err.contains("layer -1: layer indices are 0-based"), "{err}");
+        let err = resolve(r#"{"batch_size": 4, "target": true}"#).unwrap_err();
+        assert!(err.contains("target=true"), "{err}");
+        let err = resolve(r#"{"batch_size": 4, "preset": "eagle"}"#).unwrap_err();
+        assert!(err.contains("preset=\"eagle\""), "{err}");
+        assert!(err.contains("unknown preset"), "{err}");
+        let err = resolve(r#"{"batch_size": 4, "on_corrupt": "ignore"}"#).unwrap_err();
+        assert!(err.contains("on_corrupt=\"ignore\""), "{err}");
+    }
+
+    #[test]
+    fn shuffle_mode_is_named_as_in_python_and_bad_values_are_refused_naming_the_key() {
+        let (c, _) =
+            resolve(r#"{"batch_size": 2, "shuffle_mode": "sample", "lookahead_bytes": 4096}"#)
+                .unwrap();
+        assert_eq!(
+            (c.shuffle_mode, c.lookahead_bytes),
+            (ShuffleMode::Sample, 4096)
+        );
+        assert_eq!(
+            resolve(r#"{"batch_size": 2}"#).unwrap().0.shuffle_mode,
+            ShuffleMode::Window
+        );
+        let err = resolve(r#"{"batch_size": 2, "shuffle_mode": "global"}"#).unwrap_err();
+        assert!(err.contains("shuffle_mode=\"global\""), "{err}");
+        assert!(err.contains("expected `window` or `sample`"), "{err}");
+        let err = resolve(r#"{"batch_size": 2, "lookahead_bytes": -1}"#).unwrap_err();
+        assert!(err.contains("lookahead_bytes=-1"), "{err}");
+        let err = resolve(r#"{"batch_size": 2, "lookahead_bytes": 0}"#).unwrap_err();
+        assert!(err.contains("lookahead_bytes must be at least 1"), "{err}");
+    }
+
+    #[test]
+    fn a_preset_is_named_as_in_python() {
+        let (c, _) = resolve(r#"{"batch_size": 2, "preset": "specforge"}"#).unwrap();
+        assert_eq!(c.preset, Some(Preset::Specforge));
+    }
+
+    #[test]
+    fn refuses_neither_or_both_batch_sizes_and_negative_seconds() {
+        for json in [r#"{}"#, r#"{"batch_size": 2, "max_tokens": 9}"#] {
+            assert_eq!(
+                resolve(json).unwrap_err(),
+                "invalid loader configuration: give exactly one of batch_size or max_tokens"
+            );
+        }
+        let err = resolve(r#"{"batch_size": 2, "timeout": -1}"#).unwrap_err();
+        assert!(
+            err.contains("timeout must be a non-negative number of seconds"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn every_option_is_listed_with_its_doc_and_default_under_its_json_key() {
+        let defaults = LoaderConfig::defaults_json();
+        let names: Vec<&str> = LoaderConfig::OPTIONS.iter().map(|o| o.name).collect();
+        let keys: Vec<&str> = defaults.keys().map(String::as_str).collect();
+        let (mut sorted_names, mut sorted_keys) = (names.clone(), keys.clone());
+        sorted_names.sort_unstable();
+        sorted_keys.sort_unstable();
+        assert_eq!(
+            sorted_names, sorted_keys,
+            "the listing and serde name the same keys"
+        );
+        for o in LoaderConfig::OPTIONS {
+            assert!(!o.text().is_empty(), "{} has a doc", o.name);
+            // Each listed key alone is accepted: the name is the one serde reads.
+            let one = format!(r#"{{"{}": {}}}"#, o.name, defaults[o.name]);
+            assert_eq!(
+                LoaderConfig::from_json(&one).unwrap(),
+                LoaderConfig::default(),
+                "{}",
+                o.name
+            );
+        }
+        assert_eq!(defaults["lookahead_bytes"], 256 << 20);
+        assert_eq!(defaults["shuffle_mode"], "window");
+        assert_eq!(defaults["batch_size"], Value::Null);
+    }
 
     #[test]
     fn rejects_rank_not_below_world_size() {
         let c = LoaderConfig {
             rank: 2,
             world_size: 2,
-            ..Default::default()
+            ..batched(8)
         };
         let err = c.check().unwrap_err().to_string();
         assert!(
@@ -253,13 +551,12 @@ mod tests {
 
     #[test]
     fn rejects_zero_batch_size_and_budget() {
-        for b in [Batching::Samples(0), Batching::Tokens(0)] {
-            assert!(LoaderConfig {
-                batching: b,
-                ..Default::default()
-            }
-            .check()
-            .is_err());
+        let budget = LoaderConfig {
+            max_tokens: Some(0),
+            ..Default::default()
+        };
+        for c in [batched(0), budget] {
+            assert!(c.check().is_err());
         }
     }
 
@@ -268,7 +565,7 @@ mod tests {
         let c = LoaderConfig {
             preset: Some(Preset::Speculators),
             target: Some(CapturePoint::FinalNorm),
-            ..Default::default()
+            ..batched(8)
         };
         let err = c.check().unwrap_err().to_string();
         assert!(err.contains("preset speculators chooses"), "{err}");
@@ -277,17 +574,16 @@ mod tests {
     #[test]
     fn token_budget_also_truncates() {
         let c = LoaderConfig {
-            batching: Batching::Tokens(100),
+            max_tokens: Some(100),
             max_seq_len: Some(300),
             ..Default::default()
         };
         assert_eq!(c.truncate_to(), Some(100));
         let c = LoaderConfig {
-            batching: Batching::Samples(4),
             max_seq_len: Some(300),
-            ..Default::default()
+            ..batched(4)
         };
         assert_eq!(c.truncate_to(), Some(300));
-        assert_eq!(LoaderConfig::default().truncate_to(), None);
+        assert_eq!(batched(8).truncate_to(), None);
     }
 }

@@ -3,7 +3,7 @@
 //!
 //! ```
 //! # tokio::runtime::Runtime::new().unwrap().block_on(async {
-//! use hslake_loader::{Batching, Loader, LoaderConfig};
+//! use hslake_loader::{Loader, LoaderConfig};
 //! use hslake_schemas::{CapturePoint, DType, DatasetSchema, Sample, TensorData};
 //! use hslake_store::{Dataset, DatasetWriter, Provenance, WriterOptions};
 //!
@@ -19,7 +19,7 @@
 //! }
 //! w.commit().await.unwrap();
 //!
-//! let config = LoaderConfig { batching: Batching::Samples(4), seed: 1, ..Default::default() };
+//! let config = LoaderConfig { batch_size: Some(4), seed: 1, ..Default::default() };
 //! let loader = Loader::open("memory://loader-doc", config).await.unwrap();
 //! let mut stream = loader.stream(&loader.initial_state()).unwrap();
 //! let mut seen = 0;
@@ -39,20 +39,29 @@
 
 mod batch;
 mod config;
+mod declare;
 mod error;
 pub mod export;
 mod loader;
-mod options;
 mod plan;
+mod points;
+mod prefetch;
 mod preset;
 mod rng;
 mod rowgroup;
+mod schedule;
 mod state;
+mod stats;
+mod stream;
 
 pub use batch::{Batch, ElemType, HostTensor};
-pub use config::{Batching, CorruptPolicy, Follow, Layout, LoaderConfig, Remainder, ShuffleMode};
+pub use config::{
+    Batching, CorruptPolicy, Follow, Layout, LoaderConfig, Remainder, Resolved, ShuffleMode,
+};
+pub use declare::OptionDoc;
 pub use error::LoaderError;
-pub use loader::{BatchStream, Loader, LoaderStats};
-pub use options::LoaderOptions;
+pub use loader::Loader;
 pub use preset::{Preset, PresetPoints};
 pub use state::{LoaderState, STATE_FORMAT};
+pub use stats::LoaderStats;
+pub use stream::BatchStream;

@@ -1,8 +1,7 @@
 //! The pipeline: plan → ranged row-group reads (bounded, ahead of use) → batch assembly on a
 //! bounded set of blocking threads → an ordered, bounded queue of ready batches.
-use std::collections::HashMap;
 use std::future::Future;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -10,27 +9,17 @@ use futures::StreamExt;
 use hslake_schemas::{CapturePoint, DatasetSchema};
 use hslake_store::{Dataset, DatasetReader, Manifest};
 use tokio::sync::{mpsc, Semaphore};
-use tokio::task::JoinHandle;
 
-use crate::batch::{assemble, Assembly};
-use crate::plan::{EpochPlan, Mode, Part, Pick, Unit};
+use crate::batch::{assemble, Assembly, Batcher};
+use crate::plan::{EpochPlan, Mode, Part, Unit};
+use crate::points::resolve_points;
+use crate::prefetch::Prefetch;
 use crate::rowgroup::{from_batch, needed_columns, RowGroupData};
+use crate::schedule::Schedule;
+use crate::stream::{BatchStream, Msg};
 use crate::{
-    Batch, Batching, CorruptPolicy, Layout, LoaderConfig, LoaderError, LoaderState, ShuffleMode,
+    CorruptPolicy, LoaderConfig, LoaderError, LoaderState, LoaderStats, Resolved, ShuffleMode,
 };
-
-/// Counters a loader keeps while it runs (shared by all its streams).
-#[derive(Debug, Default)]
-pub struct LoaderStats {
-    /// Row groups read from storage.
-    pub row_groups_read: AtomicU64,
-    /// Row groups left out under [`CorruptPolicy::Skip`].
-    pub row_groups_skipped: AtomicU64,
-    /// Samples left out with them.
-    pub samples_skipped: AtomicU64,
-    /// Batches delivered.
-    pub batches: AtomicU64,
-}
 
 /// A loader over one pinned dataset version: opens the dataset, checks the configuration
 /// against it, and starts [`BatchStream`]s from any [`LoaderState`].
@@ -42,6 +31,8 @@ struct Inner {
     dataset: Dataset,
     reader: DatasetReader,
     config: LoaderConfig,
+    /// What the checked configuration runs by.
+    run: Resolved,
     version: u64,
     aux: Vec<CapturePoint>,
     target: CapturePoint,
@@ -80,61 +71,11 @@ fn endpoint_hint(url: &str) -> String {
     }
 }
 
-fn list_points(s: &DatasetSchema) -> String {
-    s.points
-        .iter()
-        .map(|p| p.column())
-        .collect::<Vec<_>>()
-        .join(", ")
-}
-
-/// The auxiliary and target points: as configured, checked against the schema, or the
-/// defaults (`final_norm`, else the last point, as target; every other point as aux).
-fn resolve_points(
-    url: &str,
-    s: &DatasetSchema,
-    c: &LoaderConfig,
-) -> Result<(Vec<CapturePoint>, CapturePoint), LoaderError> {
-    if let Some(preset) = c.preset {
-        let p = preset.resolve(url, s)?;
-        return Ok((p.aux, p.target));
-    }
-    let missing = |p: CapturePoint, role| LoaderError::MissingPoint {
-        url: url.to_string(),
-        wanted: p.column(),
-        role,
-        available: list_points(s),
-    };
-    let target = match c.target {
-        Some(t) if s.point_index(t).is_none() => return Err(missing(t, "target")),
-        Some(t) => t,
-        None => match s.point_index(CapturePoint::FinalNorm) {
-            Some(_) => CapturePoint::FinalNorm,
-            None => *s
-                .points
-                .last()
-                .ok_or_else(|| LoaderError::Config("the dataset has no capture points".into()))?,
-        },
-    };
-    let aux = match &c.aux_layers {
-        Some(list) => {
-            for &p in list {
-                if s.point_index(p).is_none() {
-                    return Err(missing(p, "aux_layers"));
-                }
-            }
-            list.clone()
-        }
-        None => s.points.iter().copied().filter(|&p| p != target).collect(),
-    };
-    Ok((aux, target))
-}
-
 impl Loader {
     /// Open a dataset (`file://`, `s3://`, `memory://` or a path) for loading.
     pub async fn open(url: &str, config: LoaderConfig) -> Result<Self, LoaderError> {
-        config.check()?;
-        let limit = config.io_timeout;
+        let run = config.check()?;
+        let limit = run.io_timeout;
         let dataset = timed(limit, || format!("opening {url}"), url, Dataset::open(url)).await?;
         let reader = timed(
             limit,
@@ -177,6 +118,7 @@ impl Loader {
                 dataset,
                 reader,
                 config,
+                run,
                 version,
                 aux,
                 target,
@@ -236,7 +178,7 @@ impl Loader {
             None,
             Mode::Window(1),
             self.inner.part(),
-            c.remainder,
+            c.remainder(),
         )
         .len()
     }
@@ -254,12 +196,7 @@ impl Loader {
                 let _ = tx2.send(Msg::Error(e)).await;
             }
         });
-        Ok(BatchStream {
-            rx,
-            driver,
-            state: state.clone(),
-            done: false,
-        })
+        Ok(BatchStream::new(rx, driver, state.clone()))
     }
 }
 
@@ -286,12 +223,6 @@ fn units_of(m: &Manifest, exclude: Option<&Manifest>) -> Vec<Unit> {
     units
 }
 
-enum Msg {
-    Batch(JoinHandle<Batch>),
-    Error(LoaderError),
-    End(LoaderState),
-}
-
 impl Inner {
     /// Who reads: this configuration's rank and worker.
     fn part(&self) -> Part {
@@ -316,7 +247,7 @@ impl Inner {
             c.shuffle.then_some([c.seed, epoch, segment]),
             mode,
             part,
-            c.remainder,
+            c.remainder(),
         )
     }
 
@@ -330,7 +261,7 @@ impl Inner {
         if seg == self.version {
             return Ok((self.reader.clone(), units_of(self.reader.manifest(), None)));
         }
-        let limit = self.config.io_timeout;
+        let limit = self.run.io_timeout;
         let url = self.url();
         let reader = timed(
             limit,
@@ -352,14 +283,14 @@ impl Inner {
 
     /// Wait for version `next` to be committed; `false` after the idle timeout.
     async fn wait_for_version(&self, next: u64) -> Result<bool, LoaderError> {
-        let Some(f) = self.config.follow else {
+        let Some(f) = self.run.follow else {
             return Ok(false);
         };
         let since = Instant::now();
         let url = self.url();
         loop {
             let latest = timed(
-                self.config.io_timeout,
+                self.run.io_timeout,
                 || format!("listing versions of {url}"),
                 url,
                 self.dataset.latest_version(),
@@ -394,7 +325,7 @@ impl Inner {
                 return Ok(());
             }
             state.position = plan.len();
-            if self.config.follow.is_none() {
+            if self.run.follow.is_none() {
                 let next = LoaderState::start(&self.config, self.version, state.epoch + 1);
                 let _ = tx.send(Msg::End(next)).await;
                 return Ok(());
@@ -429,8 +360,12 @@ impl Inner {
         let me = self.clone();
         let rd = reader.clone();
         let depth = sched.depth(plan, c.prefetch_row_groups);
-        let mut uses = sched.uses;
-        let mut loads = futures::stream::iter(sched.reads.into_iter().enumerate())
+        let Schedule {
+            reads,
+            uses,
+            assign,
+        } = sched;
+        let loads = futures::stream::iter(reads.into_iter().enumerate())
             .map(move |(i, read)| {
                 let me = me.clone();
                 let rd = rd.clone();
@@ -438,24 +373,20 @@ impl Inner {
                 tokio::spawn(async move { (i, read.unit, me.load(&rd, unit, read.rows).await) })
             })
             .buffered(depth);
+        let mut prefetch =
+            Prefetch::new(loads, uses, plan.units(), c.on_corrupt, self.stats.clone());
 
         let spec = Assembly {
-            layout: c.layout,
+            layout: c.layout(),
             truncate: c.truncate_to(),
             pad_multiple: c.pad_to_multiple_of,
             pad_token_id: c.pad_token_id,
             hidden: schema.hidden_size,
             dtype: schema.dtype,
         };
+        let mut batcher = Batcher::new(self.run.batching, &spec);
         let spec = Arc::new(spec);
         let pool = Arc::new(Semaphore::new(c.decode_threads));
-        // Reads by index, while they have uses left; failed reads (skip policy) by index, and
-        // the units they read, so that a unit read in several lookaheads is counted once.
-        let mut loaded: HashMap<usize, Arc<RowGroupData>> = HashMap::new();
-        let mut skipped: std::collections::HashSet<usize> = Default::default();
-        let mut skipped_units: std::collections::HashSet<usize> = Default::default();
-        let mut current: Vec<(Arc<RowGroupData>, usize)> = Vec::new();
-        let (mut cur_tokens, mut cur_longest) = (0usize, 0usize);
         let mut position = from;
 
         let emit = |rows: Vec<(Arc<RowGroupData>, usize)>, position: u64| {
@@ -481,81 +412,39 @@ impl Inner {
         };
 
         for (i, pick) in plan.picks_from(from).enumerate() {
-            let (read, row) = sched.assign.of(i, pick);
-            while !loaded.contains_key(&read) && !skipped.contains(&read) {
-                let Some(next) = loads.next().await else {
-                    return Err(LoaderError::Pipeline(
-                        "row-group reads ended before the plan".into(),
-                    ));
-                };
-                let (r, u, result) =
-                    next.map_err(|e| LoaderError::Pipeline(format!("a read task failed: {e}")))?;
-                match result {
-                    Ok(data) => {
-                        loaded.insert(r, Arc::new(data));
-                    }
-                    Err(e) if c.on_corrupt == CorruptPolicy::Skip => {
-                        if skipped_units.insert(u) {
-                            let rows = plan.units()[u].rows;
-                            tracing::warn!("loader: skipping the {rows} samples of: {e}");
-                            self.stats
-                                .row_groups_skipped
-                                .fetch_add(1, Ordering::Relaxed);
-                        }
-                        skipped.insert(r);
-                    }
-                    Err(e) => return Err(e),
-                }
-            }
-            let usable = loaded.get(&read).filter(|g| match g.refusal(row) {
+            let (read, row) = assign.of(i, pick);
+            let usable = prefetch.get(read).await?.filter(|g| match g.refusal(row) {
                 Some(e) => {
                     tracing::warn!("loader: skipping 1 sample: {e}");
                     false
                 }
                 None => true,
             });
-            if let Some(g) = usable {
-                let len = spec
-                    .truncate
-                    .map_or(g.seq_len(row), |t| g.seq_len(row).min(t));
-                let overflow = match c.batching {
-                    Batching::Tokens(budget) if !current.is_empty() => match c.layout {
-                        Layout::Padded => (current.len() + 1) * cur_longest.max(len) > budget,
-                        Layout::Packed => cur_tokens + len > budget,
-                    },
-                    _ => false,
-                };
-                if overflow {
-                    if !emit(std::mem::take(&mut current), position).await {
-                        return Ok(false);
+            match usable {
+                Some(g) => {
+                    let len = g.seq_len(row);
+                    if let Some(done) = batcher.push((g, row), len) {
+                        if !emit(done, position).await {
+                            return Ok(false);
+                        }
                     }
-                    (cur_tokens, cur_longest) = (0, 0);
                 }
-                current.push((g.clone(), row));
-                cur_tokens += len;
-                cur_longest = cur_longest.max(len);
-            } else {
-                self.stats.samples_skipped.fetch_add(1, Ordering::Relaxed);
+                None => {
+                    self.stats.samples_skipped.fetch_add(1, Ordering::Relaxed);
+                }
             }
             position += 1;
-            if let Some(n) = uses.get_mut(read) {
-                *n -= 1;
-                if *n == 0 {
-                    loaded.remove(&read);
-                }
-            }
-            if matches!(c.batching, Batching::Samples(b) if current.len() >= b) {
-                if !emit(std::mem::take(&mut current), position).await {
+            prefetch.used(read);
+            if let Some(done) = batcher.full() {
+                if !emit(done, position).await {
                     return Ok(false);
                 }
-                (cur_tokens, cur_longest) = (0, 0);
             }
         }
-        if !current.is_empty()
-            && !c.drop_last_batch
-            && !emit(std::mem::take(&mut current), plan.len()).await
-        {
-            return Ok(false);
+        if let Some(last) = batcher.rest(c.drop_last_batch) {
+            if !emit(last, plan.len()).await {
+                return Ok(false);
+            }
         }
         Ok(true)
     }
@@ -585,7 +474,7 @@ impl Inner {
                 Some(r) => reader.read_rows(unit.shard, unit.row_group, r, cols).await,
             }
         };
-        let batch = match tokio::time::timeout(self.config.io_timeout, fut).await {
+        let batch = match tokio::time::timeout(self.run.io_timeout, fut).await {
             Ok(Ok(b)) => b,
             Ok(Err(e)) => {
                 return Err(LoaderError::Shard {
@@ -597,7 +486,7 @@ impl Inner {
             Err(_) => {
                 return Err(LoaderError::Timeout {
                     what: format!("reading {path} row group {}", unit.row_group),
-                    seconds: self.config.io_timeout.as_secs_f64(),
+                    seconds: self.run.io_timeout.as_secs_f64(),
                     hint: endpoint_hint(self.url()),
                 })
             }
@@ -629,216 +518,15 @@ impl Inner {
     }
 }
 
-/// One read of a row group: every row (window order), or the rows one lookahead picks from it
-/// (sample order).
-struct Read {
-    unit: usize,
-    rows: Option<Vec<usize>>,
-}
-
-/// Which read serves each pick, and at which row of what it returns.
-enum Assign {
-    /// Window order: one read per unit (`unit → read`), at the pick's own row.
-    ByUnit(Vec<usize>),
-    /// Sample order: per pick, from the reader's `from`-th on.
-    PerPick(Vec<(u32, u32)>),
-}
-
-impl Assign {
-    fn of(&self, i: usize, pick: Pick) -> (usize, usize) {
-        match self {
-            Assign::ByUnit(read_of) => (read_of[pick.unit], pick.row as usize),
-            Assign::PerPick(v) => (v[i].0 as usize, v[i].1 as usize),
-        }
-    }
-}
-
-/// The reads of one segment from a position on, in the order they are first needed, and how
-/// often each is needed, so that each is dropped after its last use.
-///
-/// Window order: each unit is read once, whole. Sample order: the picks are cut into
-/// lookaheads of about `lookahead_bytes` (by the manifest's raw bytes per sample, at least
-/// one pick each); within a lookahead each unit it touches is read once, only the rows picked,
-/// so memory holds about one lookahead while every sample is still decoded once. Where the
-/// lookaheads fall does not change the order, so a resumed stream may cut them elsewhere.
-struct Schedule {
-    reads: Vec<Read>,
-    uses: Vec<u32>,
-    assign: Assign,
-}
-
-impl Schedule {
-    /// Reads in flight for about `row_groups` row groups' worth of rows: a read of some rows is
-    /// as much smaller, so more of them run at once to keep the decode threads busy.
-    fn depth(&self, plan: &EpochPlan, row_groups: usize) -> usize {
-        let (mut unit_rows, mut read_rows) = (0u64, 0u64);
-        for r in &self.reads {
-            unit_rows += plan.units()[r.unit].rows;
-            read_rows += r
-                .rows
-                .as_ref()
-                .map_or(plan.units()[r.unit].rows, |v| v.len() as u64);
-        }
-        let ratio = unit_rows.div_ceil(read_rows.max(1)).clamp(1, 64) as usize;
-        row_groups.saturating_mul(ratio)
-    }
-
-    fn new(plan: &EpochPlan, from: u64, c: &LoaderConfig) -> Result<Schedule, LoaderError> {
-        let mut reads = Vec::new();
-        let mut uses = Vec::new();
-        if !(c.shuffle && c.shuffle_mode == ShuffleMode::Sample) {
-            let mut read_of = vec![usize::MAX; plan.units().len()];
-            for p in plan.picks_from(from) {
-                if read_of[p.unit] == usize::MAX {
-                    read_of[p.unit] = reads.len();
-                    reads.push(Read {
-                        unit: p.unit,
-                        rows: None,
-                    });
-                    uses.push(0);
-                }
-                uses[read_of[p.unit]] += 1;
-            }
-            return Ok(Schedule {
-                reads,
-                uses,
-                assign: Assign::ByUnit(read_of),
-            });
-        }
-        let units = plan.units();
-        let left = plan.len().saturating_sub(from);
-        if left > u64::from(u32::MAX) {
-            return Err(LoaderError::Config(format!(
-                "this reader's part of the epoch holds {left} samples; the sample shuffle takes \
-                 at most {} per reader: divide it among more ranks or workers",
-                u32::MAX
-            )));
-        }
-        let mut assign = Vec::with_capacity(left as usize);
-        let mut picks = plan.picks_from(from).peekable();
-        let mut chunk: Vec<Pick> = Vec::new();
-        let mut read_of: HashMap<usize, usize> = HashMap::new();
-        while picks.peek().is_some() {
-            chunk.clear();
-            read_of.clear();
-            let mut bytes = 0u64;
-            while let Some(&p) = picks.peek() {
-                let cost = units[p.unit].row_bytes.max(1);
-                if !chunk.is_empty() && bytes.saturating_add(cost) > c.lookahead_bytes {
-                    break;
-                }
-                bytes = bytes.saturating_add(cost);
-                chunk.push(p);
-                picks.next();
-            }
-            let first = reads.len();
-            for p in &chunk {
-                let r = *read_of.entry(p.unit).or_insert_with(|| {
-                    reads.push(Read {
-                        unit: p.unit,
-                        rows: Some(Vec::new()),
-                    });
-                    uses.push(0);
-                    reads.len() - 1
-                });
-                if let Some(rows) = &mut reads[r].rows {
-                    rows.push(p.row as usize);
-                }
-                uses[r] += 1;
-            }
-            for read in &mut reads[first..] {
-                if let Some(rows) = &mut read.rows {
-                    rows.sort_unstable();
-                    rows.dedup();
-                }
-            }
-            for p in &chunk {
-                let r = read_of[&p.unit];
-                let rows = reads[r].rows.as_deref().unwrap_or_default();
-                let local = rows.binary_search(&(p.row as usize)).unwrap_or(0);
-                assign.push((r as u32, local as u32));
-            }
-        }
-        Ok(Schedule {
-            reads,
-            uses,
-            assign: Assign::PerPick(assign),
-        })
-    }
-}
-
-/// Batches of one pass (an epoch, or in follow mode until no new version arrives), in order.
-pub struct BatchStream {
-    rx: mpsc::Receiver<Msg>,
-    driver: JoinHandle<()>,
-    state: LoaderState,
-    done: bool,
-}
-
-impl BatchStream {
-    /// The next batch; `None` at the end of the pass.
-    pub async fn next(&mut self) -> Option<Result<Batch, LoaderError>> {
-        if self.done {
-            return None;
-        }
-        let msg = self.rx.recv().await;
-        match msg {
-            Some(Msg::Batch(h)) => match h.await {
-                Ok(b) => {
-                    self.state = b.state.clone();
-                    Some(Ok(b))
-                }
-                Err(e) => {
-                    self.done = true;
-                    Some(Err(LoaderError::Pipeline(format!(
-                        "batch assembly failed: {e}"
-                    ))))
-                }
-            },
-            Some(Msg::Error(e)) => {
-                self.done = true;
-                Some(Err(e))
-            }
-            Some(Msg::End(next)) => {
-                self.done = true;
-                self.state = next;
-                None
-            }
-            None => {
-                self.done = true;
-                Some(Err(LoaderError::Pipeline(
-                    "the reading task stopped without a reason".into(),
-                )))
-            }
-        }
-    }
-
-    /// [`BatchStream::next`] for synchronous callers; must not be called on a runtime thread.
-    pub fn blocking_next(&mut self) -> Option<Result<Batch, LoaderError>> {
-        futures::executor::block_on(self.next())
-    }
-
-    /// The state after the last batch delivered (after the end: the start of the next pass).
-    pub fn state(&self) -> &LoaderState {
-        &self.state
-    }
-}
-
-impl Drop for BatchStream {
-    fn drop(&mut self) {
-        self.driver.abort();
-    }
-}
-
 #[cfg(test)]
 mod tests {
-    use std::collections::BTreeSet;
+    use std::collections::{BTreeSet, HashMap};
 
     use hslake_schemas::{bf16_bits_to_f32, f32_to_bf16_bits, DType, Sample, TensorData};
     use hslake_store::{DatasetWriter, Provenance, WriterOptions};
 
     use super::*;
-    use crate::{Follow, HostTensor, Remainder};
+    use crate::{Batch, HostTensor, Layout, Remainder};
 
     const H: usize = 8;
 
@@ -907,7 +595,7 @@ mod tests {
 
     fn cfg(batch: usize) -> LoaderConfig {
         LoaderConfig {
-            batching: Batching::Samples(batch),
+            batch_size: Some(batch),
             seed: 3,
             shuffle_window: 2,
             ..Default::default()
@@ -990,7 +678,7 @@ mod tests {
                     let c = LoaderConfig {
                         rank,
                         world_size: 2,
-                        remainder: rem,
+                        drop_last: rem == Remainder::Drop,
                         ..base.clone()
                     };
                     let l = Loader::open("memory://l-ranks", c).await.unwrap();
@@ -1034,7 +722,7 @@ mod tests {
                         world_size: world,
                         worker,
                         num_workers: 3,
-                        remainder: rem,
+                        drop_last: rem == Remainder::Drop,
                         ..modes(cfg(2))[1].clone()
                     };
                     let l = Loader::open("memory://l-workers", c).await.unwrap();
@@ -1045,7 +733,7 @@ mod tests {
                 let whole = LoaderConfig {
                     rank,
                     world_size: world,
-                    remainder: rem,
+                    drop_last: rem == Remainder::Drop,
                     ..modes(cfg(2))[1].clone()
                 };
                 let l = Loader::open("memory://l-workers", whole).await.unwrap();
@@ -1074,12 +762,14 @@ mod tests {
     #[tokio::test]
     async fn resuming_mid_epoch_continues_exactly() {
         make("memory://l-resume", 37).await;
-        for (batching, base) in [Batching::Samples(5), Batching::Tokens(40)]
+        // (batch_size, max_tokens): by samples, then by a token budget.
+        for (batching, base) in [(Some(5), None), (None, Some(40))]
             .into_iter()
             .flat_map(|b| modes(cfg(1)).map(|c| (b, c)))
         {
             let c = LoaderConfig {
-                batching,
+                batch_size: batching.0,
+                max_tokens: batching.1,
                 decode_threads: 3,
                 prefetch_batches: 2,
                 ..base
@@ -1190,8 +880,9 @@ mod tests {
         make("memory://l-tokens", 30).await;
         for layout in [Layout::Padded, Layout::Packed] {
             let c = LoaderConfig {
-                batching: Batching::Tokens(24),
-                layout,
+                batch_size: None,
+                max_tokens: Some(24),
+                packed: layout == Layout::Packed,
                 ..cfg(1)
             };
             let l = Loader::open("memory://l-tokens", c).await.unwrap();
@@ -1272,7 +963,7 @@ mod tests {
     async fn packed_batch_has_cu_seqlens_document_ids_and_restarting_positions() {
         make("memory://l-packed", 9).await;
         let c = LoaderConfig {
-            layout: Layout::Packed,
+            packed: true,
             shuffle: false,
             ..cfg(3)
         };
@@ -1302,10 +993,9 @@ mod tests {
     async fn follow_mode_reads_new_versions_without_repeating() {
         let ds = make("memory://l-follow", 10).await;
         let c = LoaderConfig {
-            follow: Some(Follow {
-                poll_interval: Duration::from_millis(20),
-                idle_timeout: Some(Duration::from_millis(1500)),
-            }),
+            follow: true,
+            poll_interval: 0.02,
+            follow_idle_timeout: Some(1.5),
             ..cfg(4)
         };
         let l = Loader::open("memory://l-follow", c).await.unwrap();

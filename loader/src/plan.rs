@@ -15,7 +15,7 @@
 //! numbered in storage order (units in manifest order, rows in order), permuted by
 //! Fisher-Yates with a stream keyed by (seed, epoch, segment). It costs 8 bytes per sample of
 //! the segment to hold; the reader reads a row group once per lookahead it has samples in
-//! (`loader`), only the rows picked.
+//! (`schedule`), only the rows picked.
 //!
 //! Partition (both orders): the epoch's sequence (N samples) is extended by repeating it from
 //! its start (`Remainder::Pad`, to `world × ceil(N / world)`) or cut (`Remainder::Drop`, to

@@ -59,7 +59,7 @@ impl LoaderState {
             world_size: config.world_size,
             worker: config.worker,
             num_workers: config.num_workers,
-            remainder: config.remainder,
+            remainder: config.remainder(),
         }
     }
 
@@ -110,7 +110,7 @@ impl LoaderState {
         differ("world_size", self.world_size, config.world_size)?;
         differ("worker", self.worker, config.worker)?;
         differ("num_workers", self.num_workers, config.num_workers)?;
-        differ("remainder", self.remainder, config.remainder)?;
+        differ("remainder", self.remainder, config.remainder())?;
         if self.segment_version < self.dataset_version {
             return Err(LoaderError::BadState(format!(
                 "segment_version {} is before dataset_version {}",

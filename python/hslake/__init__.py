@@ -17,15 +17,16 @@ from __future__ import annotations
 
 import json
 import os
+import textwrap
 from typing import Any, Iterator, Optional, Sequence
 
 import torch
 
 from ._hslake import ConfigError, HslakeError, NativeDataset, NativeLoader, __version__
-from ._hslake import build_info, export_trainer_files, preset_points, write_synthetic
+from ._hslake import build_info, export_trainer_files, loader_options, preset_points, write_synthetic
 
 __all__ = ["Dataset", "Loader", "HslakeError", "ConfigError", "write_synthetic", "preset_points",
-           "export_trainer_files", "build_info", "__version__"]
+           "export_trainer_files", "build_info", "loader_options", "__version__"]
 
 _DTYPES = {
     "int64": torch.int64,
@@ -109,14 +110,9 @@ class Loader(torch.utils.data.IterableDataset):
     torch's DistributedSampler) or dropped. Iterating runs one epoch from the current state;
     the next ``iter()`` continues (the next epoch after a full pass).
 
-    Other keyword arguments (``rank``, ``world_size``, ``seed``, ``shuffle``, ``aux_layers``,
-    ``target``, ``preset``, ``version``, ``packed``, ``max_seq_len``, ``pad_to_multiple_of``,
-    ``pad_token_id``, ``drop_last``, ``drop_last_batch``, ``shuffle_window``, ``shuffle_mode``,
-    ``lookahead_bytes``, ``prefetch_row_groups``, ``prefetch_batches``, ``decode_threads``,
-    ``on_corrupt``,
-    ``follow``, ``poll_interval``, ``follow_idle_timeout``, ``timeout``) are the native
-    loader's options (``hslake_loader::LoaderOptions``), which also hold their defaults;
-    an unknown name is refused.
+    The keyword arguments are the native loader's options, listed under "Options" below with
+    their defaults from its one declaration of them (``hslake.loader_options()``); an unknown
+    name is refused.
 
     ``state_dict()`` after any batch, given to ``load_state_dict()`` of a loader with the
     same settings (in any process), continues with exactly the next batch. Exact resume is
@@ -250,3 +246,15 @@ class Loader(torch.utils.data.IterableDataset):
     def __repr__(self) -> str:
         given = ", ".join(f"{k}={v!r}" for k, v in self._options.items())
         return f"hslake.Loader({self.url!r}, {given})"
+
+
+def _options_doc() -> str:
+    """The "Options" section of Loader's docstring: each native option, its default, its doc."""
+    lines = ["", "    Options:", ""]
+    for name, default, doc in loader_options():
+        entry = f"``{name}={json.loads(default)!r}``: {doc}"
+        lines.append(textwrap.fill(entry, width=96, initial_indent="    ", subsequent_indent="        "))
+    return "\n".join(lines) + "\n"
+
+
+Loader.__doc__ = (Loader.__doc__ or "") + _options_doc()

@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use hslake_loader::{
-    BatchStream, HostTensor, Loader, LoaderError, LoaderOptions, LoaderState, Preset,
+    BatchStream, HostTensor, Loader, LoaderConfig, LoaderError, LoaderState, Preset,
 };
 use hslake_store::{Dataset, StoreError};
 use pyo3::create_exception;
@@ -172,12 +172,10 @@ struct NativeLoader {
 #[pymethods]
 impl NativeLoader {
     /// `options_json`: the keyword arguments the user gave, as a JSON object; the loader's
-    /// own defaults fill in the rest (`hslake_loader::LoaderOptions`).
+    /// own defaults fill in the rest (`hslake_loader::LoaderConfig`).
     #[new]
     fn new(py: Python<'_>, url: String, options_json: &str) -> PyResult<Self> {
-        let config = LoaderOptions::from_json(options_json)
-            .and_then(|o| o.resolve())
-            .map_err(to_py)?;
+        let config = LoaderConfig::from_json(options_json).map_err(to_py)?;
         let rt = runtime(config.decode_threads)?;
         let loader = py
             .detach(|| rt.block_on(Loader::open(&url, config)))
@@ -417,6 +415,21 @@ fn preset_points(preset: &str, num_layers: usize) -> PyResult<(Vec<String>, Stri
     ))
 }
 
+/// Every option `hslake.Loader` takes, as (name, default as JSON, doc), in declaration order:
+/// the one declaration of the loader's options (`hslake_loader::LoaderConfig`), which the
+/// Python wrapper documents its keywords from.
+#[pyfunction]
+fn loader_options() -> Vec<(&'static str, String, String)> {
+    let defaults = LoaderConfig::defaults_json();
+    LoaderConfig::OPTIONS
+        .iter()
+        .map(|o| {
+            let default = defaults.get(o.name).cloned().unwrap_or_default();
+            (o.name, default.to_string(), o.text())
+        })
+        .collect()
+}
+
 /// Write a dataset version in a trainer's own file layout (`preset`: `speculators` or
 /// `specforge`) into the empty or absent directory `dir`; returns (version, samples, tokens).
 #[pyfunction]
@@ -462,6 +475,7 @@ fn _hslake(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(preset_points, m)?)?;
     m.add_function(wrap_pyfunction!(build_info, m)?)?;
     m.add_function(wrap_pyfunction!(export_trainer_files, m)?)?;
+    m.add_function(wrap_pyfunction!(loader_options, m)?)?;
     m.add("HslakeError", m.py().get_type::<HslakeError>())?;
     m.add("ConfigError", m.py().get_type::<ConfigError>())?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;

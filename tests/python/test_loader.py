@@ -259,6 +259,22 @@ def test_bad_shuffle_mode_and_lookahead_are_named(local_ds):
         hslake.Loader(url_of(local_ds), batch_size=2, shuffle_mode="sample", lookahead_bytes=0)
 
 
+def test_every_option_is_listed_with_the_default_the_loader_uses_and_unknown_ones_are_refused(local_ds):
+    listed = hslake.loader_options()
+    defaults = {name: json.loads(default) for name, default, _ in listed}
+    assert (defaults["shuffle_window"], defaults["shuffle_mode"], defaults["timeout"]) == (16, "window", 60.0)
+    for name, _, doc in listed:
+        assert doc and f"``{name}=" in hslake.Loader.__doc__, name
+    # Every listed default given explicitly reads what no keyword at all reads.
+    given = {k: v for k, v in defaults.items() if k not in ("batch_size", "max_tokens")}
+    implicit = hslake.Loader(url_of(local_ds), batch_size=5)
+    explicit = hslake.Loader(url_of(local_ds), batch_size=5, **given)
+    assert explicit.state_dict() == implicit.state_dict()
+    assert all_ids(explicit) == all_ids(implicit)
+    with pytest.raises(hslake.ConfigError, match="unknown field `sead`"):
+        hslake.Loader(url_of(local_ds), batch_size=5, sead=1)
+
+
 def test_rank_not_below_world_size_is_a_clear_error(local_ds):
     with pytest.raises(hslake.ConfigError, match="rank 2 is out of range for world_size 2"):
         hslake.Loader(url_of(local_ds), batch_size=2, rank=2, world_size=2)

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use hslake_store::tools::files;
 
-use crate::{Batch, Batching, HostTensor, Loader, LoaderConfig, LoaderError, Preset};
+use crate::{Batch, HostTensor, Loader, LoaderConfig, LoaderError, Preset};
 
 mod hf_dataset;
 mod specforge;
@@ -156,7 +156,7 @@ pub async fn export_trainer_files(
         ));
     }
     let config = LoaderConfig {
-        batching: Batching::Samples(1),
+        batch_size: Some(1),
         shuffle: false,
         preset: Some(preset),
         version: opts.version,

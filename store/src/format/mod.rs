@@ -6,7 +6,6 @@
 //! - [`codec`]: samples to record batches and back;
 //! - [`shard`]: how a shard's columns are written to Parquet;
 //! - [`guard`]: Parquet's decoder run on bytes that may be corrupt.
-mod bf16_split;
 pub mod codec;
 pub mod decode;
 pub mod guard;

@@ -1,4 +1,4 @@
-//! The bf16 plane split of [`super::planes::to_planes`] sixteen bytes at a time.
+//! The bf16 plane split of [`super::transform::to_planes`] sixteen bytes at a time.
 //!
 //! Why: element by element the split ran at ~1.7 GB/s, a third of a capture writer's encoding
 //! time; these SSE2 instructions (part of every x86-64 CPU, so no runtime check) do the same
