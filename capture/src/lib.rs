@@ -41,6 +41,7 @@ mod kernels;
 mod load;
 mod models;
 mod quant;
+mod stream;
 mod tools;
 
 pub use capture::{capture, capture_with, CaptureOptions};

@@ -12,7 +12,7 @@ use crate::error::{CaptureError, Result};
 use crate::gpu::DeviceKind;
 use crate::kernels::MoeKernel;
 use crate::models::{registry, ModelConfig, ModelInfo};
-use crate::tools::dry_run::TensorSpec;
+use crate::tools::dry_run::ModelReads;
 
 /// A checkpoint whose config, tensor-parallel split and every tensor (name, shape, dtype, as
 /// the model's own load reads them) have been checked, reading no tensor data.
@@ -26,7 +26,7 @@ pub struct CheckedModel {
     /// Rank 0 splits the states into planes before the host copy.
     pub(super) split: bool,
     /// What rank 0 reads, as the dry run listed it (for the memory pre-flight).
-    specs: Vec<TensorSpec>,
+    reads: ModelReads,
 }
 
 impl CheckedModel {
@@ -41,7 +41,7 @@ impl CheckedModel {
         let mut info = config.info();
         info.quantization = quant.describe();
         let checkpoint = Checkpoint::open(&options.model_dir)?.with_quantization(quant);
-        let specs =
+        let reads =
             crate::tools::dry_run::check_checkpoint(&*config, &checkpoint, options.tp, kind)?;
         if options.device == DeviceKind::Cuda {
             let have = tch::Cuda::device_count() as usize;
@@ -60,7 +60,7 @@ impl CheckedModel {
             checkpoint: Arc::new(checkpoint),
             kind,
             split,
-            specs,
+            reads,
         })
     }
 
@@ -71,7 +71,7 @@ impl CheckedModel {
     /// not checked.
     pub fn check_memory(&self, max_tokens_per_batch: usize, captured: usize) -> Result<()> {
         let need = MemoryNeed::estimate(
-            &self.specs,
+            &self.reads.all().cloned().collect::<Vec<_>>(),
             max_tokens_per_batch,
             captured,
             self.info.hidden_size,
