@@ -27,6 +27,7 @@ mod host;
 mod job;
 mod memory;
 mod options;
+mod placement;
 mod progress;
 mod rank;
 mod splitter;
