@@ -122,6 +122,18 @@ pub enum SchemaError {
     /// Arrow field metadata that cannot be read back into a schema.
     #[error("arrow schema is not an hslake dataset schema: {0}")]
     Arrow(String),
+    /// A duration or byte size that does not parse or lies outside its named range.
+    #[error("{name} {value:?}: {problem}; expected {expected}")]
+    Quantity {
+        /// The flag, field or variable, e.g. `--commit-interval`.
+        name: String,
+        /// The value as given.
+        value: String,
+        /// What is wrong: not a number, an unknown unit, out of range.
+        problem: String,
+        /// The range and spellings taken.
+        expected: String,
+    },
 }
 
 /// Why a tensor's scales are wrong.

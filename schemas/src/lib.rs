@@ -26,6 +26,7 @@ mod error;
 mod point;
 mod sample;
 mod stats;
+pub mod units;
 
 pub use arrow_schema_conv::{
     column_names, stat_column, StatKind, TensorFieldMeta, TENSOR_ENCODING, TENSOR_META_KEY,

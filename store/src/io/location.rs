@@ -4,6 +4,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use futures::TryStreamExt;
+use hslake_schemas::units::DurationRange;
 use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey};
 use object_store::local::LocalFileSystem;
 use object_store::memory::InMemory;
@@ -180,8 +181,9 @@ pub fn parse(url: &str) -> Result<Location> {
 /// How S3 requests are retried and timed out: object_store's retry settings, overridable by
 /// `HSLAKE_S3_RETRIES` (retries per request, default 3), `HSLAKE_S3_RETRY_TIMEOUT` (seconds
 /// spent retrying one request, default 15, so an unreachable endpoint fails within seconds),
-/// `HSLAKE_S3_TIMEOUT` and `HSLAKE_S3_CONNECT_TIMEOUT` (seconds per request and per connect;
-/// object_store's defaults when unset).
+/// `HSLAKE_S3_TIMEOUT` and `HSLAKE_S3_CONNECT_TIMEOUT` (per request and per connect;
+/// object_store's defaults when unset). Durations are seconds or carry a unit (`2.5`, `500ms`)
+/// and may be up to a day.
 #[derive(Debug, Clone)]
 pub struct S3Policy {
     /// Retries of one request.
@@ -192,19 +194,23 @@ pub struct S3Policy {
     pub connect_timeout: Option<Duration>,
 }
 
+const DAY: Duration = Duration::from_secs(86_400);
+/// `HSLAKE_S3_RETRY_TIMEOUT`: no retrying at all up to a day.
+const S3_RETRY_TIMEOUT: DurationRange =
+    DurationRange::seconds("HSLAKE_S3_RETRY_TIMEOUT", Duration::ZERO, DAY);
+/// `HSLAKE_S3_TIMEOUT`: a millisecond up to a day.
+const S3_TIMEOUT: DurationRange =
+    DurationRange::seconds("HSLAKE_S3_TIMEOUT", Duration::from_millis(1), DAY);
+/// `HSLAKE_S3_CONNECT_TIMEOUT`: a millisecond up to a day.
+const S3_CONNECT_TIMEOUT: DurationRange =
+    DurationRange::seconds("HSLAKE_S3_CONNECT_TIMEOUT", Duration::from_millis(1), DAY);
+
 /// The retry policy from environment variables read through `var`; an unparsable value is
 /// named with what was expected.
 pub fn s3_policy(var: impl Fn(&str) -> Option<String>) -> std::result::Result<S3Policy, String> {
-    let secs = |name: &str| -> std::result::Result<Option<Duration>, String> {
-        var(name)
-            .map(|v| {
-                v.trim()
-                    .parse::<f64>()
-                    .ok()
-                    .filter(|s| s.is_finite() && *s >= 0.0)
-                    .map(Duration::from_secs_f64)
-                    .ok_or_else(|| format!("{name}={v:?}: expected a number of seconds"))
-            })
+    let secs = |range: DurationRange| -> std::result::Result<Option<Duration>, String> {
+        var(range.name)
+            .map(|v| range.parse(&v).map_err(|e| e.to_string()))
             .transpose()
     };
     let retries = var("HSLAKE_S3_RETRIES")
@@ -217,11 +223,11 @@ pub fn s3_policy(var: impl Fn(&str) -> Option<String>) -> std::result::Result<S3
     Ok(S3Policy {
         retry: RetryConfig {
             max_retries: retries.unwrap_or(3),
-            retry_timeout: secs("HSLAKE_S3_RETRY_TIMEOUT")?.unwrap_or(Duration::from_secs(15)),
+            retry_timeout: secs(S3_RETRY_TIMEOUT)?.unwrap_or(Duration::from_secs(15)),
             ..Default::default()
         },
-        timeout: secs("HSLAKE_S3_TIMEOUT")?,
-        connect_timeout: secs("HSLAKE_S3_CONNECT_TIMEOUT")?,
+        timeout: secs(S3_TIMEOUT)?,
+        connect_timeout: secs(S3_CONNECT_TIMEOUT)?,
     })
 }
 
@@ -280,8 +286,19 @@ mod tests {
             err.contains("HSLAKE_S3_RETRIES=\"many\": expected a whole number"),
             "{err}"
         );
-        let err = s3_policy(env(&[("HSLAKE_S3_CONNECT_TIMEOUT", "-1")])).unwrap_err();
-        assert!(err.contains("expected a number of seconds"), "{err}");
+        for bad in ["-1", "1e308", "inf"] {
+            let vars = [("HSLAKE_S3_CONNECT_TIMEOUT", bad)];
+            let err = s3_policy(|k: &str| {
+                vars.iter()
+                    .find(|(n, _)| *n == k)
+                    .map(|(_, v)| v.to_string())
+            })
+            .unwrap_err();
+            assert!(
+                err.starts_with("HSLAKE_S3_CONNECT_TIMEOUT") && err.contains("from 1ms to 1d"),
+                "{err}"
+            );
+        }
     }
 
     #[test]
