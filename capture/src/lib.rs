@@ -47,7 +47,8 @@ mod tools;
 pub use capture::{capture, capture_with, CaptureOptions};
 pub use engine::{
     CancelToken, CaptureJob, CaptureSummary, CheckedModel, CommitPolicy, Engine, EngineOptions,
-    InputShard, NoProgress, PlaneSplit, PreparedJob, ProgressSink, RANK_GRACE,
+    InputShard, NoProgress, PassReport, Placement, PlacementOptions, PlaneSplit, PreparedJob,
+    ProgressSink, RANK_GRACE,
 };
 pub use error::{CaptureError, Result, TensorProblem};
 pub use gpu::DeviceKind;

@@ -2,18 +2,51 @@
 //! parallelism), or streamed layer by layer from host memory through each device (see
 //! [`crate::stream`]). The memory pre-flight decides: `auto` keeps a model resident where it
 //! fits the GPU budget and streams it otherwise, and logs the numbers behind the choice.
+use hslake_schemas::units::SizeRange;
 use tch::Kind;
 
 use super::memory::{MemoryNeed, GIB, RESERVE_BYTES};
-use crate::tools::dry_run::{ModelReads, TensorSpec};
 use crate::error::{CaptureError, Result};
 use crate::stream::layout::LayerLayout;
+use crate::tools::dry_run::{ModelReads, TensorSpec};
 
 /// Tokens of the largest pass `auto` picks: a pass hides a layer's copy behind its compute
 /// once its tokens' FLOPs outlast the copy (for DeepSeek-V3-sized MoE layers on an H200, from
 /// about 100k tokens); beyond that a larger pass only holds more captured states in host
 /// memory and delays the first sample.
 pub const MAX_AUTO_PASS_TOKENS: u64 = 1 << 18;
+
+/// The GPU memory a capture may use on each device: 1 MiB to 1 PiB; a bare number is GiB.
+pub const GPU_MEMORY: SizeRange = SizeRange::bytes("--gpu-memory", 1 << 20, 1 << 50).bare_gib();
+
+/// Where a capture's weights live, the GPU memory it may use, and how it streams.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[cfg_attr(feature = "clap", derive(clap::Args))]
+pub struct PlacementOptions {
+    /// Where the weights live: auto (resident on the GPUs where the model fits --gpu-memory,
+    /// else streamed), resident (every weight on the GPUs, split by --tp) or stream (each layer
+    /// copied from host memory to each device as a pass of batches reaches it; any model size on
+    /// one GPU).
+    #[cfg_attr(feature = "clap", arg(long, default_value_t))]
+    pub placement: Placement,
+    /// GPU memory capture may use on each device (e.g. 24GiB; a bare number is GiB), instead of
+    /// what the driver reports free; the pre-flight sizes everything from it (and then also
+    /// checks a CPU run).
+    #[cfg_attr(
+        feature = "clap",
+        arg(long, alias = "gpu-memory-gib", value_name = "SIZE", value_parser = GPU_MEMORY.parser())
+    )]
+    pub gpu_memory: Option<u64>,
+    /// Tokens of one streamed pass: every batch of a pass goes through a layer before the next
+    /// layer is copied in (default: what --gpu-memory leaves, up to 262144).
+    #[cfg_attr(feature = "clap", arg(long))]
+    pub pass_tokens: Option<u64>,
+    /// GPUs that stream, each running its own passes over its share of the samples from the one
+    /// host copy of the weights, with no collective (e.g. 0,1; default the first --tp GPUs). A
+    /// GPU named twice runs two streams on it; on cpu each entry (0) is one stream.
+    #[cfg_attr(feature = "clap", arg(long, value_delimiter = ','))]
+    pub devices: Vec<usize>,
+}
 
 /// Where the weights live.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -83,7 +116,8 @@ impl StreamNeed {
         grouped_experts: bool,
     ) -> Self {
         let all: Vec<TensorSpec> = reads.all().cloned().collect();
-        let whole = MemoryNeed::estimate(&all, batch_tokens, captured, hidden, kind, grouped_experts);
+        let whole =
+            MemoryNeed::estimate(&all, batch_tokens, captured, hidden, kind, grouped_experts);
         let layer_scratch = reads
             .layers
             .iter()
@@ -301,7 +335,10 @@ mod tests {
         assert_eq!(n.pass_tokens(roomy, None).unwrap(), 50_000);
         assert_eq!(n.pass_tokens(roomy, Some(20_000)).unwrap(), 20_000);
         let e = n.pass_tokens(roomy, Some(60_000)).unwrap_err().to_string();
-        assert!(e.contains("--pass-tokens 60000") && e.contains("at most 50000"), "{e}");
+        assert!(
+            e.contains("--pass-tokens 60000") && e.contains("at most 50000"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -19,8 +19,6 @@ const MEMCPY_DEVICE_TO_HOST: c_int = 2;
 const HOST_REGISTER_PORTABLE: u32 = 1;
 /// `cudaHostRegisterReadOnly`: the device only reads the range (a read-only file mapping).
 const HOST_REGISTER_READ_ONLY: u32 = 8;
-/// `cudaErrorNotReady`: the event's work has not completed yet.
-const ERROR_NOT_READY: c_int = 600;
 
 extern "C" {
     fn cudaSetDevice(device: c_int) -> c_int;
@@ -30,7 +28,6 @@ extern "C" {
     fn cudaEventDestroy(event: CudaEvent) -> c_int;
     fn cudaEventRecord(event: CudaEvent, stream: CudaStream) -> c_int;
     fn cudaEventSynchronize(event: CudaEvent) -> c_int;
-    fn cudaEventQuery(event: CudaEvent) -> c_int;
     fn cudaEventElapsedTime(ms: *mut f32, start: CudaEvent, end: CudaEvent) -> c_int;
     fn cudaStreamWaitEvent(stream: CudaStream, event: CudaEvent, flags: u32) -> c_int;
     fn cudaMemcpyAsync(
@@ -266,15 +263,6 @@ impl Event {
             unsafe { cudaStreamWaitEvent(std::ptr::null_mut(), self.0, 0) },
             "cudaStreamWaitEvent",
         )
-    }
-
-    /// Whether the work before the event's last record has completed (never blocks).
-    pub fn is_done(&self) -> Result<bool> {
-        // SAFETY: the event is live.
-        match unsafe { cudaEventQuery(self.0) } {
-            ERROR_NOT_READY => Ok(false),
-            code => check(code, "cudaEventQuery").map(|()| true),
-        }
     }
 
     /// Blocks this thread until the work before the event's last record has completed.

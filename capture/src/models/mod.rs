@@ -8,8 +8,8 @@ use hslake_schemas::CapturePoint;
 use tch::Tensor;
 
 use crate::error::{CaptureError, Result};
-use layers::RopeTables;
 use crate::load::LoadCtx;
+use layers::RopeTables;
 
 mod deepseek_v3;
 mod hf_config;

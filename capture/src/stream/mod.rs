@@ -15,8 +15,8 @@
 use std::collections::HashSet;
 
 use crate::checkpoint::Checkpoint;
-use crate::tools::dry_run::ModelReads;
 use crate::error::Result;
+use crate::tools::dry_run::ModelReads;
 
 pub(crate) mod layout;
 pub(crate) mod pass;

@@ -10,9 +10,9 @@ use hslake_schemas::CapturePoint;
 use tch::{Device, Kind, Tensor};
 
 use super::slots::{CopyTotals, Slots};
+use crate::error::{CaptureError, Result};
 use crate::gpu::comm::Communicator;
 use crate::gpu::cuda::Event;
-use crate::error::{CaptureError, Result};
 use crate::kernels::Kernels;
 use crate::load::LoadCtx;
 use crate::models::{BatchContext, Captures, LayeredModel};
@@ -174,10 +174,8 @@ pub(crate) fn run_pass(
     // 1. Layer 0's copy (if the last pass did not start it) overlaps the embedding of every
     //    batch; each batch's residual stream, [b, t, hidden], stays on the device for the pass.
     slots.prefetch(0)?;
-    let mut xs: Vec<(Tensor, BatchContext)> = ids
-        .iter()
-        .map(|t| model.embed(t))
-        .collect::<Result<_>>()?;
+    let mut xs: Vec<(Tensor, BatchContext)> =
+        ids.iter().map(|t| model.embed(t)).collect::<Result<_>>()?;
     for i in 0..=last {
         // 2. The next layer's copy starts before this layer is queued, so that it overlaps this
         //    layer's compute; after the last layer, the next pass's first.
@@ -308,7 +306,9 @@ mod tests {
             .iter()
             .enumerate()
             .map(|(k, &(b, t))| {
-                let ids: Vec<i64> = (0..b * t).map(|i| (i * 7 + k as i64 * 11 + 3) % 50).collect();
+                let ids: Vec<i64> = (0..b * t)
+                    .map(|i| (i * 7 + k as i64 * 11 + 3) % 50)
+                    .collect();
                 Tensor::from_slice(&ids).view([b, t])
             })
             .collect()
@@ -352,14 +352,22 @@ mod tests {
         };
         let mut sink = Collect::default();
         let stats = run_pass(&*stack, &mut slots, &load, &batches(), points, &mut sink).unwrap();
-        let mut got: Vec<Vec<Option<Tensor>>> =
-            (0..3).map(|_| points.iter().map(|_| None).collect()).collect();
+        let mut got: Vec<Vec<Option<Tensor>>> = (0..3)
+            .map(|_| points.iter().map(|_| None).collect())
+            .collect();
         for (b, p, t) in sink.0 {
-            assert!(got[b][p].replace(t).is_none(), "batch {b} point {p} came twice");
+            assert!(
+                got[b][p].replace(t).is_none(),
+                "batch {b} point {p} came twice"
+            );
         }
         let got = got
             .into_iter()
-            .map(|b| b.into_iter().map(|t| t.expect("a point never came")).collect())
+            .map(|b| {
+                b.into_iter()
+                    .map(|t| t.expect("a point never came"))
+                    .collect()
+            })
             .collect();
         (want, got, stats)
     }

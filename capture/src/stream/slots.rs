@@ -11,8 +11,8 @@ use tch::{Device, Kind, Tensor};
 use super::layout::LayerLayout;
 use super::source::StagedSource;
 use crate::checkpoint::Checkpoint;
-use crate::gpu::cuda::{CopyStream, Event};
 use crate::error::{CaptureError, Result};
+use crate::gpu::cuda::{CopyStream, Event};
 
 /// What one slot holds.
 struct Slot {
@@ -84,11 +84,6 @@ impl Slots {
         })
     }
 
-    /// Bytes of one slot.
-    pub fn slot_bytes(&self) -> usize {
-        self.slots[0].bytes.numel()
-    }
-
     /// Starts copying `layer` into the slot not in use, unless a slot already holds it.
     pub fn prefetch(&mut self, layer: usize) -> Result<()> {
         if self.slots.iter().any(|s| s.layer == Some(layer)) {
@@ -115,9 +110,10 @@ impl Slots {
                 let (start, end) = (Event::timed()?, Event::timed()?);
                 stream.record(&start)?;
                 for p in &layout.tensors {
-                    let src = self.checkpoint.raw(&p.stored.name).map_err(|e| {
-                        self.checkpoint.error(vec![e])
-                    })?;
+                    let src = self
+                        .checkpoint
+                        .raw(&p.stored.name)
+                        .map_err(|e| self.checkpoint.error(vec![e]))?;
                     // SAFETY: the slot holds `layout.bytes` bytes from `base` and nothing reads
                     // it until `copied` (recorded below) has completed, nor writes it: the copy
                     // waited for `free`, recorded after the last compute that read it. The
@@ -133,9 +129,10 @@ impl Slots {
             }
             None => {
                 for p in &layout.tensors {
-                    let src = self.checkpoint.raw(&p.stored.name).map_err(|e| {
-                        self.checkpoint.error(vec![e])
-                    })?;
+                    let src = self
+                        .checkpoint
+                        .raw(&p.stored.name)
+                        .map_err(|e| self.checkpoint.error(vec![e]))?;
                     // SAFETY: a CPU slot of `layout.bytes` bytes from `base`; no tensor of an
                     // earlier layer reads it any more (its layer was released before this copy).
                     unsafe {

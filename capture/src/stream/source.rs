@@ -39,7 +39,9 @@ impl StagedSource<'_> {
             ))
         })?;
         let dims: Vec<i64> = shape.iter().map(|&d| d as i64).collect();
-        Ok(slice(self.slot, placed)?.f_view_dtype(kind)?.f_view(&*dims)?)
+        Ok(slice(self.slot, placed)?
+            .f_view_dtype(kind)?
+            .f_view(&*dims)?)
     }
 
     fn on_slot_device(&self, device: Device) -> bool {
@@ -154,13 +156,17 @@ mod tests {
         assert_eq!(joined.size(), [5, 2]);
         assert_eq!(joined.data_ptr(), slot.data_ptr());
         let want = Tensor::cat(&[part(0, 2), part(8, 3)], 0);
-        assert!(joined.view_dtype(Kind::Int16).equal(&want.view_dtype(Kind::Int16)));
+        assert!(joined
+            .view_dtype(Kind::Int16)
+            .equal(&want.view_dtype(Kind::Int16)));
         // A gap, another dtype, or a tensor outside the slot: no view.
         assert!(adjacent_view(&slot, &[part(0, 2), part(12, 1)])
             .unwrap()
             .is_none());
         let other = slot.narrow(0, 8, 8).view_dtype(Kind::Float).view([1, 2]);
-        assert!(adjacent_view(&slot, &[part(0, 2), other]).unwrap().is_none());
+        assert!(adjacent_view(&slot, &[part(0, 2), other])
+            .unwrap()
+            .is_none());
         let elsewhere = Tensor::zeros([3, 2], (Kind::Half, Device::Cpu));
         assert!(adjacent_view(&slot, &[part(0, 2), elsewhere])
             .unwrap()
