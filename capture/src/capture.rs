@@ -43,8 +43,8 @@ pub async fn capture_with(
     cancel: CancelToken,
 ) -> Result<CaptureSummary> {
     tokio::task::spawn_blocking(move || {
-        let checked = CheckedModel::check(opts.engine)?;
-        checked.check_memory(opts.job.max_tokens_per_batch, opts.job.points.len())?;
+        let mut checked = CheckedModel::check(opts.engine)?;
+        checked.plan(opts.job.max_tokens_per_batch, opts.job.points.len())?;
         let prepared = opts.job.prepare(checked.model(), checked.options())?;
         let mut engine = Engine::load_for(checked, &prepared)?;
         engine.run_prepared(prepared, &progress, &cancel)

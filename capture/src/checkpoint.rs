@@ -19,6 +19,16 @@ struct MappedFile {
     infos: HashMap<String, safetensors::tensor::TensorInfo>,
 }
 
+/// One tensor's bytes inside the checkpoint's mapping, as stored.
+pub(crate) struct RawTensor<'a> {
+    /// The stored bytes (little-endian, row-major).
+    pub bytes: &'a [u8],
+    /// The stored dtype.
+    pub kind: Kind,
+    /// The full shape.
+    pub shape: Vec<usize>,
+}
+
 /// A checkpoint directory's tensors, located by name, readable by slice.
 pub(crate) struct Checkpoint {
     dir: PathBuf,
@@ -123,6 +133,37 @@ impl Checkpoint {
         }
     }
 
+    /// `name`'s bytes as stored in the mapping, with its dtype and full shape (what a streamed
+    /// layer copies to the device as it is).
+    pub fn raw(&self, name: &str) -> std::result::Result<RawTensor<'_>, TensorProblem> {
+        let (file, info) = self.info(name).ok_or_else(|| TensorProblem::Missing {
+            name: name.to_string(),
+        })?;
+        let kind = kind_of(info.dtype).ok_or_else(|| TensorProblem::WrongDtype {
+            name: name.into(),
+            dtype: format!("{:?}", info.dtype),
+            expected: dtype_names(&[
+                Kind::BFloat16,
+                Kind::Half,
+                Kind::Float,
+                Kind::Float8e4m3fn,
+                Kind::Int,
+                Kind::Int64,
+            ]),
+        })?;
+        let (start, end) = info.data_offsets;
+        Ok(RawTensor {
+            bytes: &file.map[file.data_start + start..file.data_start + end],
+            kind,
+            shape: info.shape.clone(),
+        })
+    }
+
+    /// Every mapped file of the checkpoint, whole, with its path.
+    pub fn mapped_files(&self) -> impl Iterator<Item = (&Path, &[u8])> {
+        self.files.iter().map(|f| (f.path.as_path(), &f.map[..]))
+    }
+
     fn info(&self, name: &str) -> Option<(&MappedFile, &safetensors::tensor::TensorInfo)> {
         let file = &self.files[*self.by_name.get(name)?];
         Some((file, file.infos.get(name)?))
@@ -204,7 +245,7 @@ impl Checkpoint {
 }
 
 /// The dtypes a dense weight may be stored in.
-const FLOATS: &[Kind] = &[Kind::BFloat16, Kind::Half, Kind::Float];
+pub(crate) const FLOATS: &[Kind] = &[Kind::BFloat16, Kind::Half, Kind::Float];
 
 impl TensorSource for Checkpoint {
     /// Copies this rank's slice of `name` out of the map to `device` as `kind`.

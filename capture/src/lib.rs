@@ -41,13 +41,14 @@ mod kernels;
 mod load;
 mod models;
 mod quant;
+mod stream;
 mod tools;
 
 pub use capture::{capture, capture_with, CaptureOptions};
 pub use engine::{
-    input_size, CancelToken, CaptureJob, CaptureSummary, CheckedModel, CommitPolicy,
-    Engine, EngineOptions, InputShard, NoProgress, PlaneSplit, PreparedJob, ProgressSink,
-    RANK_GRACE,
+    input_size, CancelToken, CaptureJob, CaptureSummary, CheckedModel, CommitPolicy, Engine,
+    EngineOptions, InputShard, NoProgress, PassReport, Placement, PlacementOptions, PlaneSplit,
+    PreparedJob, ProgressSink, RANK_GRACE,
 };
 pub use error::{CaptureError, Result, TensorProblem};
 pub use gpu::DeviceKind;

@@ -217,6 +217,14 @@ impl SizeRange {
         }
     }
 
+    /// The same range with bare numbers counted in GiB (GPU memory, given as `24` or `0.5`).
+    pub const fn bare_gib(self) -> Self {
+        SizeRange {
+            bare: 1 << 30,
+            ..self
+        }
+    }
+
     /// Parses `1048576`, `512MiB`, `1.5GiB`, `500MB`, `4G` (powers of 1024 either way; a bare
     /// number counts [`Self::bare`]) and checks the range.
     pub fn parse(&self, text: &str) -> Result<u64, SchemaError> {

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 use hslake_capture::{
     capture_with, CancelToken, CaptureJob, CaptureOptions, CommitPolicy, DeviceKind, EngineOptions,
-    InputShard, Kernels, Overlong, PlaneSplit, ProgressSink,
+    InputShard, Kernels, Overlong, PlacementOptions, PlaneSplit, ProgressSink,
 };
 use hslake_schemas::units::DurationRange;
 use hslake_schemas::{CapturePoint, DType};
@@ -42,10 +42,6 @@ pub struct EngineArgs {
     /// Where the forward runs: cpu or cuda.
     #[arg(long, default_value = "cpu")]
     pub device: DeviceKind,
-    /// Memory per GPU, in GiB, that the pre-flight check assumes free instead of asking the
-    /// driver (it then also checks a CPU run).
-    #[arg(long)]
-    pub gpu_memory_gib: Option<f64>,
     /// Parallel store writers (compression threads); default 1 on cpu, all spare cores on cuda.
     #[arg(long)]
     pub writers: Option<usize>,
@@ -76,6 +72,9 @@ pub struct ForwardArgs {
     /// How the forward computes.
     #[command(flatten)]
     pub kernels: Kernels,
+    /// Where the weights live, the GPU memory to plan for, and how to stream.
+    #[command(flatten)]
+    pub placement: PlacementOptions,
 }
 
 impl ForwardArgs {
@@ -86,6 +85,7 @@ impl ForwardArgs {
         o.device = device;
         o.dtype = self.dtype;
         o.kernels = self.kernels;
+        o.placement = self.placement.clone();
         o
     }
 }
@@ -94,7 +94,6 @@ impl EngineArgs {
     /// The library's engine options.
     pub fn options(&self) -> EngineOptions {
         let mut o = self.forward.options(self.device);
-        o.gpu_memory_gib = self.gpu_memory_gib;
         // On GPUs compression must keep up with the forward: every core but the ones running
         // the ranks and the splitter writes.
         let cores = std::thread::available_parallelism().map_or(4, |n| n.get());

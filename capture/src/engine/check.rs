@@ -7,12 +7,14 @@ use tch::Kind;
 
 use super::memory::MemoryNeed;
 use super::options::EngineOptions;
+use super::placement::{decide, Decided, Placement, StreamNeed};
 use crate::checkpoint::Checkpoint;
 use crate::error::{CaptureError, Result};
 use crate::gpu::DeviceKind;
 use crate::kernels::MoeKernel;
 use crate::models::{registry, ModelConfig, ModelInfo};
-use crate::tools::dry_run::TensorSpec;
+use crate::stream::layout::LayerLayout;
+use crate::tools::dry_run::ModelReads;
 
 /// A checkpoint whose config, tensor-parallel split and every tensor (name, shape, dtype, as
 /// the model's own load reads them) have been checked, reading no tensor data.
@@ -26,7 +28,32 @@ pub struct CheckedModel {
     /// Rank 0 splits the states into planes before the host copy.
     pub(super) split: bool,
     /// What rank 0 reads, as the dry run listed it (for the memory pre-flight).
-    specs: Vec<TensorSpec>,
+    reads: ModelReads,
+    /// How the model will be held, once [`CheckedModel::plan`] has decided.
+    pub(super) plan: Option<Plan>,
+}
+
+/// How a checked model will be held.
+#[derive(Debug, Clone)]
+pub(super) enum Plan {
+    /// Resident on `tp` ranks.
+    Resident,
+    /// Streamed through `devices`, one stream each.
+    Stream(StreamPlan),
+}
+
+/// A streamed model's plan.
+#[derive(Debug, Clone)]
+pub(super) struct StreamPlan {
+    /// One stream per entry: the GPU index on CUDA (a GPU named twice runs two), 0 on the CPU.
+    pub devices: Vec<usize>,
+    /// Tokens per pass.
+    pub pass_tokens: u64,
+    /// The largest batch the memory plan holds, in tokens (jobs with larger batches are
+    /// refused: they would not fit beside the pass).
+    pub batch_tokens: usize,
+    /// Each layer's slot layout.
+    pub layouts: Arc<Vec<LayerLayout>>,
 }
 
 impl CheckedModel {
@@ -37,18 +64,29 @@ impl CheckedModel {
         let kind = options.compute_kind()?;
         let (config, quant) = registry::read_model(&options.model_dir)?;
         let config: Arc<dyn ModelConfig> = config.into();
-        config.check_tp(options.tp)?;
+        if options.placement.placement != Placement::Stream {
+            config.check_tp(options.tp)?;
+        }
         let mut info = config.info();
         info.quantization = quant.describe();
         let checkpoint = Checkpoint::open(&options.model_dir)?.with_quantization(quant);
-        let specs =
-            crate::tools::dry_run::check_checkpoint(&*config, &checkpoint, options.tp, kind)?;
+        let tp = match options.placement.placement {
+            Placement::Stream => 1,
+            _ => options.tp,
+        };
+        let reads = crate::tools::dry_run::check_checkpoint(&*config, &checkpoint, tp, kind)?;
         if options.device == DeviceKind::Cuda {
             let have = tch::Cuda::device_count() as usize;
-            if !tch::Cuda::is_available() || have < options.tp {
+            let needed = stream_devices(&options)
+                .iter()
+                .map(|d| d + 1)
+                .chain([options.tp])
+                .max()
+                .unwrap_or(1);
+            if !tch::Cuda::is_available() || have < needed {
                 return Err(CaptureError::Option(format!(
-                    "--device cuda --tp {} needs {} GPUs; {have} visible",
-                    options.tp, options.tp
+                    "--device cuda with --tp {} and --devices {:?} needs {needed} GPUs; {have} visible",
+                    options.tp, options.placement.devices
                 )));
             }
         }
@@ -60,51 +98,112 @@ impl CheckedModel {
             checkpoint: Arc::new(checkpoint),
             kind,
             split,
-            specs,
+            reads,
+            plan: None,
         })
     }
 
     /// The memory pre-flight for batches of `max_tokens_per_batch` tokens capturing
-    /// `captured` points: refuses, before anything loads, a model whose per-rank weights and
-    /// activations exceed the free memory of the GPUs it would use (or `gpu_memory_gib`, if
-    /// set, on any device); logs the estimate either way. Without an override a CPU run is
-    /// not checked.
-    pub fn check_memory(&self, max_tokens_per_batch: usize, captured: usize) -> Result<()> {
-        let need = MemoryNeed::estimate(
-            &self.specs,
+    /// `captured` points, and the placement it decides (`--placement`; for `auto`, resident
+    /// where the model fits and streamed otherwise), logged with the numbers behind it. Refuses,
+    /// before anything loads, a model that fits neither way in the memory of the GPUs it would
+    /// use (or `--gpu-memory`, if set, on any device). Without `--gpu-memory` a CPU run is not
+    /// checked, and stays resident unless streaming is asked for.
+    pub fn plan(&mut self, max_tokens_per_batch: usize, captured: usize) -> Result<()> {
+        let grouped = self.options.kernels.moe == MoeKernel::Grouped;
+        let (hidden, kind) = (self.info.hidden_size, self.kind);
+        let asked = self.options.placement.placement;
+        let resident = MemoryNeed::estimate(
+            &self.reads.all().cloned().collect::<Vec<_>>(),
             max_tokens_per_batch,
             captured,
-            self.info.hidden_size,
-            self.kind,
-            self.options.kernels.moe == MoeKernel::Grouped,
+            hidden,
+            kind,
+            grouped,
         );
-        let free = match (self.options.gpu_memory_gib, self.options.device) {
-            (Some(gib), _) => Some((gib * (1u64 << 30) as f64) as u64),
-            (None, DeviceKind::Cuda) => Some(
-                (0..self.options.tp)
-                    .map(crate::gpu::cuda::free_memory)
-                    .collect::<Result<Vec<u64>>>()?
-                    .into_iter()
-                    .min()
-                    .unwrap_or(0),
-            ),
+        let devices = stream_devices(&self.options);
+        let budget = match (self.options.placement.gpu_memory, self.options.device) {
+            (Some(bytes), _) => Some(bytes),
+            (None, DeviceKind::Cuda) => {
+                let gpus: Vec<usize> = match asked {
+                    Placement::Resident => (0..self.options.tp).collect(),
+                    _ => (0..self.options.tp)
+                        .chain(devices.iter().copied())
+                        .collect(),
+                };
+                Some(
+                    gpus.into_iter()
+                        .map(crate::gpu::cuda::free_memory)
+                        .collect::<Result<Vec<u64>>>()?
+                        .into_iter()
+                        .min()
+                        .unwrap_or(0),
+                )
+            }
             (None, DeviceKind::Cpu) => None,
         };
-        tracing::info!(
-            "memory per rank: weights {:.2} GiB, activations {:.2} GiB at {} tokens per batch, scratch {:.2} GiB; {}",
-            need.weights as f64 / (1u64 << 30) as f64,
-            (need.per_token * need.tokens) as f64 / (1u64 << 30) as f64,
-            max_tokens_per_batch,
-            need.fixed as f64 / (1u64 << 30) as f64,
-            match free {
-                Some(f) => format!("{:.2} GiB free", f as f64 / (1u64 << 30) as f64),
-                None => "not checked on the CPU".into(),
+        if asked == Placement::Resident || (asked == Placement::Auto && budget.is_none()) {
+            log_resident(&resident, max_tokens_per_batch, budget);
+            if let Some(b) = budget {
+                resident.check(b, self.options.tp, self.info.quantization.is_some())?;
             }
-        );
-        match free {
-            Some(f) => need.check(f, self.options.tp, self.info.quantization.is_some()),
-            None => Ok(()),
+            self.plan = Some(Plan::Resident);
+            return Ok(());
         }
+        // Streams sharing a GPU share its memory.
+        let shared = devices
+            .iter()
+            .map(|d| devices.iter().filter(|e| *e == d).count())
+            .max()
+            .unwrap_or(1) as u64;
+        let stream_reads = match self.options.tp {
+            1 => self.reads.clone(),
+            _ => crate::tools::dry_run::check_checkpoint(&*self.config, &self.checkpoint, 1, kind)?,
+        };
+        let layouts = crate::stream::layouts(&stream_reads, &self.checkpoint)?;
+        let need = StreamNeed::estimate(
+            &stream_reads,
+            &layouts,
+            max_tokens_per_batch,
+            captured,
+            hidden,
+            kind,
+            grouped,
+        );
+        let decided = decide(
+            asked,
+            &resident,
+            &need,
+            budget.map(|b| b / shared),
+            self.options.placement.pass_tokens,
+        )
+        .map_err(|e| match (asked, budget) {
+            // Neither fits: say what resident would need too.
+            (Placement::Auto, Some(b)) => match resident.check(b, self.options.tp, true) {
+                Err(CaptureError::Memory(m)) => {
+                    CaptureError::Memory(format!("{m}; streamed one layer at a time instead, {e}"))
+                }
+                _ => e,
+            },
+            _ => e,
+        })?;
+        self.plan = Some(match decided {
+            Decided::Resident => Plan::Resident,
+            Decided::Stream { pass_tokens } => {
+                tracing::info!(
+                    "streaming through {} device(s) {:?} in passes of {pass_tokens} tokens",
+                    devices.len(),
+                    devices
+                );
+                Plan::Stream(StreamPlan {
+                    devices,
+                    pass_tokens,
+                    batch_tokens: max_tokens_per_batch,
+                    layouts: Arc::new(layouts),
+                })
+            }
+        });
+        Ok(())
     }
 
     /// The model's architecture and sizes.
@@ -116,4 +215,29 @@ impl CheckedModel {
     pub fn options(&self) -> &EngineOptions {
         &self.options
     }
+}
+
+/// The streams `options` asks for: `--devices`, else one per `--tp` (GPUs `0..tp` on CUDA).
+pub(super) fn stream_devices(options: &EngineOptions) -> Vec<usize> {
+    match (&options.placement.devices[..], options.device) {
+        ([], DeviceKind::Cuda) => (0..options.tp).collect(),
+        ([], DeviceKind::Cpu) => vec![0; options.tp],
+        (given, _) => given.to_vec(),
+    }
+}
+
+/// Logs the resident estimate against the budget.
+fn log_resident(need: &MemoryNeed, max_tokens_per_batch: usize, budget: Option<u64>) {
+    let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
+    tracing::info!(
+        "placement resident; memory per rank: weights {:.2} GiB, activations {:.2} GiB at {} tokens per batch, scratch {:.2} GiB; {}",
+        gib(need.weights),
+        gib(need.per_token * need.tokens),
+        max_tokens_per_batch,
+        gib(need.fixed),
+        match budget {
+            Some(f) => format!("{:.2} GiB available", gib(f)),
+            None => "not checked on the CPU".into(),
+        }
+    );
 }

@@ -94,13 +94,13 @@ impl HostBuffers {
     }
 
     /// The sets a job copies into, whose largest batch is `[rows, cols]` and which captures
-    /// `points` points: one per batch that can be queued, in flight or being split, each buffer
-    /// large enough for that batch (split into planes, with its row statistics, where the
-    /// engine splits).
-    fn shape(&self, (rows, cols): (usize, usize), points: usize) -> SetShape {
+    /// `points` points: one per batch that can be queued, in flight or being split, plus `held`
+    /// that streams hold while their passes run, each buffer large enough for that batch (split
+    /// into planes, with its row statistics, where the engine splits).
+    fn shape(&self, (rows, cols): (usize, usize), points: usize, held: usize) -> SetShape {
         let largest_batch = rows * cols;
         SetShape {
-            sets: self.queue_depth + 3,
+            sets: self.queue_depth + 3 + held,
             per_set: points,
             bytes_each: if self.split {
                 SplitLayout::bytes_for(largest_batch, self.hidden)
@@ -113,8 +113,8 @@ impl HostBuffers {
     /// Pins the sets of a job like [`HostBuffers::shape`]'s ahead of it (CUDA), logging the
     /// time; a failure is only a warning, since the job pins what it lacks as it goes and
     /// reports its own errors.
-    pub fn pin_ahead(&mut self, largest_batch: (usize, usize), points: usize) {
-        let shape = self.shape(largest_batch, points);
+    pub fn pin_ahead(&mut self, largest_batch: (usize, usize), points: usize, held: usize) {
+        let shape = self.shape(largest_batch, points, held);
         let Some(pool) = self.pool.as_mut() else {
             return;
         };
@@ -136,12 +136,13 @@ impl HostBuffers {
         &mut self,
         largest_batch: (usize, usize),
         points: usize,
+        held: usize,
         recycle: Receiver<Vec<PinnedBuffer>>,
     ) -> Option<BufferPool> {
         if !self.cuda {
             return None;
         }
-        let shape = self.shape(largest_batch, points);
+        let shape = self.shape(largest_batch, points, held);
         let mut pool = self.pool.take().unwrap_or_default();
         pool.start_job(shape, recycle);
         Some(pool)
@@ -342,14 +343,16 @@ mod tests {
     fn a_job_sets_hold_its_largest_batch_raw_or_split_and_the_cpu_pins_none() {
         let raw = HostBuffers::new(true, false, 6, DType::Bf16, 4);
         // Queue depth 4, plus the batches in flight and being split; one buffer per point.
-        assert_eq!(raw.shape((3, 10), 2), shape(7, 2, 3 * 10 * 6 * 2));
+        assert_eq!(raw.shape((3, 10), 2, 0), shape(7, 2, 3 * 10 * 6 * 2));
+        // Streams hold their passes' sets beside the queue's.
+        assert_eq!(raw.shape((3, 10), 2, 8), shape(15, 2, 3 * 10 * 6 * 2));
         let split = HostBuffers::new(true, true, 6, DType::Bf16, 4);
         let planes = SplitLayout::bytes_for(30, 6);
         assert!(planes > 3 * 10 * 6 * 2, "planes carry row statistics too");
-        assert_eq!(split.shape((3, 10), 2), shape(7, 2, planes));
+        assert_eq!(split.shape((3, 10), 2, 0), shape(7, 2, planes));
         let (_back, returned) = mpsc::channel();
         let mut cpu = HostBuffers::new(false, false, 6, DType::F32, 4);
-        assert!(cpu.lend((3, 10), 2, returned).is_none());
+        assert!(cpu.lend((3, 10), 2, 0, returned).is_none());
     }
 
     #[test]

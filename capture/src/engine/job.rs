@@ -56,6 +56,23 @@ impl PreparedJob {
             .unwrap_or((0, 0))
     }
 
+    /// The padded tokens of the batch with the most.
+    pub(super) fn largest_batch_tokens(&self) -> usize {
+        let (rows, cols) = self.largest_batch();
+        rows * cols
+    }
+
+    /// Each batch's padded tokens (rows × longest), in batch order.
+    pub(super) fn padded_tokens(&self) -> Vec<u64> {
+        self.batches
+            .iter()
+            .map(|b| {
+                let cols = b.iter().map(|&i| self.todo[i].input_ids.len()).max();
+                (b.len() * cols.unwrap_or(0)) as u64
+            })
+            .collect()
+    }
+
     /// A warm-up pass like this job's largest batch (at least one token).
     pub(super) fn warm_up(&self) -> WarmUp {
         let (rows, cols) = self.largest_batch();

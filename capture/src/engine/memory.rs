@@ -5,11 +5,11 @@ use tch::Kind;
 use crate::error::{CaptureError, Result};
 use crate::tools::dry_run::TensorSpec;
 
-const GIB: f64 = (1u64 << 30) as f64;
+pub(super) const GIB: f64 = (1u64 << 30) as f64;
 
 /// Room kept for what the estimate does not itemise: cuBLAS and attention workspaces, the
 /// caching allocator's fragmentation, NCCL's buffers.
-const RESERVE_BYTES: u64 = 1 << 30;
+pub(super) const RESERVE_BYTES: u64 = 1 << 30;
 
 /// One rank's memory need, from the dry run's tensors (rank 0 holds the most: its vocabulary
 /// rows round up, and every rank holds as many experts).

@@ -10,12 +10,12 @@
 //! compresses, appends and commits under the job's commit policy.
 use std::sync::atomic::AtomicBool;
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender, SyncSender};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::batch::PaddedBatch;
 use crate::error::{CaptureError, Result};
-use crate::gpu::cuda::PinnedBuffer;
+use crate::gpu::cuda::{HostRegistration, PinnedBuffer};
 use crate::gpu::group::{self, CommInit};
 use crate::gpu::DeviceKind;
 use crate::models::ModelInfo;
@@ -27,9 +27,11 @@ mod host;
 mod job;
 mod memory;
 mod options;
+mod placement;
 mod progress;
 mod rank;
 mod splitter;
+mod stream_worker;
 mod summary;
 mod writer;
 
@@ -37,14 +39,17 @@ pub use check::CheckedModel;
 pub use commit::CommitPolicy;
 pub use job::{input_size, PreparedJob};
 pub use options::{CaptureJob, EngineOptions, InputShard, PlaneSplit};
-pub use progress::{CancelToken, NoProgress, ProgressSink};
+pub use placement::{Placement, PlacementOptions};
+pub use progress::{CancelToken, NoProgress, PassReport, ProgressSink};
 pub use summary::CaptureSummary;
 
-use feed::{feed, Feed};
+use check::{Plan, StreamPlan};
+use feed::{feed, feed_passes, group_passes, Feed};
 use host::{BufferPool, HostBatch, HostBuffers};
 use progress::RankTimes;
 use rank::{RankEvent, RankJob, RankOutput, RankReport, RankSetup, WarmUp};
 use splitter::{split_batches, SampleRows};
+use stream_worker::{StreamJob, StreamSetup};
 use writer::{run_writer, WriterDone, WriterSetup};
 
 /// Tokens of the batch a CUDA engine warms up on when no first job says what batches to expect.
@@ -60,6 +65,10 @@ pub struct Engine {
     load_secs: f64,
     /// One job queue per rank; dropping them ends the rank threads.
     jobs: Vec<Sender<RankJob>>,
+    /// One job queue per stream of a streamed engine (no ranks then).
+    streams: Vec<Sender<StreamJob>>,
+    /// A streamed engine's plan.
+    stream_plan: Option<StreamPlan>,
     threads: Vec<std::thread::JoinHandle<()>>,
     reports: Receiver<RankReport>,
     /// Raised by the first rank that fails.
@@ -68,7 +77,17 @@ pub struct Engine {
     broken: Option<String>,
     /// Rank 0's host buffers between jobs.
     host: HostBuffers,
+    /// A streamed engine's checkpoint files, page-locked in place (CUDA), held only to be
+    /// released after the streams that copy from them (fields drop after `Drop::drop` has
+    /// joined the threads).
+    _registered: Vec<HostRegistration>,
 }
+
+/// Tokens per batch and capture points the memory plan assumes for an engine started without
+/// a first job (the daemon's): `hslake capture`'s default batch and EAGLE-3's four points.
+pub const PLANNED_BATCH_TOKENS: usize = 16384;
+/// See [`PLANNED_BATCH_TOKENS`].
+pub const PLANNED_POINTS: usize = 4;
 
 impl Engine {
     /// Checks the model ([`CheckedModel::check`]) and loads it ([`Engine::load`]).
@@ -79,7 +98,13 @@ impl Engine {
     /// Starts one thread per rank, each joining the group and loading its slice; returns once
     /// every rank has loaded (or with the first failure).
     /// On CUDA each rank then warms up on a small batch ([`WARM_UP_TOKENS`] tokens).
-    pub fn load(checked: CheckedModel) -> Result<Engine> {
+    pub fn load(mut checked: CheckedModel) -> Result<Engine> {
+        if checked.plan.is_none() {
+            checked.plan(PLANNED_BATCH_TOKENS, PLANNED_POINTS)?;
+        }
+        if matches!(checked.plan, Some(Plan::Stream(_))) {
+            return Engine::spawn_streams(checked, None);
+        }
         let comms = group::join_group(checked.options.device, checked.options.tp)?;
         let warm_up = (checked.options.device == DeviceKind::Cuda).then(|| WarmUp {
             rows: 1,
@@ -92,7 +117,13 @@ impl Engine {
     /// [`Engine::load`] for a first job known beforehand: on CUDA, the host buffers it will
     /// copy into are pinned while the ranks load, and each rank warms up on its largest batch,
     /// so that its forward loop pays for neither.
-    pub fn load_for(checked: CheckedModel, first: &PreparedJob) -> Result<Engine> {
+    pub fn load_for(mut checked: CheckedModel, first: &PreparedJob) -> Result<Engine> {
+        if checked.plan.is_none() {
+            checked.plan(first.largest_batch_tokens(), first.job.points.len())?;
+        }
+        if matches!(checked.plan, Some(Plan::Stream(_))) {
+            return Engine::spawn_streams(checked, Some(first));
+        }
         let comms = group::join_group(checked.options.device, checked.options.tp)?;
         let warm_up = (checked.options.device == DeviceKind::Cuda).then(|| first.warm_up());
         Engine::spawn(checked, comms, Some(first), warm_up)
@@ -122,11 +153,14 @@ impl Engine {
             info: checked.info.clone(),
             load_secs: 0.0,
             jobs: vec![],
+            streams: vec![],
+            stream_plan: None,
             threads: vec![],
             reports,
             rank_failed: rank_failed.clone(),
             broken: None,
             host,
+            _registered: vec![],
         };
         for (rank, comm) in comms.into_iter().enumerate() {
             let setup = RankSetup {
@@ -167,6 +201,87 @@ impl Engine {
             engine.info.architecture,
             engine.options.device,
             engine.options.tp,
+            engine.load_secs
+        );
+        Ok(engine)
+    }
+
+    /// Starts one thread per stream of the checked model's stream plan, each loading the
+    /// resident parts and its slots on its device (page-locking the checkpoint's files in place
+    /// first, on CUDA); returns once every stream has loaded.
+    fn spawn_streams(checked: CheckedModel, first: Option<&PreparedJob>) -> Result<Engine> {
+        let Some(Plan::Stream(plan)) = checked.plan.clone() else {
+            return Err(CaptureError::Pipeline("no stream plan to start".into()));
+        };
+        let t = Instant::now();
+        let (report_tx, reports) = mpsc::channel();
+        let rank_failed = Arc::new(AtomicBool::new(false));
+        let o = &checked.options;
+        let cuda = o.device == DeviceKind::Cuda;
+        let host = HostBuffers::new(
+            cuda,
+            checked.split,
+            checked.info.hidden_size,
+            o.dtype,
+            o.queue_depth,
+        );
+        let mut engine = Engine {
+            options: checked.options.clone(),
+            info: checked.info.clone(),
+            load_secs: 0.0,
+            jobs: vec![],
+            streams: vec![],
+            stream_plan: Some(plan.clone()),
+            threads: vec![],
+            reports,
+            rank_failed: rank_failed.clone(),
+            broken: None,
+            host,
+            _registered: if cuda {
+                register(&checked.checkpoint)
+            } else {
+                vec![]
+            },
+        };
+        for (index, &d) in plan.devices.iter().enumerate() {
+            let setup = StreamSetup {
+                index,
+                config: checked.config.clone(),
+                checkpoint: checked.checkpoint.clone(),
+                layouts: plan.layouts.clone(),
+                device: checked.options.device.device(d),
+                kind: checked.kind,
+                kernels: checked.options.kernels,
+                split: checked.split,
+            };
+            let (jobs_tx, jobs_rx) = mpsc::channel();
+            match stream_worker::spawn(setup, jobs_rx, report_tx.clone(), rank_failed.clone()) {
+                Ok(thread) => {
+                    engine.streams.push(jobs_tx);
+                    engine.threads.push(thread);
+                }
+                Err(e) => return Err(engine.fail(e)),
+            }
+        }
+        drop((report_tx, checked));
+        if let Some(job) = first {
+            engine.pin_ahead(job);
+        }
+        let (_, errors) = engine.await_ranks(engine.streams.len(), |event| match event {
+            RankEvent::Loaded => Ok(()),
+            _ => Err(CaptureError::Pipeline(
+                "a stream answered before loading".into(),
+            )),
+        });
+        if let Some(e) = root_cause(errors) {
+            return Err(engine.fail(e));
+        }
+        engine.load_secs = t.elapsed().as_secs_f64();
+        tracing::info!(
+            "loaded {} to stream through {:?} device(s) {:?} in {:.1}s",
+            engine.info.architecture,
+            engine.options.device,
+            plan.devices,
             engine.load_secs
         );
         Ok(engine)
@@ -224,6 +339,16 @@ impl Engine {
                 "this job was prepared for {:?}, not for this engine ({:?})",
                 job.engine, self.options
             )));
+        }
+        if let Some(plan) = &self.stream_plan {
+            let largest = job.largest_batch_tokens();
+            if largest > plan.batch_tokens {
+                return Err(CaptureError::Option(format!(
+                    "this engine streams with memory planned for batches of at most {} tokens, \
+                     but the job's largest batch holds {largest}; lower max_tokens_per_batch to {}",
+                    plan.batch_tokens, plan.batch_tokens
+                )));
+            }
         }
         let io = job::runtime()?;
         progress.started(job.samples(), job.tokens());
@@ -290,31 +415,32 @@ impl Engine {
                 })
                 .map_err(|e| CaptureError::Pipeline(format!("cannot start the splitter: {e}")))?;
 
+            let held = self.held_sets(job);
             let pool = self
                 .host
-                .lend(job.largest_batch(), opts.points.len(), recycle_rx);
-            let (feeds, dispatched) = self.dispatch(job, host_tx, pool);
-            let outcome = feed(
-                job,
-                &feeds,
-                &mut summary,
+                .lend(job.largest_batch(), opts.points.len(), held, recycle_rx);
+            let stop = Stop {
                 cancel,
-                &writers_failed,
-                &self.rank_failed,
-            );
+                writers_failed: &writers_failed,
+            };
+            let ran = match self.stream_plan.is_some() {
+                true => self.run_streams(s, job, host_tx, pool, &mut summary, stop, progress),
+                false => self.run_ranks(job, host_tx, pool, &mut summary, stop),
+            };
+            let Ran {
+                dispatched,
+                outcome,
+                errors: rank_errors,
+                times,
+                pool: returned,
+            } = ran;
+            (rank0, returned_pool) = (times, returned);
             summary.cancelled = outcome == Feed::Cancelled;
-            drop(feeds);
-
-            let (times, rank_errors) = self.await_ranks(dispatched, |event| match event {
-                RankEvent::JobDone(t, pool) => Ok((t, pool)),
-                _ => Err(CaptureError::Pipeline("a rank answered out of turn".into())),
-            });
-            (rank0, returned_pool) = times.into_iter().next().flatten().unwrap_or_default();
             if let Some(e) = root_cause(rank_errors) {
                 self.broken = Some(e.to_string());
                 ranks_lost.cancel();
                 errors.push(e);
-            } else if dispatched < self.jobs.len() {
+            } else if dispatched < self.workers() {
                 let e = CaptureError::Pipeline("a rank thread is gone".into());
                 self.broken = Some(e.to_string());
                 ranks_lost.cancel();
@@ -346,13 +472,148 @@ impl Engine {
         Ok(summary)
     }
 
+    /// Feeds every batch of `job` to every rank and waits for them: rank 0's times and pool.
+    fn run_ranks(
+        &self,
+        job: &PreparedJob,
+        host: SyncSender<HostBatch>,
+        pool: Option<BufferPool>,
+        summary: &mut CaptureSummary,
+        stop: Stop<'_>,
+    ) -> Ran {
+        let (feeds, dispatched) = self.dispatch(job, host, pool);
+        let outcome = feed(
+            job,
+            &feeds,
+            summary,
+            stop.cancel,
+            stop.writers_failed,
+            &self.rank_failed,
+        );
+        drop(feeds);
+        let (by_rank, errors) = self.await_ranks(dispatched, |event| match event {
+            RankEvent::JobDone(t, pool) => Ok((t, pool)),
+            _ => Err(CaptureError::Pipeline("a rank answered out of turn".into())),
+        });
+        let (times, pool) = by_rank.into_iter().next().flatten().unwrap_or_default();
+        Ran {
+            dispatched,
+            outcome,
+            errors,
+            times,
+            pool,
+        }
+    }
+
+    /// Feeds `job`'s passes to whichever stream is free and waits for the streams; their
+    /// reports of each pass go to `progress` as they come. The times are the slowest stream's.
+    #[allow(clippy::too_many_arguments)]
+    fn run_streams<'s>(
+        &self,
+        scope: &'s std::thread::Scope<'s, '_>,
+        job: &PreparedJob,
+        host: SyncSender<HostBatch>,
+        pool: Option<BufferPool>,
+        summary: &mut CaptureSummary,
+        stop: Stop<'_>,
+        progress: &'s dyn ProgressSink,
+    ) -> Ran {
+        let pass_tokens = self.stream_plan.as_ref().map_or(1, |p| p.pass_tokens);
+        let (pass_tx, pass_rx) = mpsc::sync_channel(self.streams.len());
+        let pool = pool.map(|p| Arc::new(Mutex::new(p)));
+        let (report_tx, report_rx) = mpsc::channel::<PassReport>();
+        scope.spawn(move || {
+            for r in report_rx {
+                progress.pass_done(&r);
+            }
+        });
+        let dispatched = self.dispatch_streams(job, host, pool.clone(), pass_rx, report_tx);
+        let outcome = match dispatched == self.streams.len() {
+            true => feed_passes(
+                job,
+                pass_tokens,
+                &pass_tx,
+                summary,
+                stop.cancel,
+                stop.writers_failed,
+                &self.rank_failed,
+            ),
+            false => Feed::Stopped,
+        };
+        drop(pass_tx);
+        let (by_stream, errors) = self.await_ranks(dispatched, |event| match event {
+            RankEvent::JobDone(t, _) => Ok(t),
+            _ => Err(CaptureError::Pipeline(
+                "a stream answered out of turn".into(),
+            )),
+        });
+        Ran {
+            dispatched,
+            outcome,
+            errors,
+            times: by_stream
+                .iter()
+                .flatten()
+                .fold(RankTimes::default(), |a, t| a.max(t)),
+            // Every stream is done with the pool: it is the engine's again.
+            pool: pool
+                .and_then(|p| Arc::try_unwrap(p).ok())
+                .and_then(|m| m.into_inner().ok()),
+        }
+    }
+
     /// Pins the host buffers `job` will copy into (CUDA), if it was prepared for this engine
     /// and has something to do.
     fn pin_ahead(&mut self, job: &PreparedJob) {
         if job.engine == self.options && !job.todo.is_empty() {
+            let held = self.held_sets(job);
             self.host
-                .pin_ahead(job.largest_batch(), job.job.points.len());
+                .pin_ahead(job.largest_batch(), job.job.points.len(), held);
         }
+    }
+
+    /// Host buffer sets the streams hold beyond the queue: each stream's pass and the one
+    /// before it, whose batches the writers may still be encoding (none for ranks).
+    fn held_sets(&self, job: &PreparedJob) -> usize {
+        let Some(plan) = &self.stream_plan else {
+            return 0;
+        };
+        let most = group_passes(&job.padded_tokens(), plan.pass_tokens)
+            .iter()
+            .map(|p| p.len())
+            .max()
+            .unwrap_or(0);
+        2 * most * self.streams.len()
+    }
+
+    /// Rank or stream threads the engine runs.
+    fn workers(&self) -> usize {
+        self.jobs.len() + self.streams.len()
+    }
+
+    /// Gives every stream the job, sharing one pass queue; returns how many took it.
+    fn dispatch_streams(
+        &self,
+        job: &PreparedJob,
+        host: SyncSender<HostBatch>,
+        pool: Option<Arc<Mutex<BufferPool>>>,
+        passes: Receiver<Vec<Arc<PaddedBatch>>>,
+        reports: Sender<PassReport>,
+    ) -> usize {
+        let passes = Arc::new(Mutex::new(passes));
+        self.streams
+            .iter()
+            .take_while(|queue| {
+                let work = StreamJob {
+                    points: job.job.points.clone(),
+                    passes: passes.clone(),
+                    host: host.clone(),
+                    pool: pool.clone(),
+                    reports: reports.clone(),
+                };
+                queue.send(work).is_ok()
+            })
+            .count()
     }
 
     /// Gives every rank the job; returns the batch queues and how many ranks took the job
@@ -400,7 +661,7 @@ impl Engine {
         n: usize,
         accept: impl Fn(RankEvent) -> Result<T>,
     ) -> (Vec<Option<T>>, Vec<CaptureError>) {
-        let mut by_rank: Vec<Option<T>> = (0..self.jobs.len()).map(|_| None).collect();
+        let mut by_rank: Vec<Option<T>> = (0..self.workers()).map(|_| None).collect();
         let mut errors = vec![];
         let mut deadline: Option<Instant> = None;
         for _ in 0..n {
@@ -464,12 +725,64 @@ impl Drop for Engine {
         // Closing the job queues ends every healthy rank thread; a broken engine may have a
         // rank stuck in a collective, which nobody should wait for.
         self.jobs.clear();
+        self.streams.clear();
         if self.broken.is_none() {
             for t in self.threads.drain(..) {
                 let _ = t.join();
             }
         }
     }
+}
+
+/// Page-locks every file of `checkpoint` in place, read-only, so that streams copy layers from
+/// it at the link's full speed; where the platform refuses (a file larger than the memory that
+/// may be locked, say), copies come from pageable memory instead, slower, and a warning says so.
+fn register(checkpoint: &crate::checkpoint::Checkpoint) -> Vec<HostRegistration> {
+    let t = Instant::now();
+    let mut done = vec![];
+    let mut bytes = 0usize;
+    for (path, map) in checkpoint.mapped_files() {
+        // SAFETY: the mapping is the checkpoint's, which every stream holds (an `Arc`) until
+        // it ends; the engine drops these registrations only after joining the streams.
+        match unsafe { HostRegistration::read_only(map.as_ptr(), map.len()) } {
+            Ok(r) => {
+                done.push(r);
+                bytes += map.len();
+            }
+            Err(e) => {
+                tracing::warn!(
+                    "cannot page-lock {} in place ({e}); its layers are copied from pageable memory, \
+                     several times slower",
+                    path.display()
+                );
+            }
+        }
+    }
+    tracing::info!(
+        "page-locked {:.2} GB of checkpoint files in place in {:.2}s",
+        bytes as f64 / 1e9,
+        t.elapsed().as_secs_f64()
+    );
+    done
+}
+
+/// What stops feeding a job early.
+#[derive(Clone, Copy)]
+struct Stop<'a> {
+    cancel: &'a CancelToken,
+    writers_failed: &'a CancelToken,
+}
+
+/// How the ranks' or streams' part of a job ended.
+struct Ran {
+    /// Ranks or streams that took the job.
+    dispatched: usize,
+    outcome: Feed,
+    errors: Vec<CaptureError>,
+    /// Rank 0's times, or the slowest stream's.
+    times: RankTimes,
+    /// The host buffers, back from the job.
+    pool: Option<BufferPool>,
 }
 
 /// Raises `flag` when `r` is an error, so the feeder stops; passes `r` on.

@@ -8,6 +8,7 @@ use hslake_store::WriterOptions;
 use tch::Kind;
 
 use super::commit::CommitPolicy;
+use super::placement::PlacementOptions;
 use crate::error::{CaptureError, Result};
 use crate::gpu::DeviceKind;
 use crate::kernels::Kernels;
@@ -53,9 +54,8 @@ pub struct EngineOptions {
     pub dtype: DType,
     /// How the forward computes.
     pub kernels: Kernels,
-    /// Memory per GPU the pre-flight assumes free, in GiB, instead of asking the driver
-    /// (also checks a CPU run against it).
-    pub gpu_memory_gib: Option<f64>,
+    /// Where the weights live, the GPU memory to plan for, and how to stream.
+    pub placement: PlacementOptions,
     /// Parallel store writers of every job (compression runs on these threads).
     pub writers: usize,
     /// Captured batches that may wait for the writers before the forward blocks.
@@ -74,7 +74,7 @@ impl EngineOptions {
             device: DeviceKind::Cpu,
             dtype: DType::Bf16,
             kernels: Kernels::default(),
-            gpu_memory_gib: None,
+            placement: PlacementOptions::default(),
             writers: 1,
             queue_depth: 4,
             plane_split: PlaneSplit::Auto,
@@ -91,14 +91,13 @@ impl EngineOptions {
                 "--writers and --queue-depth must be > 0".into(),
             ));
         }
-        if self
-            .gpu_memory_gib
-            .is_some_and(|g| !g.is_finite() || g <= 0.0)
-        {
-            return Err(CaptureError::Option(format!(
-                "--gpu-memory-gib must be a positive number, got {}",
-                self.gpu_memory_gib.unwrap_or_default()
-            )));
+        if let Some(bytes) = self.placement.gpu_memory {
+            super::placement::GPU_MEMORY
+                .check(bytes)
+                .map_err(|e| CaptureError::Option(e.to_string()))?;
+        }
+        if self.placement.pass_tokens == Some(0) {
+            return Err(CaptureError::Option("--pass-tokens must be > 0".into()));
         }
         match self.dtype {
             DType::Bf16 => Ok(Kind::BFloat16),

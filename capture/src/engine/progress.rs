@@ -43,6 +43,36 @@ pub trait ProgressSink: Sync {
     fn bytes_written(&self, raw: u64, stored: u64) {
         let _ = (raw, stored);
     }
+
+    /// A streamed pass ended (layer-streamed placement only).
+    fn pass_done(&self, pass: &PassReport) {
+        let _ = pass;
+    }
+}
+
+/// What one streamed pass did, as it is logged and exported.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct PassReport {
+    /// The stream (index into `--devices`).
+    pub stream: usize,
+    /// Batches in the pass.
+    pub batches: usize,
+    /// Padded tokens in the pass.
+    pub tokens: u64,
+    /// Layers streamed.
+    pub layers: usize,
+    /// Weight bytes copied to the device.
+    pub copy_bytes: u64,
+    /// Copy rate, GB/s.
+    pub copy_gb_per_sec: f64,
+    /// Seconds the device computed.
+    pub compute_secs: f64,
+    /// Share of the copy time hidden behind compute (1 = all).
+    pub hidden_share: f64,
+    /// Seconds from the pass's start to its first sample handed to the writers.
+    pub first_sample_secs: f64,
+    /// Seconds of the whole pass on the device.
+    pub secs: f64,
 }
 
 /// A sink that ignores every event.
@@ -83,6 +113,14 @@ pub(super) struct RankTimes {
 }
 
 impl RankTimes {
+    /// The larger of each time (the slowest of several streams).
+    pub(super) fn max(&self, other: &RankTimes) -> RankTimes {
+        RankTimes {
+            compute: self.compute.max(other.compute),
+            storage_wait: self.storage_wait.max(other.storage_wait),
+        }
+    }
+
     /// The time spent since `earlier` (a copy of these times taken before).
     pub(super) fn since(&self, earlier: &RankTimes) -> RankTimes {
         RankTimes {

@@ -212,7 +212,7 @@ fn warm_up(model: &dyn DecoderModel, device: Device, w: &WarmUp, vocab: usize) -
 }
 
 /// Row-major token `ids` as a `[rows, cols]` tensor on `device`.
-fn token_ids(ids: &[i64], rows: i64, cols: i64, device: Device) -> Result<Tensor> {
+pub(super) fn token_ids(ids: &[i64], rows: i64, cols: i64, device: Device) -> Result<Tensor> {
     Ok(Tensor::f_from_slice(ids)?
         .f_view([rows, cols])?
         .f_to_device(device)?)

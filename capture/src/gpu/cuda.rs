@@ -11,8 +11,14 @@ type CudaStream = *mut c_void;
 type CudaEvent = *mut c_void;
 
 const STREAM_NON_BLOCKING: u32 = 1;
+const EVENT_DEFAULT: u32 = 0;
 const EVENT_DISABLE_TIMING: u32 = 2;
+const MEMCPY_HOST_TO_DEVICE: c_int = 1;
 const MEMCPY_DEVICE_TO_HOST: c_int = 2;
+/// `cudaHostRegisterPortable`: page-locked for every device of the process, not only the current.
+const HOST_REGISTER_PORTABLE: u32 = 1;
+/// `cudaHostRegisterReadOnly`: the device only reads the range (a read-only file mapping).
+const HOST_REGISTER_READ_ONLY: u32 = 8;
 
 extern "C" {
     fn cudaSetDevice(device: c_int) -> c_int;
@@ -22,6 +28,7 @@ extern "C" {
     fn cudaEventDestroy(event: CudaEvent) -> c_int;
     fn cudaEventRecord(event: CudaEvent, stream: CudaStream) -> c_int;
     fn cudaEventSynchronize(event: CudaEvent) -> c_int;
+    fn cudaEventElapsedTime(ms: *mut f32, start: CudaEvent, end: CudaEvent) -> c_int;
     fn cudaStreamWaitEvent(stream: CudaStream, event: CudaEvent, flags: u32) -> c_int;
     fn cudaMemcpyAsync(
         dst: *mut c_void,
@@ -217,17 +224,65 @@ impl Kernel {
 }
 
 /// A CUDA event; owned by one thread (raw pointers keep it `!Send`).
-struct Event(CudaEvent);
+pub struct Event(CudaEvent);
 
 impl Event {
-    fn new() -> Result<Self> {
+    /// An event used only for ordering (no timestamp: cheaper to record).
+    pub fn new() -> Result<Self> {
+        Event::with_flags(EVENT_DISABLE_TIMING)
+    }
+
+    /// An event that records a timestamp, for [`Event::elapsed_ms`].
+    pub fn timed() -> Result<Self> {
+        Event::with_flags(EVENT_DEFAULT)
+    }
+
+    fn with_flags(flags: u32) -> Result<Self> {
         let mut e = std::ptr::null_mut();
         // SAFETY: `e` is a valid out-pointer.
         check(
-            unsafe { cudaEventCreateWithFlags(&mut e, EVENT_DISABLE_TIMING) },
+            unsafe { cudaEventCreateWithFlags(&mut e, flags) },
             "cudaEventCreate",
         )?;
         Ok(Event(e))
+    }
+
+    /// Records the event after all work queued so far on libtorch's (legacy default) stream.
+    pub fn record_on_default(&self) -> Result<()> {
+        // SAFETY: the event is live; the null stream is the legacy default stream.
+        check(
+            unsafe { cudaEventRecord(self.0, std::ptr::null_mut()) },
+            "cudaEventRecord",
+        )
+    }
+
+    /// Makes libtorch's stream wait for this event before any work queued on it later.
+    pub fn wait_on_default(&self) -> Result<()> {
+        // SAFETY: both handles are live; the null stream is the legacy default stream.
+        check(
+            unsafe { cudaStreamWaitEvent(std::ptr::null_mut(), self.0, 0) },
+            "cudaStreamWaitEvent",
+        )
+    }
+
+    /// Blocks this thread until the work before the event's last record has completed.
+    pub fn synchronize(&self) -> Result<()> {
+        // SAFETY: the event is live; synchronising only blocks this thread.
+        check(
+            unsafe { cudaEventSynchronize(self.0) },
+            "cudaEventSynchronize",
+        )
+    }
+
+    /// Milliseconds from `start` to `self`, both [`Event::timed`] and both completed.
+    pub fn elapsed_ms(&self, start: &Event) -> Result<f32> {
+        let mut ms = 0f32;
+        // SAFETY: `ms` is a valid out-pointer; both events are live.
+        check(
+            unsafe { cudaEventElapsedTime(&mut ms, start.0, self.0) },
+            "cudaEventElapsedTime",
+        )?;
+        Ok(ms)
     }
 }
 
@@ -238,7 +293,7 @@ impl Drop for Event {
     }
 }
 
-/// A non-blocking side stream on one device for device-to-host copies.
+/// A non-blocking side stream on one device for copies between host and device memory.
 pub struct CopyStream {
     stream: CudaStream,
 }
@@ -255,6 +310,44 @@ impl CopyStream {
             "cudaStreamCreate",
         )?;
         Ok(CopyStream { stream })
+    }
+
+    /// Makes the stream wait for `event` before any copy queued on it later.
+    pub fn wait_for(&self, event: &Event) -> Result<()> {
+        // SAFETY: both handles are live.
+        check(
+            unsafe { cudaStreamWaitEvent(self.stream, event.0, 0) },
+            "cudaStreamWaitEvent",
+        )
+    }
+
+    /// Records `event` after every copy queued on the stream so far.
+    pub fn record(&self, event: &Event) -> Result<()> {
+        // SAFETY: both handles are live.
+        check(
+            unsafe { cudaEventRecord(event.0, self.stream) },
+            "cudaEventRecord",
+        )
+    }
+
+    /// Queues a copy of `src` to `len` bytes of device memory at `dst`.
+    ///
+    /// # Safety
+    /// `dst` must be device memory of at least `src.len()` bytes that nothing else writes
+    /// or reads until the copy is done (an event recorded after it has completed), and `src`
+    /// must stay mapped and unchanged until then. From page-locked `src` the copy returns at
+    /// once; from pageable memory the driver stages it and returns once `src` may be reused.
+    pub unsafe fn upload(&self, dst: *mut c_void, src: &[u8]) -> Result<()> {
+        check(
+            cudaMemcpyAsync(
+                dst,
+                src.as_ptr().cast(),
+                src.len(),
+                MEMCPY_HOST_TO_DEVICE,
+                self.stream,
+            ),
+            "cudaMemcpyAsync (host to device)",
+        )
     }
 
     /// Starts copying each CUDA tensor into the matching pinned buffer once all work queued so
@@ -361,6 +454,46 @@ impl PinnedBuffer {
             .f_narrow(0, 0, n as i64)?
             .f_view_dtype(kind)?
             .f_view(shape)?)
+    }
+}
+
+/// A read-only host range (a mapped checkpoint file) page-locked in place for every device
+/// for as long as this value lives, so that copies from it to a device run at the link's full
+/// speed without a staging copy. The range must stay mapped until this value is dropped.
+pub struct HostRegistration {
+    ptr: *mut c_void,
+}
+
+// SAFETY: the registration is a process-wide driver state; unregistering from another thread is
+// a plain runtime call.
+unsafe impl Send for HostRegistration {}
+// SAFETY: as above; the value is never used but to unregister.
+unsafe impl Sync for HostRegistration {}
+
+impl HostRegistration {
+    /// Page-locks `len` bytes at `ptr` as read-only, portable host memory.
+    ///
+    /// # Safety
+    /// `ptr..ptr + len` must be mapped and stay mapped until the registration is dropped.
+    pub unsafe fn read_only(ptr: *const u8, len: usize) -> Result<Self> {
+        check(
+            cudaHostRegister(
+                ptr.cast_mut().cast(),
+                len,
+                HOST_REGISTER_PORTABLE | HOST_REGISTER_READ_ONLY,
+            ),
+            "cudaHostRegister (read-only)",
+        )?;
+        Ok(HostRegistration {
+            ptr: ptr.cast_mut().cast(),
+        })
+    }
+}
+
+impl Drop for HostRegistration {
+    fn drop(&mut self) {
+        // SAFETY: the pointer was registered in `read_only` and is still mapped.
+        unsafe { cudaHostUnregister(self.ptr) };
     }
 }
 

@@ -25,7 +25,7 @@ use tch::Tensor;
 
 use super::hf_config::ConfigFile;
 use super::llama::{self, SelfAttention, StackConfig, StackShape};
-use super::{DecoderModel, ModelConfig, ModelInfo};
+use super::{LayeredModel, ModelConfig, ModelInfo};
 use crate::error::{CaptureError, Result};
 use crate::load::LoadCtx;
 use crate::models::layers::{RmsNorm, Rope, RopeScaling, RopeTables};
@@ -254,8 +254,8 @@ impl ModelConfig for DeepseekConfig {
         check_split(tp, &counts)
     }
 
-    fn load(&self, ctx: &LoadCtx) -> Result<Box<dyn DecoderModel>> {
-        Ok(Box::new(llama::Model::<Attention>::load(ctx, self)?))
+    fn load_stack(&self, ctx: &LoadCtx) -> Result<Box<dyn LayeredModel>> {
+        Ok(Box::new(llama::Stack::<Attention>::load(ctx, self)?))
     }
 }
 
@@ -273,6 +273,7 @@ impl StackConfig for DeepseekConfig {
             // The rotary tables cover only the rope part of each head.
             rotary_dim: self.qk_rope_head_dim,
             rope: &self.rope,
+            sliding_window: None,
         }
     }
 }

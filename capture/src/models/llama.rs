@@ -3,11 +3,10 @@
 //! Checkpoint layout: `model.embed_tokens`, `model.layers.<i>.{input_layernorm,
 //! self_attn.{q,k,v,o}_proj, post_attention_layernorm, mlp.{gate,up,down}_proj}`, `model.norm`.
 //! The LM head (tied or not) is never read: capture stops at the residual stream.
-use hslake_schemas::CapturePoint;
-use tch::{Kind, Tensor};
+use tch::{Device, Kind, Tensor};
 
 use super::hf_config::{ConfigFile, RawConfig};
-use super::{Captures, DecoderModel, ModelConfig, ModelInfo};
+use super::{BatchContext, Layer, LayeredModel, ModelConfig, ModelInfo};
 use crate::error::{CaptureError, Result};
 use crate::load::LoadCtx;
 use crate::models::layers::{RmsNorm, Rope, RopeTables, Rotary};
@@ -54,8 +53,8 @@ pub(crate) struct LlamaConfig {
     pub model: LoadModel,
 }
 
-/// How a Llama-shaped family builds its model.
-pub(crate) type LoadModel = fn(&LoadCtx, &LlamaConfig) -> Result<Box<dyn DecoderModel>>;
+/// How a Llama-shaped family builds its model: Llama's stack with its own attention.
+pub(crate) type LoadModel = fn(&LoadCtx, &LlamaConfig) -> Result<Box<dyn LayeredModel>>;
 
 /// `LlamaForCausalLM`: `attention_bias` on q/k/v/o, `mlp_bias` on gate/up/down.
 pub(crate) fn parse(file: &ConfigFile) -> Result<Box<dyn ModelConfig>> {
@@ -131,7 +130,7 @@ impl LlamaConfig {
             mlp_bias: false,
             sliding_window: None,
             moe: None,
-            model: |ctx, cfg| Ok(Box::new(Model::<Attention>::load(ctx, cfg)?)),
+            model: |ctx, cfg| Ok(Box::new(Stack::<Attention>::load(ctx, cfg)?)),
         })
     }
 }
@@ -160,12 +159,12 @@ impl ModelConfig for LlamaConfig {
         check_split(tp, &counts)
     }
 
-    fn load(&self, ctx: &LoadCtx) -> Result<Box<dyn DecoderModel>> {
+    fn load_stack(&self, ctx: &LoadCtx) -> Result<Box<dyn LayeredModel>> {
         (self.model)(ctx, self)
     }
 }
 
-/// What the pre-norm decoder stack ([`Model`]) needs of a family's config: every family whose
+/// What the pre-norm decoder stack ([`Stack`]) needs of a family's config: every family whose
 /// layers are `x + attn(norm(x))`, `x + mlp(norm(x))` shares the stack and brings its attention.
 pub(crate) struct StackShape<'a> {
     /// Prefix of the decoder's tensor names: `model.`, or a wrapper's `language_model.model.`.
@@ -188,10 +187,13 @@ pub(crate) struct StackShape<'a> {
     pub rotary_dim: usize,
     /// Rotary base and scaling.
     pub rope: &'a Rope,
+    /// Attention window (Mistral): a batch wider than it attends through a sliding mask.
+    pub sliding_window: Option<usize>,
 }
 
-/// A family config the decoder stack can load from.
-pub(crate) trait StackConfig {
+/// A family config the decoder stack can load from; kept by the stack, which loads its
+/// layers from it one at a time.
+pub(crate) trait StackConfig: Clone + 'static {
     /// The stack's shape under this config.
     fn stack(&self) -> StackShape<'_>;
 }
@@ -209,12 +211,13 @@ impl StackConfig for LlamaConfig {
             rms_norm_eps: self.rms_norm_eps,
             rotary_dim: self.head_dim,
             rope: &self.rope,
+            sliding_window: self.sliding_window,
         }
     }
 }
 
 /// The attention sublayer of a decoder layer: Llama's, Qwen3's, or DeepSeek's MLA.
-pub(crate) trait SelfAttention: Sized {
+pub(crate) trait SelfAttention: Sized + 'static {
     /// The family config it loads from.
     type Config: StackConfig;
 
@@ -341,14 +344,19 @@ impl<A: SelfAttention> DecoderLayer<A> {
             )?,
         })
     }
+}
 
-    /// A new tensor; `x` is never written (a capture may hold it).
-    fn forward(&self, x: &Tensor, rope: &RopeTables, mask: Option<&Tensor>) -> Result<Tensor> {
+impl<A: SelfAttention> Layer for DecoderLayer<A> {
+    fn forward(&self, x: &Tensor, batch: &BatchContext) -> Result<Tensor> {
         // The residual sums go into the sublayers' fresh outputs, which nothing else holds;
         // addition commutes, so the bits are transformers' `x + sublayer(x)`.
         let h = self
             .self_attn
-            .forward(&self.input_layernorm.forward(x)?, rope, mask)?
+            .forward(
+                &self.input_layernorm.forward(x)?,
+                &batch.rope,
+                batch.mask.as_ref(),
+            )?
             .f_add_(x)?;
         Ok(self
             .mlp
@@ -357,30 +365,29 @@ impl<A: SelfAttention> DecoderLayer<A> {
     }
 }
 
-/// The decoder stack up to the final norm, with Llama's attention or another family's.
-pub(crate) struct Model<A = Attention> {
+/// What a pre-norm decoder stack keeps beside its layers, with Llama's attention or another
+/// family's: the embeddings, the final norm, the rotary tables, and the config its layers load
+/// from.
+pub(crate) struct Stack<A: SelfAttention = Attention> {
+    cfg: A::Config,
     embed_tokens: VocabParallelEmbedding,
-    layers: Vec<DecoderLayer<A>>,
     norm: RmsNorm,
     rotary: Rotary,
     kind: Kind,
+    device: Device,
 }
 
-impl<A: SelfAttention> Model<A> {
-    /// Loads this rank's slice of every weight.
+impl<A: SelfAttention> Stack<A> {
+    /// Loads this rank's slice of the embeddings and the final norm.
     pub fn load(ctx: &LoadCtx, cfg: &A::Config) -> Result<Self> {
         let s = cfg.stack();
-        let layers = (0..s.num_layers)
-            .map(|i| DecoderLayer::load(ctx, i, cfg))
-            .collect::<Result<_>>()?;
-        Ok(Model {
+        Ok(Stack {
             embed_tokens: VocabParallelEmbedding::load(
                 ctx,
                 &format!("{}embed_tokens.weight", s.prefix),
                 s.vocab_size,
                 s.hidden_size,
             )?,
-            layers,
             norm: RmsNorm::load(
                 ctx,
                 &format!("{}norm", s.prefix),
@@ -389,35 +396,47 @@ impl<A: SelfAttention> Model<A> {
             )?,
             rotary: Rotary::new(s.rotary_dim, s.rope, ctx.device)?,
             kind: ctx.kind,
+            device: ctx.device,
+            cfg: cfg.clone(),
         })
-    }
-
-    /// The forward with an optional boolean `[t, t]` attention mask (true = attend) in place of
-    /// the causal one; Mistral's sliding window uses it.
-    pub(crate) fn forward_masked(
-        &self,
-        input_ids: &Tensor,
-        points: &[CapturePoint],
-        mask: Option<&Tensor>,
-    ) -> Result<Vec<Tensor>> {
-        let mut captures = Captures::new(points, self.layers.len())?;
-        let last = captures.last_layer(self.layers.len());
-        let t = input_ids.size()[1];
-        let rope = self.rotary.tables(t, self.kind)?;
-        let mut x = self.embed_tokens.forward(input_ids)?; // [b, t, hidden]
-        for (i, layer) in self.layers.iter().enumerate().take(last + 1) {
-            x = layer.forward(&x, &rope, mask)?;
-            captures.after_layer(i, &x);
-        }
-        captures.final_norm(|| self.norm.forward(&x))?;
-        captures.finish()
     }
 }
 
-impl<A: SelfAttention> DecoderModel for Model<A> {
-    fn forward(&self, input_ids: &Tensor, points: &[CapturePoint]) -> Result<Vec<Tensor>> {
-        self.forward_masked(input_ids, points, None)
+impl<A: SelfAttention> LayeredModel for Stack<A> {
+    fn num_layers(&self) -> usize {
+        self.cfg.stack().num_layers
     }
+
+    fn embed(&self, input_ids: &Tensor) -> Result<(Tensor, BatchContext)> {
+        let t = input_ids.size()[1];
+        let mask = match self.cfg.stack().sliding_window {
+            Some(w) if (w as i64) < t => Some(sliding_mask(t, w as i64, self.device)?),
+            _ => None,
+        };
+        let batch = BatchContext {
+            rope: self.rotary.tables(t, self.kind)?,
+            mask,
+        };
+        Ok((self.embed_tokens.forward(input_ids)?, batch))
+    }
+
+    fn load_layer(&self, ctx: &LoadCtx, layer: usize) -> Result<Box<dyn Layer>> {
+        Ok(Box::new(DecoderLayer::<A>::load(ctx, layer, &self.cfg)?))
+    }
+
+    fn final_norm(&self, x: &Tensor) -> Result<Tensor> {
+        self.norm.forward(x)
+    }
+}
+
+/// The boolean `[t, t]` mask of a sliding attention window of `window` positions: each
+/// position attends to itself and the `window - 1` before it.
+pub(crate) fn sliding_mask(t: i64, window: i64, device: Device) -> Result<Tensor> {
+    let i = Tensor::f_arange(t, (Kind::Int64, device))?.f_unsqueeze(1)?; // [t, 1]
+    let j = Tensor::f_arange(t, (Kind::Int64, device))?.f_unsqueeze(0)?; // [1, t]
+    let causal = j.f_le_tensor(&i)?;
+    let in_window = j.f_gt_tensor(&i.f_sub_scalar(window)?)?;
+    Ok(causal.f_logical_and(&in_window)?)
 }
 
 #[cfg(test)]
@@ -474,5 +493,24 @@ mod tests {
             .filter(|s| s.name.ends_with(".bias"))
             .count();
         assert_eq!(biases, 2 * 3);
+    }
+
+    #[test]
+    fn window_mask_keeps_the_last_w_positions_up_to_the_diagonal() {
+        let m = sliding_mask(4, 2, Device::Cpu)
+            .unwrap()
+            .to_kind(Kind::Int64);
+        let rows: Vec<Vec<i64>> = (0..4)
+            .map(|r| Vec::<i64>::try_from(m.get(r)).unwrap())
+            .collect();
+        assert_eq!(
+            rows,
+            vec![
+                vec![1, 0, 0, 0],
+                vec![1, 1, 0, 0],
+                vec![0, 1, 1, 0],
+                vec![0, 0, 1, 1]
+            ]
+        );
     }
 }

@@ -9,6 +9,7 @@ use tch::Tensor;
 
 use crate::error::{CaptureError, Result};
 use crate::load::LoadCtx;
+use layers::RopeTables;
 
 mod deepseek_v3;
 mod hf_config;
@@ -48,15 +49,86 @@ pub(crate) trait ModelConfig: Send + Sync + std::fmt::Debug {
     /// Refuses a tensor-parallel size the model's heads and widths cannot be split into.
     fn check_tp(&self, tp: usize) -> Result<()>;
 
-    /// This rank's slice of the model, every weight read through `ctx` (a checkpoint, or a
-    /// dry run that only checks what would be read).
-    fn load(&self, ctx: &LoadCtx) -> Result<Box<dyn DecoderModel>>;
+    /// The parts of this rank's slice that every layer shares (embeddings, final norm, rotary
+    /// tables), every weight read through `ctx`; the layers load one at a time from it.
+    fn load_stack(&self, ctx: &LoadCtx) -> Result<Box<dyn LayeredModel>>;
+
+    /// This rank's slice of the whole model, every weight read through `ctx` (a checkpoint, or
+    /// a dry run that only checks what would be read).
+    fn load(&self, ctx: &LoadCtx) -> Result<Box<dyn DecoderModel>> {
+        Ok(Box::new(Resident::load(self.load_stack(ctx)?, ctx)?))
+    }
 }
 
 /// A loaded decoder (this rank's slice of it).
 pub(crate) trait DecoderModel {
     /// Prefill over right-padded `[b, t]` int64 ids; one `[b, t, hidden]` tensor per point, in order.
     fn forward(&self, input_ids: &Tensor, points: &[CapturePoint]) -> Result<Vec<Tensor>>;
+}
+
+/// A decoder as a stack of layers that load one at a time: resident capture loads them all
+/// once, streamed capture loads each as its turn comes and drops it after. Both run every
+/// batch through the same [`Layer::forward`], so they compute the same bits.
+pub(crate) trait LayeredModel {
+    /// Decoder layers.
+    fn num_layers(&self) -> usize;
+
+    /// The residual stream entering layer 0 for right-padded `[b, t]` ids, and what every
+    /// layer needs to run that batch.
+    fn embed(&self, input_ids: &Tensor) -> Result<(Tensor, BatchContext)>;
+
+    /// Decoder layer `layer`, every weight read through `ctx`.
+    fn load_layer(&self, ctx: &LoadCtx, layer: usize) -> Result<Box<dyn Layer>>;
+
+    /// The final RMS norm of the last layer's output.
+    fn final_norm(&self, x: &Tensor) -> Result<Tensor>;
+}
+
+/// What every layer needs to run one batch: rotary tables for its width and, where the model
+/// attends through a window, the boolean `[t, t]` mask (true = attend) that replaces the
+/// causal one.
+pub(crate) struct BatchContext {
+    /// cos/sin for the batch's positions.
+    pub rope: RopeTables,
+    /// The attention mask, if not plainly causal.
+    pub mask: Option<Tensor>,
+}
+
+/// One decoder layer.
+pub(crate) trait Layer {
+    /// `[b, t, hidden] -> [b, t, hidden]`: a new tensor; `x` is never written (a capture may
+    /// hold it).
+    fn forward(&self, x: &Tensor, batch: &BatchContext) -> Result<Tensor>;
+}
+
+/// Every layer loaded once: the resident model.
+pub(crate) struct Resident {
+    stack: Box<dyn LayeredModel>,
+    layers: Vec<Box<dyn Layer>>,
+}
+
+impl Resident {
+    /// `stack` with all its layers, read through `ctx`.
+    pub fn load(stack: Box<dyn LayeredModel>, ctx: &LoadCtx) -> Result<Self> {
+        let layers = (0..stack.num_layers())
+            .map(|i| stack.load_layer(ctx, i))
+            .collect::<Result<_>>()?;
+        Ok(Resident { stack, layers })
+    }
+}
+
+impl DecoderModel for Resident {
+    fn forward(&self, input_ids: &Tensor, points: &[CapturePoint]) -> Result<Vec<Tensor>> {
+        let mut captures = Captures::new(points, self.layers.len())?;
+        let last = captures.last_layer(self.layers.len());
+        let (mut x, batch) = self.stack.embed(input_ids)?; // [b, t, hidden]
+        for (i, layer) in self.layers.iter().enumerate().take(last + 1) {
+            x = layer.forward(&x, &batch)?;
+            captures.after_layer(i, &x);
+        }
+        captures.final_norm(|| self.stack.final_norm(&x))?;
+        captures.finish()
+    }
 }
 
 /// Which layer outputs to keep during one forward, and where each goes in the result.

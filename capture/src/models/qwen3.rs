@@ -22,7 +22,7 @@ pub(crate) fn parse(file: &ConfigFile) -> Result<Box<dyn ModelConfig>> {
     Ok(Box::new(LlamaConfig {
         qkv_bias: bias,
         o_bias: bias,
-        model: |ctx, cfg| Ok(Box::new(llama::Model::<Attention>::load(ctx, cfg)?)),
+        model: |ctx, cfg| Ok(Box::new(llama::Stack::<Attention>::load(ctx, cfg)?)),
         ..LlamaConfig::from_raw(NAME, &raw)?
     }))
 }

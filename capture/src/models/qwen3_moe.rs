@@ -41,7 +41,7 @@ pub(crate) fn parse(file: &ConfigFile) -> Result<Box<dyn ModelConfig>> {
         qkv_bias: bias,
         o_bias: bias,
         moe: Some(moe_layers(&moe, base.num_layers)?),
-        model: |ctx, cfg| Ok(Box::new(llama::Model::<qwen3::Attention>::load(ctx, cfg)?)),
+        model: |ctx, cfg| Ok(Box::new(llama::Stack::<qwen3::Attention>::load(ctx, cfg)?)),
         ..base
     }))
 }

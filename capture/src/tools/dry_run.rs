@@ -39,6 +39,23 @@ impl TensorSpec {
     }
 }
 
+/// What a model's load reads, in the order it reads it: the parts every layer shares
+/// (embeddings, final norm), then each decoder layer's tensors.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct ModelReads {
+    /// The stack's own tensors.
+    pub stack: Vec<TensorSpec>,
+    /// Each layer's tensors.
+    pub layers: Vec<Vec<TensorSpec>>,
+}
+
+impl ModelReads {
+    /// Every tensor the model reads.
+    pub fn all(&self) -> impl Iterator<Item = &TensorSpec> {
+        self.stack.iter().chain(self.layers.iter().flatten())
+    }
+}
+
 /// Loads `cfg`'s model as rank 0 of `tp` against `checkpoint`'s headers, reading no tensor
 /// data: every tensor the load asks for is checked, and all problems come back in one error.
 pub(crate) fn check_checkpoint(
@@ -46,18 +63,18 @@ pub(crate) fn check_checkpoint(
     checkpoint: &Checkpoint,
     tp: usize,
     kind: Kind,
-) -> Result<Vec<TensorSpec>> {
+) -> Result<ModelReads> {
     let dry = DryRun {
         checkpoint: Some(checkpoint),
         read: RefCell::default(),
         problems: RefCell::default(),
     };
-    dry.load(cfg, tp, kind)?;
+    let reads = dry.load(cfg, tp, kind)?;
     let problems = dry.problems.into_inner();
     if !problems.is_empty() {
         return Err(checkpoint.error(problems));
     }
-    Ok(dry.read.into_inner())
+    Ok(reads)
 }
 
 /// Every tensor `cfg`'s model reads at TP 1, with its full shape: what a checkpoint must hold.
@@ -68,8 +85,7 @@ pub(crate) fn tensors_read(cfg: &dyn ModelConfig) -> Result<Vec<TensorSpec>> {
         read: RefCell::default(),
         problems: RefCell::default(),
     };
-    dry.load(cfg, 1, Kind::Float)?;
-    Ok(dry.read.into_inner())
+    Ok(dry.load(cfg, 1, Kind::Float)?.all().cloned().collect())
 }
 
 /// A tensor source that records and checks requests and reads nothing.
@@ -112,7 +128,8 @@ impl DryRun<'_> {
         placeholder(&local, kind)
     }
 
-    fn load(&self, cfg: &dyn ModelConfig, tp: usize, kind: Kind) -> Result<()> {
+    /// Loads the stack, then each layer (as a resident load does), noting what each reads.
+    fn load(&self, cfg: &dyn ModelConfig, tp: usize, kind: Kind) -> Result<ModelReads> {
         let ctx = LoadCtx {
             source: self,
             comm: Rc::new(NoCollectives { world: tp }),
@@ -125,7 +142,16 @@ impl DryRun<'_> {
                 ..Kernels::default()
             },
         };
-        cfg.load(&ctx).map(drop)
+        let stack = cfg.load_stack(&ctx)?;
+        let mut reads = ModelReads {
+            stack: self.read.take(),
+            layers: vec![],
+        };
+        for i in 0..stack.num_layers() {
+            drop(stack.load_layer(&ctx, i)?);
+            reads.layers.push(self.read.take());
+        }
+        Ok(reads)
     }
 }
 
@@ -387,8 +413,9 @@ mod tests {
         let d = tempfile::tempdir().unwrap();
         let checkpoint = fp8_llama(d.path(), None);
         let cfg = registry::read_config(d.path()).unwrap();
-        let specs = check_checkpoint(&*cfg, &checkpoint, 2, Kind::BFloat16).unwrap();
-        let find = |n: &str| specs.iter().find(|s| s.name == n).unwrap();
+        let reads = check_checkpoint(&*cfg, &checkpoint, 2, Kind::BFloat16).unwrap();
+        let specs: Vec<&TensorSpec> = reads.all().collect();
+        let find = |n: &str| *specs.iter().find(|s| s.name == n).unwrap();
         let q = find("model.layers.0.self_attn.q_proj.weight");
         assert_eq!((q.local.clone(), q.kind), (vec![8, 16], Kind::Float8e4m3fn));
         let down = find("model.layers.1.mlp.down_proj.weight_scale_inv");
