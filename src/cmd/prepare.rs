@@ -13,9 +13,11 @@ use hslake_prepare::{
     Overlong, PrepareOptions, ProgressFile, RegenCounters, RegenOptions, SampleWriter, Summary,
     TemplateKwargs,
 };
-use hslake_schemas::units::DurationRange;
+use hslake_schemas::units::{DurationRange, SizeRange};
 use indicatif::{ProgressBar, ProgressStyle};
 
+/// `--max-record-bytes`: a byte up to 1 TiB.
+const MAX_RECORD_BYTES: SizeRange = SizeRange::bytes("--max-record-bytes", 1, 1 << 40);
 /// `--retry-backoff-ms`: none up to the 30 s a backoff is capped at.
 const RETRY_BACKOFF: DurationRange = DurationRange::seconds(
     "--retry-backoff-ms",
@@ -61,7 +63,7 @@ pub struct Args {
     #[arg(long)]
     chat_template_kwargs: Option<String>,
     /// Most bytes of text per conversation, in its messages and as the template renders it (e.g. 8MiB); a longer one is left out.
-    #[arg(long, default_value_t = hslake_prepare::limits::DEFAULT_MAX_RECORD_BYTES as u64, value_parser = super::parse_size)]
+    #[arg(long, default_value_t = hslake_prepare::limits::DEFAULT_MAX_RECORD_BYTES as u64, value_parser = MAX_RECORD_BYTES.parser())]
     max_record_bytes: u64,
     /// Most messages per conversation; a longer one is left out.
     #[arg(long, default_value_t = hslake_prepare::limits::DEFAULT_MAX_TURNS)]

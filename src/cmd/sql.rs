@@ -14,6 +14,8 @@ use super::human_bytes;
 
 /// `--query-memory`: a MiB up to a PiB.
 const QUERY_MEMORY: SizeRange = SizeRange::bytes("--query-memory", 1 << 20, 1 << 50);
+/// `--max-value-size`: from 1 KiB (smaller breaks ordinary rows) to 1 PiB.
+const MAX_VALUE_SIZE: SizeRange = SizeRange::bytes("--max-value-size", 1 << 10, 1 << 50);
 /// `--query-timeout`: a millisecond up to a year.
 const QUERY_TIMEOUT: DurationRange =
     DurationRange::seconds("--query-timeout", Duration::from_millis(1), super::YEAR);
@@ -54,7 +56,7 @@ pub struct LimitArgs {
     /// Largest value (text, bytes, list, tensor) one function call may build, e.g. 256MiB;
     /// a call that would build a larger one stops the query with an error naming this limit
     /// (default: a quarter of --query-memory).
-    #[arg(long, value_parser = parse_size)]
+    #[arg(long, value_parser = MAX_VALUE_SIZE.parser())]
     pub max_value_size: Option<u64>,
 }
 
