@@ -127,6 +127,16 @@ pub fn run(d: Debug) -> anyhow::Result<ExitCode> {
                     per_iter(r.copy_out_secs)
                 );
             }
+            if let Some(s) = report.streamed {
+                println!(
+                    "streamed passes of {} tokens through {} layers: {:.4} s per layer, copies at {:.1} GB/s, {:.0}% of the copy time hidden behind compute",
+                    s.pass_tokens,
+                    s.layers,
+                    s.secs_per_layer,
+                    s.copy_gb_per_sec,
+                    100.0 * s.hidden_share
+                );
+            }
         }
     }
     Ok(ExitCode::SUCCESS)

@@ -830,3 +830,31 @@ def test_the_dashboard_shows_hostile_job_values_as_text_and_runs_no_script(daemo
         d.request("DELETE", "/v1/jobs/4")
     finally:
         assert d.stop() == 0
+
+
+def test_a_streaming_daemon_exports_its_passes_and_writes_what_a_resident_capture_writes(daemon_setup):
+    tmp, model = daemon_setup
+    inp = inputs(tmp, "in", 30, seed=4)
+    d = Daemon(tmp, model, tmp / "state", extra=("--placement", "stream", "--pass-tokens", "96"))
+    try:
+        d.wait_ready()
+        status, job = d.request("POST", "/v1/jobs", job_body(inp, tmp / "ds"))
+        assert status == 201, job
+        assert d.wait_job(job["id"])["state"] == "done"
+        status, text = d.request("GET", "/metrics")
+        assert status == 200
+        samples = [s for f in text_string_to_metric_families(text) for s in f.samples]
+        passes = sum(s.value for s in samples if s.name == "hslake_capture_stream_passes_total")
+        assert passes >= 2, text
+        last = {s.labels["figure"]: s.value for s in samples
+                if s.name == "hslake_capture_stream_last_pass" and s.labels["stream"] == "0"}
+        assert set(last) == {"tokens", "layers", "copy_gb_per_second", "compute_seconds", "hidden_share",
+                             "first_sample_seconds", "seconds"}, last
+        assert 0 < last["tokens"] <= 96 + 48 and last["layers"] == 2 and 0 <= last["hidden_share"] <= 1, last
+    finally:
+        assert d.stop() == 0
+    assert "stream 0 pass:" in open(tmp / "daemon.log").read()
+    run_capture(model, inp, tmp / "one", LAYERS, "--placement", "resident", "--max-tokens-per-batch", 48,
+                final_norm=True)
+    assert_same_dataset(tmp / "ds", tmp / "one")
+    verify(tmp / "ds")

@@ -295,10 +295,15 @@ def test_a_tp_split_that_cuts_an_fp8_block_is_named(tmp_path):
 def test_a_model_that_does_not_fit_the_given_gpu_memory_is_refused_before_loading(tmp_path):
     path = tmp_path / "m"
     quantize_checkpoint(make("deepseek_v3", tmp_path), path, "fp8", block=(8, 8))
-    e = refusal(path, tmp_path, "--gpu-memory-gib", 0.5, "--max-tokens-per-batch", 4096)
+    # Resident, as asked.
+    e = refusal(path, tmp_path, "--placement", "resident", "--gpu-memory", "0.5GiB", "--max-tokens-per-batch", 4096)
     assert "not enough GPU memory: each GPU needs about" in e and "but only 0.50 GiB is free" in e, e
     # FP8 already: the advice is about the batch and the TP size, not about quantizing.
     assert "--tp" in e and "quantized checkpoint" not in e, e
+    # Auto (no flag) tries streaming too, and names both needs (a bare size is GiB).
+    e = refusal(path, tmp_path, "--gpu-memory", 0.5, "--max-tokens-per-batch", 4096)
+    assert "but only 0.50 GiB is free" in e and "streamed one layer at a time instead" in e, e
+    assert "too small to stream this model" in e, e
 
 
 def test_kimi_k25_int4_wrapper_reads_the_top_level_quantization_config_under_its_prefix(tmp_path):

@@ -44,7 +44,7 @@ pub(super) enum Plan {
 
 /// A streamed model's plan.
 #[derive(Debug, Clone)]
-pub(super) struct StreamPlan {
+pub(crate) struct StreamPlan {
     /// One stream per entry: the GPU index on CUDA (a GPU named twice runs two), 0 on the CPU.
     pub devices: Vec<usize>,
     /// Tokens per pass.
@@ -204,6 +204,17 @@ impl CheckedModel {
             }
         });
         Ok(())
+    }
+
+    /// For tools that run streamed passes themselves (`hslake debug prefill`): the model, its
+    /// weights, the compute dtype and the plan, where [`Self::plan`] chose to stream.
+    pub(crate) fn streamed(
+        &self,
+    ) -> Option<(&dyn ModelConfig, &Arc<Checkpoint>, Kind, &StreamPlan)> {
+        match &self.plan {
+            Some(Plan::Stream(p)) => Some((&*self.config, &self.checkpoint, self.kind, p)),
+            _ => None,
+        }
     }
 
     /// The model's architecture and sizes.

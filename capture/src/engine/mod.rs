@@ -36,6 +36,7 @@ mod summary;
 mod writer;
 
 pub use check::CheckedModel;
+pub(crate) use check::StreamPlan;
 pub use commit::CommitPolicy;
 pub use job::{input_size, PreparedJob};
 pub use options::{CaptureJob, EngineOptions, InputShard, PlaneSplit};
@@ -43,7 +44,7 @@ pub use placement::{Placement, PlacementOptions};
 pub use progress::{CancelToken, NoProgress, PassReport, ProgressSink};
 pub use summary::CaptureSummary;
 
-use check::{Plan, StreamPlan};
+use check::Plan;
 use feed::{feed, feed_passes, group_passes, Feed};
 use host::{BufferPool, HostBatch, HostBuffers};
 use progress::RankTimes;
@@ -737,7 +738,7 @@ impl Drop for Engine {
 /// Page-locks every file of `checkpoint` in place, read-only, so that streams copy layers from
 /// it at the link's full speed; where the platform refuses (a file larger than the memory that
 /// may be locked, say), copies come from pageable memory instead, slower, and a warning says so.
-fn register(checkpoint: &crate::checkpoint::Checkpoint) -> Vec<HostRegistration> {
+pub(crate) fn register(checkpoint: &crate::checkpoint::Checkpoint) -> Vec<HostRegistration> {
     let t = Instant::now();
     let mut done = vec![];
     let mut bytes = 0usize;

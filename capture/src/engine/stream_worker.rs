@@ -26,7 +26,7 @@ use crate::kernels::Kernels;
 use crate::load::LoadCtx;
 use crate::models::{LayeredModel, ModelConfig};
 use crate::stream::layout::LayerLayout;
-use crate::stream::pass::{run_pass, LayerLoad, PassSink, PassStats};
+use crate::stream::pass::{run_pass, Discard, LayerLoad, PassSink, PassStats};
 use crate::stream::slots::Slots;
 
 /// Host copies of captured states a stream keeps in flight before it waits for the oldest:
@@ -273,14 +273,6 @@ fn log_pass(r: &PassReport) {
 }
 
 /// A sink that drops what it is given (the warm-up pass captures nothing).
-struct Discard;
-
-impl PassSink for Discard {
-    fn captured(&mut self, _batch: usize, _point: usize, _state: Tensor) -> Result<()> {
-        Ok(())
-    }
-}
-
 /// One batch of a pass on its way out.
 struct Outgoing {
     /// The pinned buffers its states are copied into (CUDA), one per point.

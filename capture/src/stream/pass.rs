@@ -24,6 +24,15 @@ pub(crate) trait PassSink {
     fn captured(&mut self, batch: usize, point: usize, state: Tensor) -> Result<()>;
 }
 
+/// A sink that drops every state (warm-ups, throughput measurements).
+pub(crate) struct Discard;
+
+impl PassSink for Discard {
+    fn captured(&mut self, _batch: usize, _point: usize, _state: Tensor) -> Result<()> {
+        Ok(())
+    }
+}
+
 /// How the pass's layers load: what a [`LoadCtx`] needs besides its tensor source.
 pub(crate) struct LayerLoad {
     /// The stream's communicator: a single rank.

@@ -8,7 +8,7 @@ use hslake_schemas::CapturePoint;
 use tch::{Device, Kind, Tensor};
 
 use crate::checkpoint::Checkpoint;
-use crate::engine::EngineOptions;
+use crate::engine::{CheckedModel, EngineOptions};
 use crate::error::{CaptureError, Result};
 use crate::gpu::comm::{sync, Communicator, TimedComm};
 use crate::gpu::cuda::{CopyStream, PinnedBuffer};
@@ -73,6 +73,23 @@ pub struct PrefillReport {
     pub tokens_per_sec: f64,
     /// One per rank with `profile`, else empty.
     pub ranks: Vec<RankProfile>,
+    /// Where the model was streamed (`--placement stream`, or `auto` over the budget).
+    pub streamed: Option<StreamedPrefill>,
+}
+
+/// What a streamed prefill's timed passes did.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct StreamedPrefill {
+    /// Tokens per pass (whole batches of `batch x seq`).
+    pub pass_tokens: u64,
+    /// Layers each pass streamed.
+    pub layers: usize,
+    /// Seconds per layer per pass, on the device.
+    pub secs_per_layer: f64,
+    /// Rate of the weight copies, GB/s.
+    pub copy_gb_per_sec: f64,
+    /// Share of the copy time hidden behind compute (1 = all).
+    pub hidden_share: f64,
 }
 
 /// Where one rank's timed iterations went, with the device waited for before and after each
@@ -101,13 +118,22 @@ pub fn prefill(opts: &PrefillOptions) -> Result<PrefillReport> {
             opts.batch, opts.seq, opts.iters
         )));
     }
+    let vocab_ids = |vocab: i64| -> Result<Vec<i64>> {
+        let ids = Tensor::f_randint(vocab, [opts.batch * opts.seq], (Kind::Int64, Device::Cpu))?;
+        Ok(Vec::<i64>::try_from(ids)?)
+    };
+    // The placement as a capture decides it, for batches of this size.
+    let mut checked = CheckedModel::check(e.clone())?;
+    checked.plan((opts.batch * opts.seq) as usize, opts.points.len())?;
+    if let Some((config, checkpoint, kind, plan)) = checked.streamed() {
+        let ids = vocab_ids(config.info().vocab_size as i64)?;
+        return super::prefill_stream::prefill_streamed(opts, config, checkpoint, kind, plan, &ids);
+    }
     let kind = e.compute_kind()?;
     let (config, quant) = registry::read_model(&e.model_dir)?;
     let checkpoint = Checkpoint::open(&e.model_dir)?.with_quantization(quant);
     crate::tools::dry_run::check_checkpoint(&*config, &checkpoint, e.tp, kind)?;
-    let vocab = config.info().vocab_size as i64;
-    let ids = Tensor::f_randint(vocab, [opts.batch * opts.seq], (Kind::Int64, Device::Cpu))?;
-    let ids = Vec::<i64>::try_from(ids)?;
+    let ids = vocab_ids(config.info().vocab_size as i64)?;
     let comms = group::join_group(e.device, e.tp)?;
     let runs: Vec<Result<RankRun>> = std::thread::scope(|s| {
         let handles: Vec<_> = comms
@@ -142,6 +168,7 @@ pub fn prefill(opts: &PrefillOptions) -> Result<PrefillReport> {
         load_secs: runs.iter().map(|r| r.load_secs).fold(0.0, f64::max),
         tokens_per_sec: (opts.iters as i64 * opts.batch * opts.seq) as f64 / secs,
         ranks: runs.iter().filter_map(|r| r.profile).collect(),
+        streamed: None,
     })
 }
 
@@ -261,6 +288,29 @@ mod tests {
             .map(|r| (r.rank, r.all_reduces))
             .collect();
         assert_eq!(ranks, vec![(0, 3 * 5), (1, 3 * 5)]);
+    }
+
+    #[test]
+    fn a_streamed_prefill_runs_passes_of_whole_batches_up_to_the_layer_it_needs() {
+        let d = tempfile::tempdir().unwrap();
+        write_model(d.path(), TINY_LLAMA, None);
+        let mut engine = EngineOptions::new(d.path().to_path_buf());
+        engine.placement.placement = crate::engine::Placement::Stream;
+        engine.placement.pass_tokens = Some(40);
+        let opts = PrefillOptions {
+            engine,
+            batch: 2,
+            seq: 8,
+            iters: 2,
+            points: vec![CapturePoint::LayerOutput(0)],
+            profile: false,
+        };
+        let report = prefill(&opts).unwrap();
+        let s = report.streamed.expect("streamed");
+        // Two whole batches of 16 tokens fit a pass of 40; layer 0 is all it needs.
+        assert_eq!((s.pass_tokens, s.layers), (32, 1));
+        assert!(report.tokens_per_sec > 0.0 && s.secs_per_layer > 0.0);
+        assert!(report.ranks.is_empty());
     }
 
     #[test]

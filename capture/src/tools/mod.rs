@@ -1,4 +1,6 @@
 //! Tools around the forward: the pre-flight check of a checkpoint against a model's load
-//! ([`dry_run`]), and the checks and measurements behind `hslake debug` ([`debug`]).
+//! ([`dry_run`]), and the checks and measurements behind `hslake debug` ([`debug`]; a streamed
+//! model's prefill in `prefill_stream`).
 pub mod debug;
 pub(crate) mod dry_run;
+mod prefill_stream;

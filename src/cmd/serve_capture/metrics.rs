@@ -37,7 +37,16 @@ pub struct Metrics {
     pub jobs: Family<Vec<(String, String)>, Gauge>,
     /// 1 once the model is loaded and the ranks are alive.
     pub ready: Gauge,
+    /// Layer-streamed passes run, by stream.
+    pub passes: Family<StreamLabel, Counter>,
+    /// The last streamed pass of each stream, one gauge per figure its log line gives.
+    pub last_pass: Family<PassFigure, Gauge<f64, AtomicU64>>,
 }
+
+/// The label of a stream's metrics: its index into `--devices`.
+pub type StreamLabel = Vec<(String, String)>;
+/// The labels of one figure of a stream's last pass: the stream and the figure's name.
+pub type PassFigure = Vec<(String, String)>;
 
 impl Metrics {
     /// Registers every metric under the `hslake_capture_` prefix.
@@ -57,6 +66,8 @@ impl Metrics {
             queue_depth: Gauge::default(),
             jobs: Family::default(),
             ready: Gauge::default(),
+            passes: Family::default(),
+            last_pass: Family::default(),
         };
         registry.register("samples", "Samples written to datasets", m.samples.clone());
         registry.register("tokens", "Tokens of the samples written", m.tokens.clone());
@@ -97,7 +108,43 @@ impl Metrics {
             "1 once the model is loaded and its ranks are alive",
             m.ready.clone(),
         );
+        registry.register(
+            "stream_passes",
+            "Layer-streamed passes run, by stream",
+            m.passes.clone(),
+        );
+        registry.register(
+            "stream_last_pass",
+            "The last layer-streamed pass of each stream: tokens, layers, copy_gb_per_second, \
+             compute_seconds, hidden_share (of the copy time, behind compute), \
+             first_sample_seconds, seconds",
+            m.last_pass.clone(),
+        );
         Metrics { registry, ..m }
+    }
+
+    /// Counts a streamed pass and sets its stream's last-pass gauges.
+    pub fn pass_done(&self, p: &hslake_capture::PassReport) {
+        let stream = p.stream.to_string();
+        self.passes
+            .get_or_create(&vec![("stream".to_string(), stream.clone())])
+            .inc();
+        let figures = [
+            ("tokens", p.tokens as f64),
+            ("layers", p.layers as f64),
+            ("copy_gb_per_second", p.copy_gb_per_sec),
+            ("compute_seconds", p.compute_secs),
+            ("hidden_share", p.hidden_share),
+            ("first_sample_seconds", p.first_sample_secs),
+            ("seconds", p.secs),
+        ];
+        for (name, value) in figures {
+            let labels = vec![
+                ("stream".to_string(), stream.clone()),
+                ("figure".to_string(), name.to_string()),
+            ];
+            self.last_pass.get_or_create(&labels).set(value);
+        }
     }
 
     /// Sets the jobs-by-state gauges and the queue depth from `states`.

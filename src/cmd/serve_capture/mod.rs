@@ -230,6 +230,10 @@ impl ProgressSink for JobProgress {
         self.metrics.raw_bytes.inc_by(raw);
         self.metrics.stored_bytes.inc_by(stored);
     }
+
+    fn pass_done(&self, pass: &hslake_capture::PassReport) {
+        self.metrics.pass_done(pass);
+    }
 }
 
 impl Daemon {

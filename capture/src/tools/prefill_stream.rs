@@ -1,0 +1,106 @@
+//! `hslake debug prefill` of a layer-streamed model: passes of random batches through one
+//! device, each layer copied in from host memory as the pass reaches it, states dropped. What
+//! the capture engine's streams do per pass, without the writers, so the forward's throughput
+//! and the copy's overlap can be read apart.
+use std::rc::Rc;
+use std::sync::Arc;
+use std::time::Instant;
+
+use tch::Tensor;
+
+use super::debug::{PrefillOptions, PrefillReport, StreamedPrefill};
+use crate::checkpoint::Checkpoint;
+use crate::engine::StreamPlan;
+use crate::error::Result;
+use crate::gpu::comm::{sync, SingleRank};
+use crate::load::LoadCtx;
+use crate::models::ModelConfig;
+use crate::stream::pass::{run_pass, Discard, LayerLoad, PassStats};
+use crate::stream::slots::Slots;
+
+/// Loads the resident parts and two slots on the plan's first device, runs one warm-up pass,
+/// then `opts.iters` timed passes of `ids` (`[batch, seq]` token ids) repeated to the plan's
+/// pass size.
+pub(super) fn prefill_streamed(
+    opts: &PrefillOptions,
+    config: &dyn ModelConfig,
+    checkpoint: &Arc<Checkpoint>,
+    kind: tch::Kind,
+    plan: &StreamPlan,
+    ids: &[i64],
+) -> Result<PrefillReport> {
+    let _no_grad = tch::no_grad_guard();
+    let device = opts
+        .engine
+        .device
+        .device(plan.devices.first().copied().unwrap_or(0));
+    let t = Instant::now();
+    let _registered = match device.is_cuda() {
+        true => crate::engine::register(checkpoint),
+        false => vec![],
+    };
+    let load = LayerLoad {
+        comm: Rc::new(SingleRank),
+        device,
+        kind,
+        kernels: opts.engine.kernels,
+    };
+    let ctx = LoadCtx {
+        source: &**checkpoint,
+        comm: load.comm.clone(),
+        device,
+        kind,
+        kernels: load.kernels,
+    };
+    let stack = config.load_stack(&ctx)?;
+    let mut slots = Slots::new(checkpoint.clone(), plan.layouts.clone(), device)?;
+    sync(device);
+    let load_secs = t.elapsed().as_secs_f64();
+    let batch_tokens = (opts.batch * opts.seq) as u64;
+    let batches = (plan.pass_tokens / batch_tokens).max(1) as usize;
+    let x = Tensor::f_from_slice(ids)?
+        .f_view([opts.batch, opts.seq])?
+        .f_to_device(device)?;
+    let pass: Vec<Tensor> = (0..batches).map(|_| x.shallow_clone()).collect();
+    run_pass(
+        &*stack,
+        &mut slots,
+        &load,
+        &pass,
+        &opts.points,
+        &mut Discard,
+    )?;
+    sync(device);
+    let mut total = PassStats::default();
+    let t = Instant::now();
+    for _ in 0..opts.iters {
+        let s = run_pass(
+            &*stack,
+            &mut slots,
+            &load,
+            &pass,
+            &opts.points,
+            &mut Discard,
+        )?;
+        total.tokens += s.tokens;
+        total.layers = s.layers;
+        total.secs += s.secs;
+        total.waited_secs += s.waited_secs;
+        total.copies.bytes += s.copies.bytes;
+        total.copies.secs += s.copies.secs;
+    }
+    sync(device);
+    let secs = t.elapsed().as_secs_f64().max(1e-9);
+    Ok(PrefillReport {
+        load_secs,
+        tokens_per_sec: total.tokens as f64 / secs,
+        ranks: vec![],
+        streamed: Some(StreamedPrefill {
+            pass_tokens: batches as u64 * batch_tokens,
+            layers: total.layers,
+            secs_per_layer: total.secs / (opts.iters * total.layers.max(1)) as f64,
+            copy_gb_per_sec: total.copy_gb_per_sec(),
+            hidden_share: total.hidden_share(),
+        }),
+    })
+}
