@@ -4,12 +4,13 @@
 #   STEPS="kimi" bash gpu-run/stream.sh        STEPS="qwen" bash gpu-run/stream.sh
 # Steps (each makes its model, measures, and deletes it, as the disk holds one at a time):
 #   kimi  Kimi-K2 shapes (kimi_shapes.py: INT4 routed experts, 1 dense + as many MoE layers as the disk holds):
-#         our resident forward (debug prefill), then a resident and a streamed capture of the same samples
+#         our resident and our streamed forward (debug prefill: seconds per layer, copy rate, share of the copy
+#         hidden), then a resident and a streamed capture of the same samples
 #         (KIMI_LAYERS, default 1,3,5: three points), each timed with its load; the streamed passes' log lines
 #         (tokens, copy GB/s, compute, share of the copy hidden, first sample); the two datasets compared.
 #   qwen  Qwen3-30B-A3B in bf16 (moe_reference.py make: transformers' prefill and reference states): a resident
-#         capture with the whole GPU, then a streamed one under --gpu-memory ${QWEN_BUDGET:-24GiB}; compared with
-#         each other and with transformers.
+#         capture with the whole GPU, then one under --gpu-memory ${QWEN_BUDGET:-24GiB} with no --placement (auto
+#         streams, as the model does not fit); compared with each other and with transformers.
 # Knobs: STEPS, SAMPLES (default 128 per step), SEQ (2048), PASS_TOKENS (streamed pass size; default the binary's),
 # DEVICE=cpu TINY=1 for a dry run of the flow at toy sizes on a CPU.
 # Needs: torch, transformers, safetensors, pyarrow on the GPU machine; ~55 GB of disk and ~70 GB of RAM per step.
@@ -86,6 +87,10 @@ kimi() {
   "$BIN" debug prefill --model "$m" --batch 8 --seq "$SEQ" --iters 3 --layers "$layers" --device "$DEVICE" \
     --dtype bf16 > "$OUT/stream_kimi_prefill.txt" 2>&1
   tail -2 "$OUT/stream_kimi_prefill.txt"
+  stage "kimi: our streamed forward (debug prefill --placement stream)"
+  "$BIN" debug prefill --model "$m" --batch 8 --seq "$SEQ" --iters 3 --layers "$layers" --device "$DEVICE" \
+    --dtype bf16 --placement stream ${PASS_TOKENS:+--pass-tokens $PASS_TOKENS} > "$OUT/stream_kimi_prefill_stream.txt" 2>&1
+  tail -3 "$OUT/stream_kimi_prefill_stream.txt"
   capture kimi resident "$m" "$layers" --placement resident
   capture kimi stream "$m" "$layers" --placement stream \
     ${PASS_TOKENS:+--pass-tokens $PASS_TOKENS}
@@ -100,7 +105,8 @@ qwen() {
     --samples "$SAMPLES" --iters 3 --layers "$layers" $TINYFLAG 2>&1 | tail -3 | tee "$OUT/stream_qwen_make.txt"
   [ "${TINY:-0}" = 1 ] && layers=$(python3 "$HERE/moe_reference.py" layers "$m")
   capture qwen resident "$m" "$layers" --placement resident
-  capture qwen stream "$m" "$layers" --placement stream --gpu-memory "${QWEN_BUDGET:-24GiB}" \
+  # No --placement: auto streams because the model does not fit the budget.
+  capture qwen stream "$m" "$layers" --gpu-memory "${QWEN_BUDGET:-24GiB}" \
     ${PASS_TOKENS:+--pass-tokens $PASS_TOKENS}
   compare qwen
   stage "qwen: streamed vs transformers"

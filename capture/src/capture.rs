@@ -44,8 +44,15 @@ pub async fn capture_with(
 ) -> Result<CaptureSummary> {
     tokio::task::spawn_blocking(move || {
         let mut checked = CheckedModel::check(opts.engine)?;
-        checked.plan(opts.job.max_tokens_per_batch, opts.job.points.len())?;
+        let points = opts.job.points.len();
+        checked.plan(opts.job.max_tokens_per_batch, points)?;
         let prepared = opts.job.prepare(checked.model(), checked.options())?;
+        // A sample longer than the batch budget is a batch of its own: plan again for it, so
+        // that a streamed placement sizes its memory for the largest batch there is.
+        let largest = prepared.largest_batch_tokens();
+        if largest > opts.job.max_tokens_per_batch {
+            checked.plan(largest, points)?;
+        }
         let mut engine = Engine::load_for(checked, &prepared)?;
         engine.run_prepared(prepared, &progress, &cancel)
     })

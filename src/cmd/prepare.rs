@@ -16,8 +16,8 @@ use hslake_prepare::{
 use hslake_schemas::units::{DurationRange, SizeRange};
 use indicatif::{ProgressBar, ProgressStyle};
 
-/// `--max-record-bytes`: a byte up to 1 TiB.
-const MAX_RECORD_BYTES: SizeRange = SizeRange::bytes("--max-record-bytes", 1, 1 << 40);
+/// `--max-record-bytes`: up to 1 TiB (0 is refused by name with the other zero bounds).
+const MAX_RECORD_BYTES: SizeRange = SizeRange::bytes("--max-record-bytes", 0, 1 << 40);
 /// `--retry-backoff-ms`: none up to the 30 s a backoff is capped at.
 const RETRY_BACKOFF: DurationRange = DurationRange::seconds(
     "--retry-backoff-ms",

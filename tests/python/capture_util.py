@@ -84,9 +84,9 @@ def capture_cmd():
     return [hslake_bin(), "capture"]
 
 
-def run_capture(model, inputs, out, layers, *extra, final_norm=False, check=True, timeout=600):
+def run_capture(model, inputs, out, layers, *extra, final_norm=False, check=True, timeout=600, dtype="f32"):
     cmd = capture_cmd() + ["--model", str(model), "--input", str(inputs), "--output", f"file://{out}",
-                           "--dtype", "f32", "--device", "cpu", "--no-progress"]
+                           "--dtype", dtype, "--device", "cpu", "--no-progress"]
     if layers:
         cmd += ["--layers", ",".join(str(l) for l in layers)]
     if final_norm:

@@ -57,7 +57,7 @@ impl PreparedJob {
     }
 
     /// The padded tokens of the batch with the most.
-    pub(super) fn largest_batch_tokens(&self) -> usize {
+    pub(crate) fn largest_batch_tokens(&self) -> usize {
         let (rows, cols) = self.largest_batch();
         rows * cols
     }

@@ -346,7 +346,9 @@ impl Engine {
             if largest > plan.batch_tokens {
                 return Err(CaptureError::Option(format!(
                     "this engine streams with memory planned for batches of at most {} tokens, \
-                     but the job's largest batch holds {largest}; lower max_tokens_per_batch to {}",
+                     but the job's largest batch holds {largest} padded tokens (a sample longer \
+                     than max_tokens_per_batch is a batch of its own); lower max_tokens_per_batch \
+                     to {} or leave out samples longer than that",
                     plan.batch_tokens, plan.batch_tokens
                 )));
             }
