@@ -47,7 +47,7 @@ EOF
   local args=(-dir="$S3_SERVER_DIR/data" -ip=127.0.0.1 -ip.bind=127.0.0.1 -s3.port="$port"
     -s3.config="$S3_SERVER_DIR/s3.json" -s3.localSocket="$S3_SERVER_DIR/s3.sock"
     -filer.localSocket="$S3_SERVER_DIR/filer.sock" -webdav=false -admin.ui=false
-    -s3.port.iceberg=0 -s3.port.lance=0 -master.telemetry=false)
+    -s3.port.iceberg=0 -s3.port.lance=0 -master.telemetry=false -s3.autoCreateBucket=false)
   # Its defaults are fixed ports (9333, 8888, ... and each +10000 for gRPC); two servers on
   # one machine (or a busy port) would collide.
   for p in master.port master.port.grpc volume.port volume.port.grpc filer.port filer.port.grpc \
