@@ -20,13 +20,14 @@ cargo test --workspace
 # The S3-backed tests once more on SeaweedFS, a second real S3 server (moto is a mock that
 # takes unsigned requests): the store's conformance S3 cases and fault suite, the fault proxy's S3
 # tests, the query engine on S3 and the loader on S3. --workspace, so that the features, and
-# so the builds, are those of the run above.
+# so the builds, are those of the run above; --tests, not --lib, which would build the Python
+# extension (test = false) a second way.
 stop_s3_server
 start_s3_server seaweedfs
 cargo test --workspace --test conformance s3::
 cargo test --workspace --test faults --test s3_faults
-cargo test --workspace --lib on_s3
-python -m pytest -q tests/python/test_loader.py -k s3
+cargo test --workspace --tests on_s3
+python -m pytest -q tests/python/test_loader.py -k test_s3_
 python -m pytest -q tests/python/test_fault_proxy.py
 stop_s3_server
 start_s3_server moto
