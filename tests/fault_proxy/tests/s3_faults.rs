@@ -7,8 +7,8 @@ use std::io::Write;
 use std::time::Duration;
 
 use bytes::Bytes;
-use hslake_store::tools::s3_bucket::create_bucket;
 use hslake_fault_proxy::{DelayPoint, Fault, FaultProxy, Rule, RuleSet};
+use hslake_store::tools::s3_bucket::create_bucket;
 use object_store::aws::{AmazonS3, AmazonS3Builder};
 use object_store::path::Path;
 use object_store::signer::Signer;
