@@ -19,8 +19,8 @@ subprocess:
   mosaicml     mosaicml-streaming MDS shards (zstd), `StreamingDataset(shuffle=True)`; each read is
                a first epoch (StreamingDataset keeps the shards it decompresses beside the zstd
                ones and reads those in later epochs: they are removed before each read);
-  hslake       `hslake.Loader` from local disk, window shuffle (and from a loopback S3 server
-               with --s3);
+  hslake       `hslake.Loader` from local disk, window shuffle (and from loopback S3 servers
+               with --s3: moto, or --s3 moto,seaweedfs for both side by side);
   hslake_all   the same with one window of every row group: a per-sample permutation whose
                memory grows with the dataset (see docs/PERFORMANCE.md);
   hslake_sample  `shuffle_mode="sample"`: a full per-sample permutation read in lookaheads
@@ -62,13 +62,14 @@ import json
 import os
 import resource
 import shutil
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+# The loopback S3 servers scripts/s3_server.sh starts.
+S3_SERVERS = ("moto", "seaweedfs")
 RUN = 64  # storage-order run length of the mixing metric
 READERS = ["torch", "safetensors", "lance_take", "lance_dataset", "mosaicml", "hslake", "hslake_all", "hslake_sample"]
 CHILD_IMPORTS = {"safetensors": ["safetensors.torch", "pyarrow"], "lance_take": ["lance"],
@@ -483,22 +484,25 @@ def ensure_peers(modules: set[str]) -> None:
 
 # --- S3 ------------------------------------------------------------------------------------------
 
-def start_moto() -> tuple[subprocess.Popen, str]:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    moto = shutil.which("moto_server") or str(Path(sys.executable).parent / "moto_server")
-    p = subprocess.Popen([moto, "-H", "127.0.0.1", "-p", str(port)], stdout=subprocess.DEVNULL,
-                         stderr=subprocess.DEVNULL)
-    import urllib.request
-    for _ in range(100):
-        try:
-            urllib.request.urlopen(f"http://127.0.0.1:{port}/moto-api/")
-            break
-        except OSError:
-            time.sleep(0.1)
-    return p, f"http://127.0.0.1:{port}"
+def start_s3_server(kind: str) -> tuple[subprocess.Popen, str]:
+    """Starts `kind` (moto or seaweedfs) on a free loopback port with scripts/s3_server.sh, the
+    helper the tests use, and returns its endpoint; the server runs until the returned process's
+    stdin is closed (stop_s3_server)."""
+    script = ('source scripts/s3_server.sh && start_s3_server "$1" || exit 1; '
+              'echo "$HSLAKE_TEST_S3_ENDPOINT"; read -r _; stop_s3_server')
+    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
+    p = subprocess.Popen(["bash", "-c", script, "s3_server", kind], cwd=ROOT, env=env, text=True,
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    endpoint = p.stdout.readline().strip()
+    if not endpoint:
+        p.wait()
+        raise SystemExit(f"the {kind} S3 server did not start (scripts/s3_server.sh; its log is in .cache/)")
+    return p, endpoint
+
+
+def stop_s3_server(p: subprocess.Popen) -> None:
+    p.stdin.close()
+    p.wait(timeout=60)
 
 
 def upload(local: Path, endpoint: str, bucket: str, prefix: str) -> None:
@@ -537,7 +541,9 @@ def main() -> None:
     ap.add_argument("--max-seconds", type=float, default=900.0,
                     help="stop a reader after this long (the epoch check then fails)")
     ap.add_argument("--out", default="/tmp/hslake-bench")
-    ap.add_argument("--s3", action="store_true", help="also hslake from a loopback S3 server (moto)")
+    ap.add_argument("--s3", nargs="?", const="moto", default="",
+                    help="also hslake from loopback S3 servers, started here: a comma list of "
+                         f"{','.join(S3_SERVERS)} (default moto)")
     ap.add_argument("--keep", action="store_true", help="reuse the datasets in --out if present")
     ap.add_argument("--json-out", help="also write the results as JSON here")
     ap.add_argument("--checksum-rounds", type=int, default=0,
@@ -584,6 +590,9 @@ def main() -> None:
     peer_modules = {PEER_MODULES[r] for r in readers if r in PEER_MODULES}
     if peer_modules:
         ensure_peers(peer_modules)
+    s3_kinds = [k for k in a.s3.split(",") if k]
+    if set(s3_kinds) - set(S3_SERVERS):
+        raise SystemExit(f"--s3 {a.s3!r}: expected a comma list of {','.join(S3_SERVERS)}")
     workers = [int(x) for x in a.workers.split(",") if x]
     if not workers or min(workers) < 1:
         raise SystemExit(f"--workers {a.workers!r}: expected positive counts, e.g. 2 or 1,2,4")
@@ -666,22 +675,22 @@ def main() -> None:
         for kind, u in sum_urls.items():
             runs.append((f"hslake, value checksums {kind}, round {i + 1}", "hslake", "hslake",
                          {**common, "url": u, "options": hs_opts}, None))
-    moto = None
+    servers = []  # every S3 server started, stopped in the finally below
     try:
-        if a.s3 and "hslake" in readers:
-            endpoint = os.environ.get("HSLAKE_TEST_S3_ENDPOINT")
-            if not endpoint:
-                moto, endpoint = start_moto()
+        for kind in (s3_kinds if "hslake" in readers else []):
+            p, endpoint = start_s3_server(kind)
+            servers.append(p)
             bucket = f"bench-{os.getpid()}"
             upload(dirs["hslake"], endpoint, bucket, "ds")
             env = dict(os.environ, AWS_ENDPOINT=endpoint, AWS_ALLOW_HTTP="true", AWS_ACCESS_KEY_ID="testing",
                        AWS_SECRET_ACCESS_KEY="testing", AWS_REGION="us-east-1")
-            runs.append(("hslake, loopback S3 (moto), window shuffle", "hslake", "hslake",
+            runs.append((f"hslake, loopback S3 ({kind}), window shuffle", "hslake", "hslake",
                          {**common, "url": f"s3://{bucket}/ds", "options": hs_opts}, env))
             if "hslake_sample" in readers:
                 mb = lookaheads[0]
-                runs.append((f"hslake, loopback S3 (moto), sample shuffle (lookahead {mb:g} MiB)", "hslake_sample",
-                             "hslake", {**common, "url": f"s3://{bucket}/ds", "options": sample_opts(mb)}, env))
+                runs.append((f"hslake, loopback S3 ({kind}), sample shuffle (lookahead {mb:g} MiB)",
+                             "hslake_sample", "hslake",
+                             {**common, "url": f"s3://{bucket}/ds", "options": sample_opts(mb)}, env))
         results = {}
         # Hidden-state bytes a token decodes to: the aux layers and the target, bf16.
         state_bytes = (len(layers) + 1) * a.hidden * 2
@@ -705,8 +714,8 @@ def main() -> None:
                 Path(a.json_out).write_text(json.dumps({"results": results, "write_seconds": write_s,
                                                         "counts": counts, "build": build, "partial": True}))
     finally:
-        if moto:
-            moto.terminate()
+        for p in servers:
+            stop_s3_server(p)
         if dirs["mosaicml"].exists():
             drop_mds_raw(dirs["mosaicml"])
 

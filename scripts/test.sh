@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Sets up (scripts/setup.sh) and runs every test: Rust unit and end-to-end tests, then the
-# Python interoperability tests, all against a real S3-compatible server on 127.0.0.1.
+# Python interoperability tests, all against a real S3-compatible server on 127.0.0.1 (moto),
+# and the S3-backed ones a second time against SeaweedFS.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -15,6 +16,22 @@ start_s3_server
 trap stop_s3_server EXIT
 
 cargo test --workspace
+
+# The S3-backed tests once more on SeaweedFS, a second real S3 server (moto is a mock that
+# takes unsigned requests): the store's conformance S3 cases and fault suite, the fault proxy's S3
+# tests, the query engine on S3 and the loader on S3. --workspace, so that the features, and
+# so the builds, are those of the run above; --tests, not --lib, which would build the Python
+# extension (test = false) a second way.
+stop_s3_server
+start_s3_server seaweedfs
+cargo test --workspace --test conformance s3::
+cargo test --workspace --test faults --test s3_faults
+cargo test --workspace --tests on_s3
+python -m pytest -q tests/python/test_loader.py -k test_s3_
+python -m pytest -q tests/python/test_fault_proxy.py
+stop_s3_server
+start_s3_server moto
+
 # The Python tests run against target/debug/hslake; the capture daemon's lost-rank test needs
 # the build that reads HSLAKE_TEST_FAIL_ALL_REDUCE, so the binary is rebuilt with it here.
 cargo build --bin hslake --features fault-injection

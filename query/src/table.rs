@@ -572,20 +572,6 @@ mod tests {
         .contains("| 9 |"));
     }
 
-    /// moto creates a bucket on an unsigned `PUT /<bucket>`.
-    fn create_bucket(endpoint: &str, bucket: &str) {
-        use std::io::{Read, Write};
-        let host = endpoint.trim_start_matches("http://").trim_end_matches('/');
-        let mut s = std::net::TcpStream::connect(host).unwrap();
-        write!(s, "PUT /{bucket} HTTP/1.1\r\nHost: {host}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n").unwrap();
-        let mut resp = String::new();
-        let _ = s.read_to_string(&mut resp);
-        assert!(
-            resp.starts_with("HTTP/1.1 200") || resp.contains("BucketAlready"),
-            "creating bucket: {resp}"
-        );
-    }
-
     #[tokio::test]
     async fn queries_a_dataset_on_s3_reading_no_tensor_bytes_for_metadata() {
         let Ok(endpoint) = std::env::var("HSLAKE_TEST_S3_ENDPOINT") else {
@@ -594,7 +580,8 @@ mod tests {
             );
             return;
         };
-        create_bucket(&endpoint, "hslake-query-test");
+        hslake_store::tools::s3_bucket::create_bucket(&endpoint, "hslake-query-test")
+            .expect("test bucket");
         let nanos = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .unwrap()

@@ -1,10 +1,11 @@
 //! One suite, every backend: each behaviour runs against memory://, a local directory and,
-//! when `HSLAKE_TEST_S3_ENDPOINT` is set (scripts/test.sh starts moto_server), real S3.
+//! when `HSLAKE_TEST_S3_ENDPOINT` is set (scripts/test.sh starts moto_server, then SeaweedFS),
+//! real S3.
 use std::collections::BTreeMap;
-use std::io::{Read, Write};
 use std::time::Duration;
 
 use hslake_schemas::{CapturePoint, DType, DatasetSchema, FinitePolicy, Sample, TensorData};
+use hslake_store::tools::s3_bucket::create_bucket;
 use hslake_store::tools::synth::{write_dataset, SynthModel, SynthSpec};
 use hslake_store::{
     copy_dataset, drop_missing, vacuum, verify, Appended, Dataset, DatasetReader, DatasetWriter,
@@ -39,28 +40,10 @@ fn fresh_url(b: Backend) -> Option<String> {
                 return None;
             };
             let bucket = "hslake-conformance";
-            create_bucket(&endpoint, bucket);
+            create_bucket(&endpoint, bucket).expect("test bucket");
             Some(format!("s3://{bucket}/{}", unique()))
         }
     }
-}
-
-/// moto creates a bucket on an unsigned `PUT /<bucket>`; done with a raw request so the
-/// test needs no HTTP client crate.
-fn create_bucket(endpoint: &str, bucket: &str) {
-    let host = endpoint.trim_start_matches("http://").trim_end_matches('/');
-    let mut s = std::net::TcpStream::connect(host).expect("S3 test server reachable");
-    write!(
-        s,
-        "PUT /{bucket} HTTP/1.1\r\nHost: {host}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
-    )
-    .unwrap();
-    let mut resp = String::new();
-    let _ = s.read_to_string(&mut resp);
-    assert!(
-        resp.starts_with("HTTP/1.1 200") || resp.contains("BucketAlready"),
-        "bucket creation: {resp}"
-    );
 }
 
 fn schema(dtype: DType, hidden: usize, points: &[u32]) -> DatasetSchema {
@@ -1057,7 +1040,7 @@ async fn the_root_of_a_bucket_is_refused_as_a_dataset(b: Backend) {
         return;
     };
     let bucket = format!("hslake-root-{}", uuid::Uuid::new_v4().simple());
-    create_bucket(&endpoint, &bucket);
+    create_bucket(&endpoint, &bucket).expect("test bucket");
     for url in [format!("s3://{bucket}"), format!("s3://{bucket}/")] {
         let err = Dataset::create(&url, schema(DType::Bf16, 16, &[2]), Provenance::default())
             .await

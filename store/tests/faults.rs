@@ -12,6 +12,7 @@ use tokio::sync::{Mutex, MutexGuard};
 
 use hslake_fault_proxy::{Fault, FaultProxy, Rule, RuleSet};
 use hslake_schemas::{CapturePoint, DType, DatasetSchema};
+use hslake_store::tools::s3_bucket::create_bucket;
 use hslake_store::tools::synth::{write_dataset, SynthModel, SynthSpec};
 use hslake_store::{
     copy_dataset, verify, Dataset, DatasetReader, DatasetWriter, Provenance, StoreError,
@@ -35,7 +36,7 @@ async fn setup() -> Option<(&'static Proxy, MutexGuard<'static, ()>)> {
             );
             return None;
         };
-        create_bucket(&upstream);
+        create_bucket(&upstream, BUCKET).expect("test bucket");
         let proxy = FaultProxy::start(&upstream).expect("fault proxy starts");
         std::env::set_var("AWS_ENDPOINT", proxy.endpoint());
         std::env::set_var("AWS_ALLOW_HTTP", "true");
@@ -48,23 +49,6 @@ async fn setup() -> Option<(&'static Proxy, MutexGuard<'static, ()>)> {
     proxy.proxy.clear_rules();
     proxy.proxy.reset_counters();
     Some((proxy, turn))
-}
-
-fn create_bucket(endpoint: &str) {
-    use std::io::{Read, Write};
-    let host = endpoint.trim_start_matches("http://").trim_end_matches('/');
-    let mut s = std::net::TcpStream::connect(host).expect("S3 test server reachable");
-    write!(
-        s,
-        "PUT /{BUCKET} HTTP/1.1\r\nHost: {host}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
-    )
-    .unwrap();
-    let mut resp = String::new();
-    let _ = s.read_to_string(&mut resp);
-    assert!(
-        resp.starts_with("HTTP/1.1 200") || resp.contains("BucketAlready"),
-        "bucket creation: {resp}"
-    );
 }
 
 fn fresh_url() -> String {

@@ -32,6 +32,9 @@ impl RawResponse {
 /// One keep-alive connection.
 pub struct RawConn {
     reader: BufReader<TcpStream>,
+    /// The `host:port` connected to, sent as the Host header: a presigned URL's signature
+    /// covers it, and servers that check signatures (SeaweedFS) refuse any other.
+    host: String,
 }
 
 impl RawConn {
@@ -40,6 +43,7 @@ impl RawConn {
         s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
         RawConn {
             reader: BufReader::new(s),
+            host: addr.to_string(),
         }
     }
 
@@ -57,7 +61,8 @@ impl RawConn {
     /// Writes a request head announcing `len` body bytes, plus `extra` header lines.
     pub fn send_head(&mut self, method: &str, target: &str, len: usize, extra: &str) {
         let head = format!(
-            "{method} {target} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: {len}\r\n{extra}\r\n"
+            "{method} {target} HTTP/1.1\r\nHost: {}\r\nContent-Length: {len}\r\n{extra}\r\n",
+            self.host
         );
         self.stream().write_all(head.as_bytes()).unwrap();
     }
