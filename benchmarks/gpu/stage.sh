@@ -6,6 +6,7 @@
 #   bash gpu-run/llama8b.sh       Llama-3.1-8B shapes: transformers vs our prefill and capture
 #   bash gpu-run/variants.sh      our prefill under each setting
 #   bash gpu-run/moe.sh           MoE models on one GPU
+#   bash gpu-run/stream.sh        layer-streamed against resident capture on one GPU
 #   bash gpu-run/multi_gpu.sh N   tensor parallelism on N GPUs
 # Needs the Rust toolchain and .venv (scripts/setup.sh), and transformers' reference benchmark
 # hf_baseline.py at HF_BASELINE (default /work/shared/reference/hf_baseline.py).
@@ -18,6 +19,7 @@ mkdir -p gpu-run
 cp "$T/release/hslake" gpu-run/hslake
 cp benchmarks/gpu/env.sh benchmarks/gpu/llama8b.sh benchmarks/gpu/variants.sh benchmarks/gpu/make_llama8b.py \
   benchmarks/gpu/multi_gpu.sh benchmarks/gpu/moe.sh benchmarks/gpu/moe_reference.py \
+  benchmarks/gpu/stream.sh benchmarks/gpu/kimi_shapes.py \
   tests/gpu/checks.sh tests/gpu/parity_bf16.py tests/gpu/compare_tp.py gpu-run/
 cp "${HF_BASELINE:-/work/shared/reference/hf_baseline.py}" gpu-run/
 ls -la gpu-run
