@@ -15,7 +15,7 @@
 # transformers, and MFU on active parameters. The table is printed at the end and kept in $OUT/moe_summary.txt.
 #
 # Needs one GPU with the memory of an H200 (141 GB) and ~64 GB of disk: each checkpoint (DeepSeek 53 GB,
-# FP8 27 GB, Qwen3 61 GB) is deleted with its captured dataset before the next is written. About 5-7 minutes.
+# FP8 27 GB, Qwen3 61 GB) is deleted with its captured dataset before the next is written.
 #
 # Knobs: MODELS (the steps in order, default "ds ds8 qw"; ds4 is the INT4 step), MOE_KERNEL (our --moe-kernel:
 # loop, grouped, or both as "loop grouped" for one prefill each, side by side, the capture running the last;
