@@ -49,11 +49,13 @@ if [ ! -d "${CARGO_TARGET_DIR:-target}/debug" ]; then
   need_space 5 "the first dev build of the workspace"
 fi
 echo "setup: building hslake and its Python module (dev profile, read/write path at opt-level 3)" >&2
-# One build serves the tests and users: Cargo.toml raises the hot crates (store, loader, parquet,
-# arrow's array crates, zstd, ...) to opt-level 3 inside the dev profile, which reaches release
-# speed on the store and loader benchmarks without a second build of DataFusion and libtorch's
-# bindings (docs/PERFORMANCE.md, "Which build"). `hslake --version` says which build a binary is.
+# The users' build shares its dependencies with the tests' build: Cargo.toml raises the hot crates
+# (store, loader, parquet, arrow's array crates, zstd, ...) to opt-level 3 inside the dev profile,
+# which reaches release speed on the store and loader benchmarks without a second build of
+# DataFusion and libtorch's bindings (docs/PERFORMANCE.md, "Which build"). .cargo/install.toml
+# turns off the debug assertions and overflow checks that the tests keep in our hot crates.
+# `hslake --version` says which build a binary is.
 # --lib builds the Python module's library in the same feature resolution as the CLI and the
 # tests (a separate maturin build of the one package compiled arrow and parquet again).
-cargo build --workspace --lib --bins
+cargo build --workspace --lib --bins --config .cargo/install.toml
 bash scripts/python_module.sh

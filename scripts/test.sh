@@ -1,14 +1,20 @@
 #!/usr/bin/env bash
-# Sets up (scripts/setup.sh) and runs every test: Rust unit and end-to-end tests, then the
-# Python interoperability tests, all against a real S3-compatible server on 127.0.0.1 (moto),
-# and the S3-backed ones a second time against SeaweedFS.
+# Checks formatting and lints, sets up (scripts/setup.sh) and runs every test: Rust unit and
+# end-to-end tests, then the Python interoperability tests, all against a real S3-compatible
+# server on 127.0.0.1 (moto), and the S3-backed ones a second time against SeaweedFS. Needs
+# rustfmt and clippy (rustup components) and what setup needs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 # Idle OpenMP threads sleep instead of spinning, for the tests too (why: scripts/setup.sh).
 export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-PASSIVE}
+# Formatting first: it needs no build and fails in seconds.
+cargo fmt --all --check
 bash scripts/setup.sh
 export PATH="$ROOT/.venv/bin:$PATH"
+# Lints after setup, whose .venv tch's and pyo3's build scripts need, and before the tests, so
+# that a lint fails the run in minutes rather than after the whole suite.
+cargo clippy --workspace --all-targets -- -D warnings
 
 # A real S3 endpoint on loopback for the object-storage tests.
 source scripts/s3_server.sh

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Layer-streamed capture against resident capture of the same model and inputs, on one GPU, in one call.
+# Measures layer-streamed capture against resident capture of the same model and inputs, on one GPU.
 # Run from the repository root with the staged binary (bash benchmarks/gpu/stage.sh fills gpu-run/):
 #   STEPS="kimi" bash gpu-run/stream.sh        STEPS="qwen" bash gpu-run/stream.sh
 # Steps (each makes its model, measures, and deletes it, as the disk holds one at a time):

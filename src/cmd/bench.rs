@@ -63,7 +63,7 @@ pub struct StoreArgs {
     #[arg(long)]
     pub from: Option<String>,
     /// Take samples from a directory of `layer_<i>.npy` (bf16 bits, [N, T, H]) and
-    /// `input_ids.npy` ([N, T]), as scripts/real_activations.py writes them.
+    /// `input_ids.npy` ([N, T]), as benchmarks/cpu/real_activations.py writes them.
     #[arg(long, conflicts_with = "from")]
     pub from_npy: Option<std::path::PathBuf>,
     /// Samples to synthesise (or at most to take from --from / --from-npy).

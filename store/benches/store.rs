@@ -1,6 +1,6 @@
 //! `cargo bench -p hslake-store`: the shard-format benchmark in a release build, on synthetic
 //! activations, on a dataset named by HSLAKE_BENCH_FROM, or on the `.npy` directory named by
-//! HSLAKE_BENCH_NPY (real activations from `scripts/real_activations.py`).
+//! HSLAKE_BENCH_NPY (real activations from `benchmarks/cpu/real_activations.py`).
 //! Knobs: HSLAKE_BENCH_SAMPLES, HSLAKE_BENCH_HIDDEN, HSLAKE_BENCH_SEQ (MIN:MAX), HSLAKE_BENCH_LEVEL,
 //! HSLAKE_BENCH_ROW_GROUP_MB.
 use futures::TryStreamExt;

@@ -1,4 +1,4 @@
-"""scripts/bench_loader.py's readers of the trainers' own per-sample files (SpecForge's torch.save
+"""benchmarks/cpu/loader.py's readers of the trainers' own per-sample files (SpecForge's torch.save
 files, speculators' safetensors files): each sample once per worker count, or a failed run."""
 import json
 import subprocess
@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-BENCH = ROOT / "scripts" / "bench_loader.py"
+BENCH = ROOT / "benchmarks" / "cpu" / "loader.py"
 SAMPLES = 24
 
 

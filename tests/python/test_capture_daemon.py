@@ -585,7 +585,7 @@ def proc_bytes(pid, field):
 
 
 # The CI form floods with 2,000 connections for 6 s; docs/PERFORMANCE.md's figures come from
-# scripts/bench_daemon.sh, which sets these to 20,000 and longer.
+# benchmarks/cpu/daemon.sh, which sets these to 20,000 and longer.
 FLOOD_CONNECTIONS = int(os.environ.get("HSLAKE_FLOOD_CONNECTIONS", "2000"))
 FLOOD_SECONDS = float(os.environ.get("HSLAKE_FLOOD_SECONDS", "6"))
 
@@ -644,7 +644,7 @@ def big_input(path, mb, seed):
     return path
 
 
-# The CI form: 50 MB submissions against --max-job-bytes 20MB. scripts/bench_daemon.sh runs
+# The CI form: 50 MB submissions against --max-job-bytes 20MB. benchmarks/cpu/daemon.sh runs
 # 500 MB ones against 200MB (docs/PERFORMANCE.md).
 SUBMISSION_MB = int(os.environ.get("HSLAKE_SUBMISSION_MB", "50"))
 

@@ -1,20 +1,15 @@
-"""The greedy draft-and-verify loop of the EAGLE-3 example (scripts/eagle3/specdec.py): its
+"""The greedy draft-and-verify loop of the EAGLE-3 example (examples/eagle3, hslake_eagle3.specdec): its
 output equals plain greedy decoding token for token, whatever the draft proposes, and a draft
 that proposes the target's own continuation is accepted whole."""
 from __future__ import annotations
 
-import sys
 import warnings
-from pathlib import Path
 
 import pytest
 import torch
 
 pytest.importorskip("speculators")
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "scripts" / "eagle3"))
-import drafts  # noqa: E402
-import specdec  # noqa: E402
+from hslake_eagle3 import drafts, specdec  # noqa: E402
 
 warnings.filterwarnings("ignore")
 

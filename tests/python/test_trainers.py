@@ -5,7 +5,7 @@ training losses step by step from either. A tiny 8-layer Llama is captured by th
 
 Neither trainer's Trainer class runs on CPU (speculators moves the model to `cuda:local_rank`;
 SpecForge's loop is built for GPUs), so the loss tests drive each trainer's model, loss and
-optimizer step directly — the same functions its Trainer calls (scripts/eagle3/drafts.py).
+optimizer step directly — the same functions its Trainer calls (hslake_eagle3.drafts, examples/eagle3).
 """
 from __future__ import annotations
 
@@ -28,9 +28,7 @@ from capture_util import hslake_bin, randomize, save_model, write_jsonl
 pytest.importorskip("speculators")
 pytest.importorskip("specforge")
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "scripts" / "eagle3"))
-import drafts  # noqa: E402
+from hslake_eagle3 import drafts  # noqa: E402
 from hslake.integrations.specforge import SpecForgeLoader, train_batch  # noqa: E402
 from hslake.integrations.speculators import SpeculatorsLoader  # noqa: E402
 
@@ -408,13 +406,12 @@ def test_preset_resolves_layers_and_refuses_explicit_layers_too(ds_bf16):
 
 
 def test_the_example_trains_a_specforge_draft_whose_accuracy_rises(verifier, ds_bf16, tmp_path):
-    """scripts/eagle3/train_eval.py --trainer specforge (the end-to-end example's SpecForge half) on
+    """hslake_eagle3.train_eval --trainer specforge (the end-to-end example's SpecForge half) on
     CPU: SpecForge's strategy and optimizer fed by the adapter for 60 steps over 18 samples (many
     epochs); the report has every step's metrics, and the draft learns (first-step accuracy at
     TTT step 0 rises, loss falls)."""
     out = tmp_path / "report"
-    script = Path(__file__).resolve().parents[2] / "scripts" / "eagle3" / "train_eval.py"
-    r = subprocess.run([sys.executable, str(script), "--trainer", "specforge", "--dataset", ds_bf16,
+    r = subprocess.run([sys.executable, "-m", "hslake_eagle3.train_eval", "--trainer", "specforge", "--dataset", ds_bf16,
                         "--model", verifier[1], "--out", str(out), "--device", "cpu", "--max-steps", "60",
                         "--batch-size", "6", "--max-len", "48", "--lr", "3e-3", "--decode-threads", "1"],
                        capture_output=True, text=True, timeout=600)

@@ -475,7 +475,7 @@ fn decode_layout(layout: &str, b: &RecordBatch, k: usize, h: usize) -> u64 {
 }
 
 /// Samples from a directory of `input_ids.npy` (`[N, T]` int32) and `layer_<i>.npy` (`[N, T, H]`
-/// bf16 bits as uint16), as `scripts/real_activations.py` writes them; at most `limit`.
+/// bf16 bits as uint16), as `benchmarks/cpu/real_activations.py` writes them; at most `limit`.
 pub fn samples_from_npy(
     dir: &std::path::Path,
     limit: usize,

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Builds the GPU machines' binary (`hslake` with only the capture feature, no DataFusion or
+# Flight; release, stripped) and stages it with the GPU benchmarks and checks in gpu-run/
+# (git-ignored), flat, so that each finds env.sh and the binary beside itself there:
+#   bash gpu-run/checks.sh        NCCL one-rank check + bf16 parity vs transformers (tests/gpu/)
+#   bash gpu-run/llama8b.sh       Llama-3.1-8B shapes: transformers vs our prefill and capture
+#   bash gpu-run/variants.sh      our prefill under each setting
+#   bash gpu-run/moe.sh           MoE models on one GPU
+#   bash gpu-run/stream.sh        layer-streamed against resident capture on one GPU
+#   bash gpu-run/multi_gpu.sh N   tensor parallelism on N GPUs
+# Needs the Rust toolchain and .venv (scripts/setup.sh), and transformers' reference benchmark
+# hf_baseline.py at HF_BASELINE (default /work/shared/reference/hf_baseline.py).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+export PATH="$PWD/.venv/bin:$PATH"
+T=${CARGO_TARGET_DIR:-target}
+cargo build --release --no-default-features --features capture --bin hslake
+mkdir -p gpu-run
+cp "$T/release/hslake" gpu-run/hslake
+cp benchmarks/gpu/env.sh benchmarks/gpu/llama8b.sh benchmarks/gpu/variants.sh benchmarks/gpu/make_llama8b.py \
+  benchmarks/gpu/multi_gpu.sh benchmarks/gpu/moe.sh benchmarks/gpu/moe_reference.py \
+  benchmarks/gpu/stream.sh benchmarks/gpu/kimi_shapes.py \
+  tests/gpu/checks.sh tests/gpu/parity_bf16.py tests/gpu/compare_tp.py gpu-run/
+cp "${HF_BASELINE:-/work/shared/reference/hf_baseline.py}" gpu-run/
+ls -la gpu-run
+du -sh gpu-run
