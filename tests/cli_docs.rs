@@ -232,8 +232,9 @@ fn every_visible_command_has_a_flag_reference_in_the_guide() {
     );
 }
 
-/// Relative link targets in a Markdown text: `](target)`, without `#anchor`, skipping URLs.
-fn relative_links(text: &str) -> Vec<String> {
+/// Relative links in a Markdown text as (file, anchor): `](file#anchor)`, skipping URLs and
+/// fenced code. A link to an anchor of the page itself has an empty file.
+fn relative_links(text: &str) -> Vec<(String, Option<String>)> {
     let mut out = Vec::new();
     let mut in_fence = false;
     for line in text.lines() {
@@ -248,25 +249,81 @@ fn relative_links(text: &str) -> Vec<String> {
         while let Some(i) = rest.find("](") {
             rest = &rest[i + 2..];
             let Some(j) = rest.find(')') else { break };
-            let target = rest[..j].split('#').next().unwrap_or("").trim();
+            let target = rest[..j].trim();
             rest = &rest[j..];
-            if !target.is_empty() && !target.contains("://") && !target.starts_with("mailto:") {
-                out.push(target.to_string());
+            if target.is_empty() || target.contains("://") || target.starts_with("mailto:") {
+                continue;
             }
+            let (file, anchor) = match target.split_once('#') {
+                Some((f, a)) => (f, Some(a.to_string())),
+                None => (target, None),
+            };
+            out.push((file.to_string(), anchor));
         }
     }
     out
 }
 
+/// The anchors GitHub gives a page's headings: lower case, punctuation dropped, spaces as
+/// hyphens, a repeated heading numbered from `-1`.
+fn anchors(text: &str) -> BTreeSet<String> {
+    let mut seen = BTreeMap::<String, usize>::new();
+    let mut out = BTreeSet::new();
+    let mut in_fence = false;
+    for line in text.lines() {
+        if line.trim_start().starts_with("```") {
+            in_fence = !in_fence;
+        }
+        let Some(title) = line.strip_prefix('#').filter(|_| !in_fence) else {
+            continue;
+        };
+        let slug: String = title
+            .trim_start_matches('#')
+            .trim()
+            .to_lowercase()
+            .chars()
+            .filter(|c| c.is_alphanumeric() || matches!(c, ' ' | '-' | '_'))
+            .map(|c| if c == ' ' { '-' } else { c })
+            .collect();
+        let n = seen.entry(slug.clone()).or_insert(0);
+        out.insert(if *n == 0 {
+            slug.clone()
+        } else {
+            format!("{slug}-{n}")
+        });
+        *n += 1;
+    }
+    out
+}
+
 #[test]
-fn every_relative_link_in_the_docs_leads_to_a_file() {
+fn every_relative_link_in_the_docs_leads_to_a_file_and_heading() {
     let mut broken = Vec::new();
     for page in pages() {
         let text = std::fs::read_to_string(&page).expect("read page");
         let dir = page.parent().expect("page has a folder");
-        for target in relative_links(&text) {
-            if !dir.join(&target).exists() {
-                broken.push(format!("{}: {target}", relative(&page)));
+        for (file, anchor) in relative_links(&text) {
+            let target = if file.is_empty() {
+                page.clone()
+            } else {
+                dir.join(&file)
+            };
+            let shown = match &anchor {
+                Some(a) => format!("{file}#{a}"),
+                None => file.clone(),
+            };
+            if !target.exists() {
+                broken.push(format!("{}: {shown}: no such file", relative(&page)));
+                continue;
+            }
+            let Some(anchor) = anchor else { continue };
+            let heads = if target.is_dir() {
+                BTreeSet::new()
+            } else {
+                anchors(&std::fs::read_to_string(&target).expect("read link target"))
+            };
+            if !heads.contains(&anchor) {
+                broken.push(format!("{}: {shown}: no such heading", relative(&page)));
             }
         }
     }
@@ -300,6 +357,17 @@ mod parsing {
     #[test]
     fn links_in_code_and_urls_are_not_checked() {
         let text = "[a](guide/x.md#y) [b](https://e.org/z)\n```\n[c](nowhere.md)\n```\n";
-        assert_eq!(relative_links(text), ["guide/x.md"]);
+        assert_eq!(
+            relative_links(text),
+            [("guide/x.md".to_string(), Some("y".to_string()))]
+        );
+    }
+
+    #[test]
+    fn headings_get_github_s_anchors() {
+        let text =
+            "# SQL: hslake vs. DuckDB\n## `hslake prepare`\n## Notes\n## Notes\n```\n# x\n```\n";
+        let want = ["hslake-prepare", "notes", "notes-1", "sql-hslake-vs-duckdb"];
+        assert_eq!(anchors(text).into_iter().collect::<Vec<_>>(), want);
     }
 }
