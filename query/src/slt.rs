@@ -1,5 +1,6 @@
 //! SQL behaviour tests: the files in `query/tests/sql/*.slt`, run by the `sqllogictest` crate
-//! (the format DataFusion pins its own SQL with), and the README's SQL examples.
+//! (the format DataFusion pins its own SQL with), and the SQL guide's examples
+//! (`docs/guide/sql.md`).
 //!
 //! ```text
 //! # comment
@@ -256,22 +257,24 @@ fn sql_examples_are_found_in_markdown() {
 }
 
 #[tokio::test]
-async fn every_sql_example_in_the_readme_runs() {
-    let readme = Path::new(env!("CARGO_MANIFEST_DIR")).join("../README.md");
-    let text = std::fs::read_to_string(&readme).unwrap();
+async fn every_sql_example_in_the_sql_guide_runs() {
+    let guide = Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/guide/sql.md");
+    let text =
+        std::fs::read_to_string(&guide).unwrap_or_else(|e| panic!("{}: {e}", guide.display()));
     let examples = sql_examples(&text);
     assert!(
         examples.len() >= 5,
-        "expected the README's SQL examples, found {}",
+        "expected the SQL guide's examples in {}, found {}",
+        guide.display(),
         examples.len()
     );
-    testdata::write("memory://readme-examples", DType::Bf16, 10, 2).await;
-    let session = QuerySession::open("memory://readme-examples", None)
+    testdata::write("memory://guide-examples", DType::Bf16, 10, 2).await;
+    let session = QuerySession::open("memory://guide-examples", None)
         .await
         .unwrap();
     for sql in examples {
         if let Err(e) = session.query(&sql).await {
-            panic!("README example fails:\n{sql}\n{e}");
+            panic!("docs/guide/sql.md example fails:\n{sql}\n{e}");
         }
     }
 }
