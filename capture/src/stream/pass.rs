@@ -186,9 +186,12 @@ pub(crate) fn run_pass(
     let mut xs: Vec<(Tensor, BatchContext)> =
         ids.iter().map(|t| model.embed(t)).collect::<Result<_>>()?;
     for i in 0..=last {
-        // 2. The next layer's copy starts before this layer is queued, so that it overlaps this
-        //    layer's compute; after the last layer, the next pass's first.
-        slots.prefetch(if i < last { i + 1 } else { 0 })?;
+        // 2. The next layer's copy (after the last layer, the next pass's first) begins before
+        //    this layer is queued, so that it overlaps this layer's compute, and is queued in
+        //    parts as the batches go (see `Slots::begin`).
+        slots.begin(if i < last { i + 1 } else { 0 })?;
+        let parts = xs.len() + 1;
+        slots.advance(1, parts)?;
         let before = clock.before_wait()?;
         let t = Instant::now();
         let source = slots.take(i)?;
@@ -205,6 +208,7 @@ pub(crate) fn run_pass(
         // 3. The layer over every batch of the pass; its captured points leave at once.
         for (j, (x, batch)) in xs.iter_mut().enumerate() {
             *x = layer.forward(x, batch)?;
+            slots.advance(j + 2, parts)?;
             for (p, _) in points
                 .iter()
                 .enumerate()
@@ -214,6 +218,7 @@ pub(crate) fn run_pass(
             }
         }
         drop(layer);
+        slots.finish()?;
         slots.release()?;
     }
     // 4. The final norm, where it is captured.

@@ -26,6 +26,14 @@ struct Slot {
     free: Option<Event>,
 }
 
+/// A layer copy begun: its slot and how many of its tensors are queued.
+struct Pending {
+    slot: usize,
+    layer: usize,
+    queued: usize,
+    total: usize,
+}
+
 /// Time and bytes of the copies a pass made.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub(crate) struct CopyTotals {
@@ -44,6 +52,8 @@ pub(crate) struct Slots {
     in_use: Option<usize>,
     /// The slot the next copy goes into when neither holds the layer.
     next: usize,
+    /// The layer whose copy has begun but is not all queued yet.
+    pending: Option<Pending>,
     stream: Option<CopyStream>,
     /// Copies whose timing has not been read yet: timestamps before and after, and bytes.
     unread: Vec<(Event, Event, u64)>,
@@ -78,14 +88,28 @@ impl Slots {
             slots: [slot()?, slot()?],
             in_use: None,
             next: 0,
+            pending: None,
             stream,
             unread: vec![],
             totals: CopyTotals::default(),
         })
     }
 
-    /// Starts copying `layer` into the slot not in use, unless a slot already holds it.
+    /// Starts copying `layer` into the slot not in use, unless a slot already holds it, and
+    /// queues all of it.
     pub fn prefetch(&mut self, layer: usize) -> Result<()> {
+        self.begin(layer)?;
+        self.finish()
+    }
+
+    /// Picks the slot for `layer` (unless a slot already holds it) and, on a GPU, orders its
+    /// copy after the compute that last read that slot; its bytes are queued by
+    /// [`Self::advance`] and [`Self::finish`]. Queuing a layer's bytes in parts, between the
+    /// batches of the layer before, leaves the copy engine free in between for the small
+    /// device-to-host reads a batch's forward waits on (a mixture of experts' counts), which
+    /// a whole layer's copy queued at once would hold up for its full length.
+    pub fn begin(&mut self, layer: usize) -> Result<()> {
+        self.finish()?;
         if self.slots.iter().any(|s| s.layer == Some(layer)) {
             return Ok(());
         }
@@ -99,51 +123,89 @@ impl Slots {
         self.next = 1 - s;
         let slot = &mut self.slots[s];
         slot.layer = Some(layer);
-        let base = slot.bytes.data_ptr() as *mut u8;
+        if let (Some(stream), Some(free)) = (&self.stream, &slot.free) {
+            stream.wait_for(free)?;
+        }
+        self.pending = Some(Pending {
+            slot: s,
+            layer,
+            queued: 0,
+            total: layout.tensors.len(),
+        });
+        Ok(())
+    }
+
+    /// Queues the pending layer's tensors up to `done` of `parts` of it (by count of tensors).
+    pub fn advance(&mut self, done: usize, parts: usize) -> Result<()> {
+        let Some(p) = &self.pending else {
+            return Ok(());
+        };
+        let upto = (p.total * done.min(parts)).div_ceil(parts.max(1));
+        self.queue_upto(upto)
+    }
+
+    /// Queues the rest of the pending layer and marks it copied.
+    pub fn finish(&mut self) -> Result<()> {
+        let Some(p) = &self.pending else {
+            return Ok(());
+        };
+        self.queue_upto(p.total)?;
+        let p = self.pending.take().expect("pending");
+        if let (Some(stream), Some(e)) = (&self.stream, &self.slots[p.slot].copied) {
+            stream.record(e)?;
+        }
+        Ok(())
+    }
+
+    /// Copies the pending layer's tensors `queued..upto` into its slot: on a GPU queued on the
+    /// copy stream, timed by a pair of events; on the CPU a plain memcpy.
+    fn queue_upto(&mut self, upto: usize) -> Result<()> {
+        let Some(p) = &mut self.pending else {
+            return Ok(());
+        };
+        if upto <= p.queued {
+            return Ok(());
+        }
+        let layout = &self.layouts[p.layer];
+        let base = self.slots[p.slot].bytes.data_ptr() as *mut u8;
         let t = Instant::now();
-        let mut bytes = 0u64;
-        match &self.stream {
+        let timed = match &self.stream {
             Some(stream) => {
-                if let Some(free) = &slot.free {
-                    stream.wait_for(free)?;
-                }
-                let (start, end) = (Event::timed()?, Event::timed()?);
+                let start = Event::timed()?;
                 stream.record(&start)?;
-                for p in &layout.tensors {
-                    let src = self
-                        .checkpoint
-                        .raw(&p.stored.name)
-                        .map_err(|e| self.checkpoint.error(vec![e]))?;
-                    // SAFETY: the slot holds `layout.bytes` bytes from `base` and nothing reads
-                    // it until `copied` (recorded below) has completed, nor writes it: the copy
-                    // waited for `free`, recorded after the last compute that read it. The
-                    // checkpoint is mapped for as long as `self` holds it.
-                    unsafe { stream.upload(base.add(p.offset).cast(), src.bytes)? };
-                    bytes += src.bytes.len() as u64;
-                }
+                Some(start)
+            }
+            None => None,
+        };
+        let mut bytes = 0u64;
+        for placed in &layout.tensors[p.queued..upto] {
+            let src = self
+                .checkpoint
+                .raw(&placed.stored.name)
+                .map_err(|e| self.checkpoint.error(vec![e]))?;
+            let dst = base.wrapping_add(placed.offset);
+            match &self.stream {
+                // SAFETY: the slot holds `layout.bytes` bytes from `base` and nothing reads it
+                // until `copied` (recorded once the last part is queued) has completed, nor
+                // writes it: the copy waited for `free`, recorded after the last compute that
+                // read it. The checkpoint is mapped for as long as `self` holds it.
+                Some(stream) => unsafe { stream.upload(dst.cast(), src.bytes)? },
+                // SAFETY: a CPU slot of `layout.bytes` bytes from `base`; no tensor of an
+                // earlier layer reads it any more (its layer was released before this copy).
+                None => unsafe {
+                    std::ptr::copy_nonoverlapping(src.bytes.as_ptr(), dst, src.bytes.len())
+                },
+            }
+            bytes += src.bytes.len() as u64;
+        }
+        p.queued = upto;
+        match (&self.stream, timed) {
+            (Some(stream), Some(start)) => {
+                let end = Event::timed()?;
                 stream.record(&end)?;
-                if let Some(e) = &slot.copied {
-                    stream.record(e)?;
-                }
                 self.unread.push((start, end, bytes));
             }
-            None => {
-                for p in &layout.tensors {
-                    let src = self
-                        .checkpoint
-                        .raw(&p.stored.name)
-                        .map_err(|e| self.checkpoint.error(vec![e]))?;
-                    // SAFETY: a CPU slot of `layout.bytes` bytes from `base`; no tensor of an
-                    // earlier layer reads it any more (its layer was released before this copy).
-                    unsafe {
-                        std::ptr::copy_nonoverlapping(
-                            src.bytes.as_ptr(),
-                            base.add(p.offset),
-                            src.bytes.len(),
-                        )
-                    };
-                    bytes += src.bytes.len() as u64;
-                }
+            _ => {
                 self.totals.bytes += bytes;
                 self.totals.secs += t.elapsed().as_secs_f64();
             }
@@ -154,7 +216,12 @@ impl Slots {
     /// `layer`'s slot as a tensor source, copying it first if no slot holds it; on a GPU,
     /// libtorch's stream waits for the copy before any work queued on it from now on.
     pub fn take(&mut self, layer: usize) -> Result<StagedSource<'_>> {
-        self.prefetch(layer)?;
+        match &self.pending {
+            // Another layer's copy may stay pending: it goes on in parts while this one runs.
+            Some(p) if p.layer != layer && self.slots.iter().any(|s| s.layer == Some(layer)) => {}
+            Some(p) if p.layer == layer => self.finish()?,
+            _ => self.prefetch(layer)?,
+        }
         let s = (0..2)
             .find(|&s| self.slots[s].layer == Some(layer))
             .ok_or_else(|| CaptureError::Pipeline(format!("layer {layer} is in no slot")))?;
