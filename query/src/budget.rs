@@ -9,7 +9,6 @@
 //! they build against it before allocating it, and stop between rows once the query is
 //! cancelled.
 use std::any::Any;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, LazyLock};
 
 use datafusion::common::config::{ConfigEntry, ConfigExtension, ConfigOptions, ExtensionOptions};
@@ -18,26 +17,8 @@ use datafusion::execution::memory_pool::{
     human_readable_size, MemoryConsumer, MemoryPool, MemoryReservation,
 };
 
-use crate::limits::{QueryLimits, VALUE_FLAG};
+use crate::limits::{Cancel, QueryLimits, VALUE_FLAG};
 use crate::QueryError;
-
-/// Set once a query's result is no longer wanted (its stream was dropped, its client went
-/// away). Functions check it between rows, so a query stops within a row's work instead of at
-/// the end of a batch that may take seconds.
-#[derive(Debug, Clone, Default)]
-pub struct Cancel(Arc<AtomicBool>);
-
-impl Cancel {
-    /// Ask the query to stop.
-    pub fn cancel(&self) {
-        self.0.store(true, Ordering::Relaxed);
-    }
-
-    /// Whether the query was asked to stop.
-    pub fn is_cancelled(&self) -> bool {
-        self.0.load(Ordering::Relaxed)
-    }
-}
 
 /// The largest value and the total bytes one function call would build, worked out from its
 /// arguments before anything is built.

@@ -31,10 +31,9 @@ pub mod table;
 pub mod tensor;
 pub mod udf;
 
-pub use budget::Cancel;
 pub use datafusion::execution::{RecordBatchStream, SendableRecordBatchStream};
 pub use error::{BadTensorValue, QueryError, Result};
-pub use limits::QueryLimits;
+pub use limits::{Cancel, QueryLimits};
 pub use output::{write_batches, OutputFormat};
 pub use session::{check_read_only, QuerySession, RegisteredDataset};
 

@@ -5,6 +5,7 @@
 use std::future::Future;
 use std::num::NonZeroUsize;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -19,7 +20,6 @@ use datafusion::execution::{RecordBatchStream, SendableRecordBatchStream};
 use datafusion::physical_plan::EmptyRecordBatchStream;
 use futures::{Stream, StreamExt};
 
-use crate::budget::Cancel;
 use crate::QueryError;
 
 /// Command-line flag setting [`QueryLimits::memory_per_query`].
@@ -233,6 +233,24 @@ pub fn timeout_error(limit: Duration) -> QueryError {
         limit: format!("{} s", limit.as_secs_f64()),
         setting: TIMEOUT_FLAG.into(),
         detail: String::new(),
+    }
+}
+
+/// Set once a query's result is no longer wanted (its stream was dropped, its client went
+/// away). Functions check it between rows, so a query stops within a row's work instead of at
+/// the end of a batch that may take seconds.
+#[derive(Debug, Clone, Default)]
+pub struct Cancel(Arc<AtomicBool>);
+
+impl Cancel {
+    /// Ask the query to stop.
+    pub fn cancel(&self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
+
+    /// Whether the query was asked to stop.
+    pub fn is_cancelled(&self) -> bool {
+        self.0.load(Ordering::Relaxed)
     }
 }
 

@@ -19,8 +19,8 @@ use datafusion::sql::sqlparser::dialect::GenericDialect;
 use futures::{StreamExt, TryStreamExt};
 use hslake_store::{Dataset, DatasetReader, Manifest};
 
-use crate::budget::{Cancel, QueryBudget};
-use crate::limits::QueryLimits;
+use crate::budget::QueryBudget;
+use crate::limits::{Cancel, QueryLimits};
 use crate::table::{unpanicking, CountingStore, ShardFile, ShardTable};
 use crate::udf::register_tensor_functions;
 use crate::{QueryError, Result};
