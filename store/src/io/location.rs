@@ -262,17 +262,19 @@ pub fn parse(url: &str) -> Result<Location> {
 pub fn dataset_url(url: &str) -> Result<String> {
     let target = resolve(url)?;
     if target.is_root() {
+        let root = target.url();
+        // file:/// ends in its slash, s3://bucket does not.
+        let sep = if root.ends_with('/') { "" } else { "/" };
         return Err(StoreError::InvalidUrl {
             url: url.to_string(),
             reason: format!(
-                "{} is the root of a {}; a dataset needs a folder of its own (e.g. {}/my-dataset)",
-                target.url(),
+                "{root} is the root of a {}; a dataset needs a folder of its own (e.g. \
+                 {root}{sep}my-dataset)",
                 if matches!(target, Target::S3 { .. }) {
                     "bucket"
                 } else {
                     "filesystem"
                 },
-                target.url().trim_end_matches('/')
             ),
         });
     }
@@ -458,6 +460,13 @@ mod tests {
                 text.contains(root) && text.contains("a folder of its own"),
                 "{given}: {text}"
             );
+            // The example is a real location under that root.
+            let example = if given.starts_with("s3") {
+                "(e.g. s3://bucket/my-dataset)"
+            } else {
+                "(e.g. file:///my-dataset)"
+            };
+            assert!(text.contains(example), "{given}: {text}");
             assert!(parse_dataset(given).is_err(), "{given}");
         }
         // As a plain location (a state folder, an input object), the root parses, as itself.
