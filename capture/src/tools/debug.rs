@@ -7,6 +7,8 @@ use std::time::Instant;
 use hslake_schemas::CapturePoint;
 use tch::{Device, Kind, Tensor};
 
+pub use super::prefill_stream::StreamedPrefill;
+use super::prefill_stream::{prefill_streamed, Shape};
 use crate::checkpoint::Checkpoint;
 use crate::engine::{CheckedModel, EngineOptions};
 use crate::error::{CaptureError, Result};
@@ -77,21 +79,6 @@ pub struct PrefillReport {
     pub streamed: Option<StreamedPrefill>,
 }
 
-/// What a streamed prefill's timed passes did.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct StreamedPrefill {
-    /// Tokens per pass (whole batches of `batch x seq`).
-    pub pass_tokens: u64,
-    /// Layers each pass streamed.
-    pub layers: usize,
-    /// Seconds per layer per pass, on the device.
-    pub secs_per_layer: f64,
-    /// Rate of the weight copies, GB/s.
-    pub copy_gb_per_sec: f64,
-    /// Share of the copy time hidden behind compute (1 = all).
-    pub hidden_share: f64,
-}
-
 /// Where one rank's timed iterations went, with the device waited for before and after each
 /// all-reduce and each copy: that removes every overlap, so the sum exceeds a plain run's time.
 /// Ranks whose all-reduce times differ much are imbalanced: the faster one waits inside it.
@@ -127,7 +114,19 @@ pub fn prefill(opts: &PrefillOptions) -> Result<PrefillReport> {
     checked.plan((opts.batch * opts.seq) as usize, opts.points.len())?;
     if let Some((config, checkpoint, kind, plan)) = checked.streamed() {
         let ids = vocab_ids(config.info().vocab_size as i64)?;
-        return super::prefill_stream::prefill_streamed(opts, config, checkpoint, kind, plan, &ids);
+        let shape = Shape {
+            batch: opts.batch,
+            seq: opts.seq,
+            iters: opts.iters,
+            points: &opts.points,
+        };
+        let run = prefill_streamed(e, shape, config, checkpoint, kind, plan, &ids)?;
+        return Ok(PrefillReport {
+            load_secs: run.load_secs,
+            tokens_per_sec: run.tokens_per_sec,
+            ranks: vec![],
+            streamed: Some(run.passes),
+        });
     }
     let kind = e.compute_kind()?;
     let (config, quant) = registry::read_model(&e.model_dir)?;

@@ -8,9 +8,10 @@ use std::time::Instant;
 
 use tch::Tensor;
 
-use super::debug::{PrefillOptions, PrefillReport, StreamedPrefill};
+use hslake_schemas::CapturePoint;
+
 use crate::checkpoint::Checkpoint;
-use crate::engine::StreamPlan;
+use crate::engine::{EngineOptions, StreamPlan};
 use crate::error::Result;
 use crate::gpu::comm::{sync, SingleRank};
 use crate::load::LoadCtx;
@@ -18,20 +19,50 @@ use crate::models::ModelConfig;
 use crate::stream::pass::{run_pass, Discard, LayerLoad, PassStats};
 use crate::stream::slots::Slots;
 
+/// What a streamed prefill's timed passes did.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct StreamedPrefill {
+    /// Tokens per pass (whole batches of `batch x seq`).
+    pub pass_tokens: u64,
+    /// Layers each pass streamed.
+    pub layers: usize,
+    /// Seconds per layer per pass, on the device.
+    pub secs_per_layer: f64,
+    /// Rate of the weight copies, GB/s.
+    pub copy_gb_per_sec: f64,
+    /// Share of the copy time hidden behind compute (1 = all).
+    pub hidden_share: f64,
+}
+
+/// A streamed prefill: its load, its rate over the timed passes, and what the passes did.
+pub(super) struct StreamedRun {
+    pub load_secs: f64,
+    pub tokens_per_sec: f64,
+    pub passes: StreamedPrefill,
+}
+
+/// The shape of a prefill: `iters` timed passes of `batch x seq` random token ids.
+pub(super) struct Shape<'a> {
+    pub batch: i64,
+    pub seq: i64,
+    pub iters: usize,
+    pub points: &'a [CapturePoint],
+}
+
 /// Loads the resident parts and two slots on the plan's first device, runs one warm-up pass,
-/// then `opts.iters` timed passes of `ids` (`[batch, seq]` token ids) repeated to the plan's
+/// then `shape.iters` timed passes of `ids` (`[batch, seq]` token ids) repeated to the plan's
 /// pass size.
 pub(super) fn prefill_streamed(
-    opts: &PrefillOptions,
+    engine: &EngineOptions,
+    shape: Shape<'_>,
     config: &dyn ModelConfig,
     checkpoint: &Arc<Checkpoint>,
     kind: tch::Kind,
     plan: &StreamPlan,
     ids: &[i64],
-) -> Result<PrefillReport> {
+) -> Result<StreamedRun> {
     let _no_grad = tch::no_grad_guard();
-    let device = opts
-        .engine
+    let device = engine
         .device
         .device(plan.devices.first().copied().unwrap_or(0));
     let t = Instant::now();
@@ -43,7 +74,7 @@ pub(super) fn prefill_streamed(
         comm: Rc::new(SingleRank),
         device,
         kind,
-        kernels: opts.engine.kernels,
+        kernels: engine.kernels,
     };
     let ctx = LoadCtx {
         source: &**checkpoint,
@@ -56,10 +87,10 @@ pub(super) fn prefill_streamed(
     let mut slots = Slots::new(checkpoint.clone(), plan.layouts.clone(), device)?;
     sync(device);
     let load_secs = t.elapsed().as_secs_f64();
-    let batch_tokens = (opts.batch * opts.seq) as u64;
+    let batch_tokens = (shape.batch * shape.seq) as u64;
     let batches = (plan.pass_tokens / batch_tokens).max(1) as usize;
     let x = Tensor::f_from_slice(ids)?
-        .f_view([opts.batch, opts.seq])?
+        .f_view([shape.batch, shape.seq])?
         .f_to_device(device)?;
     let pass: Vec<Tensor> = (0..batches).map(|_| x.shallow_clone()).collect();
     run_pass(
@@ -67,19 +98,19 @@ pub(super) fn prefill_streamed(
         &mut slots,
         &load,
         &pass,
-        &opts.points,
+        shape.points,
         &mut Discard,
     )?;
     sync(device);
     let mut total = PassStats::default();
     let t = Instant::now();
-    for _ in 0..opts.iters {
+    for _ in 0..shape.iters {
         let s = run_pass(
             &*stack,
             &mut slots,
             &load,
             &pass,
-            &opts.points,
+            shape.points,
             &mut Discard,
         )?;
         total.tokens += s.tokens;
@@ -91,16 +122,15 @@ pub(super) fn prefill_streamed(
     }
     sync(device);
     let secs = t.elapsed().as_secs_f64().max(1e-9);
-    Ok(PrefillReport {
+    Ok(StreamedRun {
         load_secs,
         tokens_per_sec: total.tokens as f64 / secs,
-        ranks: vec![],
-        streamed: Some(StreamedPrefill {
+        passes: StreamedPrefill {
             pass_tokens: batches as u64 * batch_tokens,
             layers: total.layers,
-            secs_per_layer: total.secs / (opts.iters * total.layers.max(1)) as f64,
+            secs_per_layer: total.secs / (shape.iters * total.layers.max(1)) as f64,
             copy_gb_per_sec: total.copy_gb_per_sec(),
             hidden_share: total.hidden_share(),
-        }),
+        },
     })
 }
