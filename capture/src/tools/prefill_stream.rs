@@ -93,26 +93,23 @@ pub(super) fn prefill_streamed(
         .f_view([shape.batch, shape.seq])?
         .f_to_device(device)?;
     let pass: Vec<Tensor> = (0..batches).map(|_| x.shallow_clone()).collect();
-    run_pass(
-        &*stack,
-        &mut slots,
-        &load,
-        &pass,
-        shape.points,
-        &mut Discard,
-    )?;
-    sync(device);
-    let mut total = PassStats::default();
-    let t = Instant::now();
-    for _ in 0..shape.iters {
-        let s = run_pass(
+    let mut one_pass = || {
+        run_pass(
             &*stack,
             &mut slots,
             &load,
             &pass,
             shape.points,
             &mut Discard,
-        )?;
+        )
+    };
+    // One warm-up pass, untimed.
+    one_pass()?;
+    sync(device);
+    let mut total = PassStats::default();
+    let t = Instant::now();
+    for _ in 0..shape.iters {
+        let s = one_pass()?;
         total.tokens += s.tokens;
         total.layers = s.layers;
         total.secs += s.secs;
