@@ -206,15 +206,21 @@ impl CheckedModel {
         Ok(())
     }
 
-    /// For tools that run streamed passes themselves (`hslake debug prefill`): the model, its
-    /// weights, the compute dtype and the plan, where [`Self::plan`] chose to stream.
-    pub(crate) fn streamed(
+    /// For tools that run the model themselves (`hslake debug prefill`): the checked config,
+    /// the weights, the compute dtype, and the stream plan where [`Self::plan`] chose to stream.
+    pub(crate) fn parts(
         &self,
-    ) -> Option<(&dyn ModelConfig, &Arc<Checkpoint>, Kind, &StreamPlan)> {
-        match &self.plan {
-            Some(Plan::Stream(p)) => Some((&*self.config, &self.checkpoint, self.kind, p)),
+    ) -> (
+        &dyn ModelConfig,
+        &Arc<Checkpoint>,
+        Kind,
+        Option<&StreamPlan>,
+    ) {
+        let plan = match &self.plan {
+            Some(Plan::Stream(p)) => Some(p),
             _ => None,
-        }
+        };
+        (&*self.config, &self.checkpoint, self.kind, plan)
     }
 
     /// The model's architecture and sizes.

@@ -17,7 +17,7 @@ use crate::gpu::cuda::{CopyStream, PinnedBuffer};
 use crate::gpu::group;
 use crate::gpu::nccl::{self, NcclComm};
 use crate::load::LoadCtx;
-use crate::models::{registry, ModelConfig};
+use crate::models::ModelConfig;
 
 /// What [`nccl_check`] found.
 #[derive(Debug, Clone)]
@@ -112,8 +112,9 @@ pub fn prefill(opts: &PrefillOptions) -> Result<PrefillReport> {
     // The placement as a capture decides it, for batches of this size.
     let mut checked = CheckedModel::check(e.clone())?;
     checked.plan((opts.batch * opts.seq) as usize, opts.points.len())?;
-    if let Some((config, checkpoint, kind, plan)) = checked.streamed() {
-        let ids = vocab_ids(config.info().vocab_size as i64)?;
+    let (config, checkpoint, kind, stream) = checked.parts();
+    let ids = vocab_ids(config.info().vocab_size as i64)?;
+    if let Some(plan) = stream {
         let shape = Shape {
             batch: opts.batch,
             seq: opts.seq,
@@ -128,18 +129,14 @@ pub fn prefill(opts: &PrefillOptions) -> Result<PrefillReport> {
             streamed: Some(run.passes),
         });
     }
-    let kind = e.compute_kind()?;
-    let (config, quant) = registry::read_model(&e.model_dir)?;
-    let checkpoint = Checkpoint::open(&e.model_dir)?.with_quantization(quant);
-    crate::tools::dry_run::check_checkpoint(&*config, &checkpoint, e.tp, kind)?;
-    let ids = vocab_ids(config.info().vocab_size as i64)?;
+    // Resident: the check above ran the dry run for this TP size.
     let comms = group::join_group(e.device, e.tp)?;
     let runs: Vec<Result<RankRun>> = std::thread::scope(|s| {
         let handles: Vec<_> = comms
             .into_iter()
             .enumerate()
             .map(|(rank, join)| {
-                let (config, checkpoint, ids) = (&*config, &checkpoint, &ids);
+                let (checkpoint, ids) = (&**checkpoint, &ids);
                 s.spawn(move || {
                     let _no_grad = tch::no_grad_guard();
                     let comm = join()?;
