@@ -112,6 +112,10 @@ pub(crate) struct LoadCtx<'a> {
     pub kind: Kind,
     /// How the layers compute.
     pub kernels: Kernels,
+    /// Whether a quantized stack of experts is dequantized once as its layer loads and held
+    /// so, rather than in every forward: a streamed layer serves every batch of its pass, and
+    /// the memory plan already counts the dequantized stack (as per-forward scratch).
+    pub hold_dequantized: bool,
 }
 
 impl LoadCtx<'_> {

@@ -181,6 +181,7 @@ fn load(
         device: setup.device,
         kind: setup.kind,
         kernels: setup.kernels,
+        hold_dequantized: false,
     };
     let model = setup.config.load(&ctx)?;
     let copier = match setup.device {

@@ -150,6 +150,7 @@ fn load(setup: &StreamSetup) -> Result<Loaded> {
         device: setup.device,
         kind: setup.kind,
         kernels: setup.kernels,
+        hold_dequantized: false,
     };
     let stack = setup.config.load_stack(&ctx)?;
     let slots = Slots::new(

@@ -315,6 +315,7 @@ mod tests {
             device: Device::Cpu,
             kind: Kind::Float,
             kernels: Kernels::default(),
+            hold_dequantized: false,
         }
     }
 

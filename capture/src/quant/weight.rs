@@ -237,6 +237,15 @@ impl Weight {
         self.matrix_in_chunks(DEQUANTIZE_CHUNK)
     }
 
+    /// The weight as its [`Weight::matrix`], held dense from now on: dequantized once, where
+    /// it would otherwise be at every use. The quantized tensors are dropped.
+    pub fn into_dense(self) -> Result<Weight> {
+        Ok(match self {
+            Weight::Dense(_) => self,
+            quantized => Weight::Dense(quantized.matrix()?),
+        })
+    }
+
     /// [`Weight::matrix`], a stack dequantized about `chunk` values at a time.
     fn matrix_in_chunks(&self, chunk: i64) -> Result<Tensor> {
         let (scheme, kernel, kind, parts) = match self {

@@ -203,6 +203,7 @@ pub(crate) fn run_pass(
             device: load.device,
             kind: load.kind,
             kernels: load.kernels,
+            hold_dequantized: true,
         };
         let layer = model.load_layer(&ctx, i)?;
         // 3. The layer over every batch of the pass; its captured points leave at once.
@@ -302,6 +303,7 @@ mod tests {
             device: Device::Cpu,
             kind,
             kernels: kernels(),
+            hold_dequantized: false,
         }
     }
 

@@ -200,6 +200,7 @@ fn run_rank(
         device,
         kind,
         kernels: e.kernels,
+        hold_dequantized: false,
     };
     let model = config.load(&ctx)?;
     sync(device);

@@ -141,6 +141,7 @@ impl DryRun<'_> {
                 moe: MoeKernel::Loop,
                 ..Kernels::default()
             },
+            hold_dequantized: false,
         };
         let stack = cfg.load_stack(&ctx)?;
         let mut reads = ModelReads {

@@ -82,6 +82,7 @@ pub(super) fn prefill_streamed(
         device,
         kind,
         kernels: load.kernels,
+        hold_dequantized: false,
     };
     let stack = config.load_stack(&ctx)?;
     let mut slots = Slots::new(checkpoint.clone(), plan.layouts.clone(), device)?;

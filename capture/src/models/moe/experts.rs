@@ -65,6 +65,17 @@ impl Stacked {
         }
     }
 
+    /// The stacks dequantized once, for a layer that serves many batches (a streamed pass):
+    /// the per-forward dequantization of every expert of the layer was a large share of a
+    /// quantized MoE layer's time. The experts' own views keep the quantized stacks until they
+    /// are dropped with the layer; the grouped path reads only these.
+    fn into_dense(self) -> Result<Stacked> {
+        Ok(Stacked {
+            gate_up: self.gate_up.into_dense()?,
+            down: self.down.into_dense()?,
+        })
+    }
+
     /// Copies expert `j`'s weights into the stacks and points it at them, so that its own
     /// tensors are freed as it is loaded: one layer's experts never exist twice.
     fn adopt(&self, j: usize, expert: &mut Expert) -> Result<()> {
@@ -130,6 +141,9 @@ impl Experts {
                 s.adopt(j - first, &mut expert)?;
             }
             local.push(expert);
+        }
+        if ctx.hold_dequantized {
+            stacked = stacked.map(Stacked::into_dense).transpose()?;
         }
         Ok(Experts {
             local,
@@ -432,6 +446,30 @@ mod tests {
                 (&grouped - &looped).abs().max().double_value(&[])
             );
             assert!(looped.abs().max().double_value(&[]) > 0.0);
+        }
+    }
+
+    #[test]
+    fn experts_dequantized_once_at_load_equal_them_dequantized_per_forward_bit_for_bit() {
+        tch::manual_seed(26);
+        let x = Tensor::randn([12, 8], (Kind::Float, Device::Cpu));
+        let w = Tensor::rand([12, 2], (Kind::Float, Device::Cpu));
+        let a: Vec<i64> = (0..12).map(|n| [0, 1, 2, 3][n % 4]).collect();
+        let b: Vec<i64> = (0..12).map(|n| [4, 3, 1, 2][n % 4]).collect();
+        let ids = Tensor::stack(&[Tensor::from_slice(&a), Tensor::from_slice(&b)], 1);
+        let per_forward = int4_experts(0, 6, true);
+        let mut held = int4_experts(0, 6, true);
+        held.stacked = held.stacked.take().map(|s| s.into_dense().unwrap());
+        assert!(matches!(
+            held.stacked.as_ref().map(|s| &s.gate_up),
+            Some(Weight::Dense(_))
+        ));
+        // Two forwards, as two batches of a pass use one held stack.
+        for _ in 0..2 {
+            let want = per_forward.forward(&x, &w, &ids).unwrap();
+            let got = held.forward(&x, &w, &ids).unwrap();
+            assert!(got.equal(&want));
+            assert!(want.abs().max().double_value(&[]) > 0.0);
         }
     }
 
