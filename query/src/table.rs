@@ -32,8 +32,8 @@ use datafusion::physical_plan::{
     ChildStats, DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties, StatisticsArgs,
 };
 use futures::StreamExt;
-use hslake_store::format::decode::{TokenRows, TOKEN_CHECKSUM_COLUMN};
 use hslake_store::format::guard::{decoder_failure, guarded_stream};
+use hslake_store::format::tokens::{TokenRows, TOKEN_CHECKSUM_COLUMN};
 pub use hslake_store::io::{CountingStore, ReadLog};
 use object_store::path::Path;
 

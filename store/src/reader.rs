@@ -14,10 +14,11 @@ use parquet::file::metadata::{PageIndexPolicy, ParquetMetaData};
 use parquet::file::statistics::Statistics;
 
 use crate::format::codec::decode_samples_from;
-use crate::format::decode::{with_file_metadata, TokenRows, TOKEN_CHECKSUM_COLUMN};
+use crate::format::decode::with_file_metadata;
 use crate::format::guard::{decoder_failure, guarded_async};
 use crate::format::lengths::RowLengths;
 use crate::format::shard::check_footer;
+use crate::format::tokens::{TokenRows, TOKEN_CHECKSUM_COLUMN};
 use crate::io::counting::CountingStore;
 use crate::io::ranged::ShardFile;
 use crate::table::manifest::Manifest;

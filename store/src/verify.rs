@@ -15,10 +15,11 @@ use hslake_schemas::DatasetSchema;
 use object_store::ObjectStoreExt;
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 
-use crate::format::decode::{with_file_metadata, TensorColumn, TokenRows};
+use crate::format::decode::{with_file_metadata, TensorColumn};
 use crate::format::guard::{decoder_failure, guarded};
 use crate::format::lengths::RowLengths;
 use crate::format::shard::check_footer;
+use crate::format::tokens::TokenRows;
 use crate::table::manifest::{manifest_path, ShardEntry};
 use crate::table::sample_ids::SHOWN_DUPLICATES;
 use crate::table::versions;

@@ -32,6 +32,7 @@ use datafusion::prelude::SessionContext;
 
 pub mod growth;
 mod plan;
+mod sizes;
 mod wrapper;
 
 use growth::Growth;

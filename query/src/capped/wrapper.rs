@@ -20,7 +20,8 @@ use datafusion::logical_expr::{
 };
 use datafusion::physical_expr::{expressions, PhysicalExpr};
 
-use super::growth::{scalar_bytes, Growth};
+use super::growth::Growth;
+use super::sizes::scalar_bytes;
 use super::{growth_of, CONCAT_OPERATOR};
 use crate::budget::QueryBudget;
 

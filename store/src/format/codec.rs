@@ -12,8 +12,9 @@ use arrow_buffer::{Buffer, OffsetBuffer, ScalarBuffer};
 use arrow_schema::{DataType, Field, Schema};
 use hslake_schemas::{DatasetSchema, Sample, StatKind, TensorData, TensorStats};
 
-use crate::format::decode::{token_checksum, TensorColumn, TOKEN_CHECKSUM_COLUMN};
+use crate::format::decode::TensorColumn;
 use crate::format::planes::ValueChecksum;
+use crate::format::tokens::{token_checksum, TOKEN_CHECKSUM_COLUMN};
 use crate::{Result, StoreError};
 
 /// Little-endian values of `size` bytes in the `plane_zstd` encoding at zstd `level`, with a

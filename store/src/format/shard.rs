@@ -8,8 +8,8 @@ use parquet::file::metadata::{KeyValue, ParquetMetaData};
 use parquet::file::properties::{EnabledStatistics, WriterProperties};
 use parquet::schema::types::ColumnPath;
 
-use crate::format::decode::TOKEN_CHECKSUM_COLUMN;
 use crate::format::planes::{ValueChecksum, CHECKSUM_META_KEY};
+use crate::format::tokens::TOKEN_CHECKSUM_COLUMN;
 use crate::{Result, StoreError};
 
 /// The Arrow schema of a shard of `schema`: the dataset schema's columns
