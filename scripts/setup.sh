@@ -48,7 +48,7 @@ done
 if [ ! -d "${CARGO_TARGET_DIR:-target}/debug" ]; then
   need_space 5 "the first dev build of the workspace"
 fi
-echo "setup: building hslake and its Python module (dev profile, read/write path at opt-level 3)" >&2
+echo "setup: building hslake, hslake-gpu and the Python module (dev profile, read/write path at opt-level 3)" >&2
 # The users' build shares its dependencies with the tests' build: Cargo.toml raises the hot crates
 # (store, loader, parquet, arrow's array crates, zstd, ...) to opt-level 3 inside the dev profile,
 # which reaches release speed on the store and loader benchmarks without a second build of

@@ -38,7 +38,8 @@ python -m pytest -q tests/python/test_fault_proxy.py
 stop_s3_server
 start_s3_server moto
 
-# The Python tests run against target/debug/hslake; the capture daemon's lost-rank test needs
-# the build that reads HSLAKE_TEST_FAIL_ALL_REDUCE, so the binary is rebuilt with it here.
-cargo build --bin hslake --features fault-injection
+# The Python tests run against target/debug/hslake, whose GPU commands run in hslake-gpu beside
+# it; the capture daemon's lost-rank test needs the build that reads HSLAKE_TEST_FAIL_ALL_REDUCE,
+# so that binary is rebuilt with it here.
+cargo build --bin hslake-gpu --features fault-injection
 python -m pytest -q tests/python

@@ -1,30 +1,28 @@
-//! `hslake`: capture, store, query and load EAGLE-3 hidden states. Cargo features `capture`
-//! (libtorch) and `sql` (DataFusion, Flight) are on by default; the GPU machines' binary is
-//! built with `--no-default-features --features capture`.
+//! `hslake`: capture, store, query and load EAGLE-3 hidden states. This binary has every
+//! command that needs no GPU and does not link libtorch; `capture`, `serve-capture` and `debug`
+//! run in `hslake-gpu`, which it replaces itself with (src/gpu_binary.rs). Cargo features
+//! `capture` (builds hslake-gpu; libtorch) and `sql` (DataFusion, Flight) are on by default.
 use clap::{Parser, Subcommand};
-use tracing_subscriber::EnvFilter;
-
-mod cmd;
+use hslake_cli::cmd;
+use hslake_cli::gpu_binary::{self, Forwarded};
 
 /// A data lake for the hidden states EAGLE-3 draft models train on.
 #[derive(Parser)]
-#[command(name = "hslake", version = version_line(), about)]
+#[command(name = "hslake", version = hslake_cli::version_line(""), about)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
 }
 
-// One variant per subcommand; each lives in its own file under src/cmd/.
+// One variant per subcommand; each lives in its own file under src/cmd/, the GPU commands' in
+// src/bin/hslake-gpu/ (here they only appear in the help).
 #[derive(Subcommand)]
 enum Command {
-    /// Run a Hugging Face checkpoint over tokenized samples and write chosen layers' hidden states.
-    #[cfg(feature = "capture")]
-    Capture(cmd::capture::Args),
-    /// Keep a model loaded and run capture jobs submitted over HTTP (the capture daemon).
-    #[cfg(feature = "capture")]
-    ServeCapture(cmd::serve_capture::Args),
+    #[command(about = gpu_binary::CAPTURE_ABOUT, long_about = None, disable_help_flag = true)]
+    Capture(Forwarded),
+    #[command(about = gpu_binary::SERVE_CAPTURE_ABOUT, long_about = None, disable_help_flag = true)]
+    ServeCapture(Forwarded),
     /// Submit, list, show, cancel and wait for jobs of a capture daemon.
-    #[cfg(feature = "capture")]
     Jobs(cmd::jobs::Args),
     /// Turn chat conversations into tokenized samples with assistant-only loss masks.
     Prepare(cmd::prepare::Args),
@@ -54,58 +52,23 @@ enum Command {
     /// Benchmarks.
     #[command(subcommand)]
     Bench(cmd::bench::Bench),
-    /// GPU checks and measurements of the capture forward.
-    #[cfg(feature = "capture")]
-    #[command(subcommand, hide = true)]
-    Debug(cmd::debug::Debug),
-}
-
-/// `hslake --version`: the version and which build this is, since a dev-profile store is many
-/// times slower than the one the documented figures come from.
-fn version_line() -> &'static str {
-    static LINE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
-    LINE.get_or_init(|| {
-        format!(
-            "{} ({}){}",
-            env!("CARGO_PKG_VERSION"),
-            hslake_store::build_info::describe(),
-            if cfg!(feature = "fault-injection") {
-                ", with test fault injection"
-            } else {
-                ""
-            }
-        )
-    })
+    #[command(about = gpu_binary::DEBUG_ABOUT, long_about = None, disable_help_flag = true, hide = true)]
+    Debug(Forwarded),
 }
 
 fn main() -> std::process::ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            EnvFilter::try_from_env("HSLAKE_LOG").unwrap_or_else(|_| EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        // Colour codes only for a person at a terminal, not in the daemon's log files.
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
-    hslake_store::buffer::keep_freed_memory_for_reuse();
+    let args: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
+    // Before anything else, so that a GPU command pays nothing here but the exec.
+    if gpu_binary::is_gpu_command(&args) {
+        return forward(&args);
+    }
     let cli = Cli::parse();
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("error: cannot start the async runtime: {e}");
-            return std::process::ExitCode::FAILURE;
-        }
-    };
-    let result = runtime.block_on(async {
+    hslake_cli::run(async {
         match cli.command {
-            #[cfg(feature = "capture")]
-            Command::Capture(a) => cmd::capture::run(a).await,
-            #[cfg(feature = "capture")]
-            Command::ServeCapture(a) => cmd::serve_capture::run(a).await,
-            #[cfg(feature = "capture")]
+            // Only reached when the check above misses a spelling clap still takes.
+            Command::Capture(_) | Command::ServeCapture(_) | Command::Debug(_) => {
+                Err(gpu_binary::exec(&args))
+            }
             Command::Jobs(a) => cmd::jobs::run(a).await,
             Command::Prepare(a) => cmd::prepare::run(a).await,
             Command::Synth(a) => cmd::synth::run(a).await,
@@ -122,15 +85,12 @@ fn main() -> std::process::ExitCode {
             #[cfg(feature = "sql")]
             Command::ServeSql(a) => cmd::serve_sql::run(a).await,
             Command::Bench(b) => cmd::bench::run(b).await,
-            #[cfg(feature = "capture")]
-            Command::Debug(d) => cmd::debug::run(d),
         }
-    });
-    match result {
-        Ok(code) => code,
-        Err(e) => {
-            eprintln!("error: {e:#}");
-            std::process::ExitCode::FAILURE
-        }
-    }
+    })
+}
+
+/// Runs the GPU command in `args` in hslake-gpu; returns only when that cannot be done.
+fn forward(args: &[std::ffi::OsString]) -> std::process::ExitCode {
+    eprintln!("error: {:#}", gpu_binary::exec(args));
+    std::process::ExitCode::FAILURE
 }

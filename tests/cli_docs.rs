@@ -161,8 +161,9 @@ fn subcommands(help: &str) -> Vec<String> {
 }
 
 /// The `--help` text of every visible command, keyed by its arguments (`jobs submit --help`),
-/// found by walking the `Commands:` lists from the top. Each level's commands run at once, and
-/// both tests share the walk, since every run of the binary pays libtorch's start-up.
+/// found by walking the `Commands:` lists from the top (the GPU commands' through `hslake`, so
+/// from `hslake-gpu`). Each level's commands run at once, and both tests share the walk, since
+/// every run of a GPU command pays libtorch's start-up.
 fn every_help() -> &'static BTreeMap<String, String> {
     static HELP: OnceLock<BTreeMap<String, String>> = OnceLock::new();
     HELP.get_or_init(|| {

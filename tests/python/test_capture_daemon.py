@@ -26,7 +26,7 @@ from botocore.exceptions import ClientError
 from prometheus_client.openmetrics.parser import text_string_to_metric_families
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from capture_util import hslake_bin, random_samples, randomize, read_dataset, run_capture, save_model, write_jsonl
+from capture_util import hslake_bin, hslake_gpu_bin, random_samples, randomize, read_dataset, run_capture, save_model, write_jsonl
 from flood import Flooders
 
 VOCAB = 101
@@ -547,10 +547,10 @@ def test_a_job_failing_mid_run_is_failed_with_its_cause_and_the_next_job_runs(tm
 def test_a_lost_rank_fails_its_job_with_the_cause_and_the_daemon_exits_non_zero(daemon_setup):
     tmp, model = daemon_setup
     # Only a test build reads HSLAKE_TEST_FAIL_ALL_REDUCE; a normal one never looks at it.
-    version = subprocess.run([hslake_bin(), "--version"], capture_output=True, text=True, check=True).stdout
+    version = subprocess.run([hslake_gpu_bin(), "--version"], capture_output=True, text=True, check=True).stdout
     if "with test fault injection" not in version:
-        pytest.skip("this hslake is built without test fault injection; "
-                    "`cargo build --bin hslake --features fault-injection` (scripts/test.sh does) makes one that has it")
+        pytest.skip("this hslake-gpu is built without test fault injection; "
+                    "`cargo build --bin hslake-gpu --features fault-injection` (scripts/test.sh does) makes one that has it")
     inp = inputs(tmp, "in", 30, seed=17)
     # Rank 1 of the in-process TP group fails its 12th all-reduce (the job's third batch): the
     # ranks cannot run another job, so the daemon must record the failure and exit, not hang.

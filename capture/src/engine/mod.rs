@@ -41,7 +41,7 @@ pub use check::CheckedModel;
 pub(crate) use check::StreamPlan;
 pub use commit::CommitPolicy;
 pub use job::{input_size, PreparedJob};
-pub use options::{CaptureJob, EngineOptions, InputShard, PlaneSplit};
+pub use options::{CaptureJob, EngineOptions, PlaneSplit};
 pub use placement::{Placement, PlacementOptions};
 pub use progress::{CancelToken, NoProgress, PassReport, ProgressSink};
 pub(crate) use streamed::register;

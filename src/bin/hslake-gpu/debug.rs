@@ -7,7 +7,7 @@ use hslake_capture::debug::{dequant_check, nccl_check, prefill, split_check, Pre
 use hslake_capture::DeviceKind;
 use hslake_schemas::CapturePoint;
 
-use crate::cmd::capture::ForwardArgs;
+use crate::capture::ForwardArgs;
 
 /// The debug subcommands.
 #[derive(clap::Subcommand)]

@@ -17,9 +17,9 @@ use hslake_schemas::units::{show_size, DurationRange, SizeRange};
 use tokio::sync::Notify;
 use tracing::Instrument;
 
-use crate::cmd::capture::{EngineArgs, JobArgs};
-use crate::cmd::listen::http::HttpArgs;
+use crate::capture::{EngineArgs, JobArgs};
 use admission::{AllowedOutputs, SpoolBudget};
+use hslake_cli::cmd::listen::http::HttpArgs;
 use metrics::Metrics;
 use state::{JobState, StateStore, StatusRecord, SummaryRecord};
 
@@ -432,7 +432,7 @@ async fn stop_signal() {
 /// Runs the daemon until a stop signal (exit 0 once the job in flight has committed) or until
 /// the engine fails (non-zero, with the cause).
 pub async fn run(args: Args) -> Result<ExitCode> {
-    let token = super::read_token_file(&args.token_file)?;
+    let token = hslake_cli::cmd::read_token_file(&args.token_file)?;
     args.http.conn.check()?;
     if args.max_spool_bytes < args.max_job_bytes {
         bail!(
@@ -471,9 +471,9 @@ pub async fn run(args: Args) -> Result<ExitCode> {
     });
     recover(&d).await?;
 
-    let listener = crate::cmd::listen::bind(args.bind)?;
+    let listener = hslake_cli::cmd::listen::bind(args.bind)?;
     let addr = listener.local_addr()?;
-    tokio::spawn(crate::cmd::listen::http::serve(
+    tokio::spawn(hslake_cli::cmd::listen::http::serve(
         listener,
         api::router(d.clone()),
         args.http.clone(),

@@ -15,7 +15,7 @@ use hslake_schemas::units::show_size;
 
 use super::state::{JobState, StatusRecord};
 use super::{Daemon, Inner, Job};
-use crate::cmd::capture::JobArgs;
+use crate::capture::JobArgs;
 
 /// Jobs per page of `GET /v1/jobs` unless `limit` says otherwise, and the most it may say.
 const PAGE_DEFAULT: usize = 100;
@@ -356,8 +356,7 @@ async fn submit(State(d): State<Arc<Daemon>>, headers: HeaderMap, body: Bytes) -
 /// values (400), then the output under `--allowed-output` (403). The input's size limit goes
 /// with the job, so a run refuses an input that has grown past it since it was submitted.
 pub(super) fn job_for(d: &Daemon, spec: &JobArgs) -> Result<CaptureJob, ApiError> {
-    let mut job = spec
-        .job()
+    let mut job = crate::capture::capture_job(spec)
         .map_err(|e| ApiError(StatusCode::BAD_REQUEST, format!("{e:#}")))?;
     d.allowed
         .check(&spec.output)

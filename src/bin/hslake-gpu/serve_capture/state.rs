@@ -14,7 +14,7 @@ use hslake_store::location::{self, Location};
 use object_store::{ObjectStoreExt, PutMode, PutOptions, PutPayload};
 use serde::{Deserialize, Serialize};
 
-use crate::cmd::capture::JobArgs;
+use crate::capture::JobArgs;
 
 /// Where a job is in its life.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
