@@ -30,6 +30,7 @@ def __getattr__(name: str) -> Any:
     if name == "Loader":
         from .loader import Loader
 
+        globals()["Loader"] = Loader
         return Loader
     raise AttributeError(f"module 'hslake' has no attribute {name!r}")
 

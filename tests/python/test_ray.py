@@ -163,6 +163,36 @@ def test_where_keeps_matching_rows_in_each_of_its_forms(cluster, ds_dir):
     assert nothing.count() == 0
 
 
+def fp8_e4m3_to_f32(codes: np.ndarray) -> np.ndarray:
+    """OCP fp8 e4m3fn codes as float32 (no infinities; 0x7f and 0xff are NaN)."""
+    sign = np.where(codes & 0x80, -1.0, 1.0)
+    exp = (codes >> 3) & 0x0F
+    man = (codes & 0x07).astype(np.float64)
+    v = np.where(exp == 0, man / 8 * 2.0 ** -6, (1 + man / 8) * 2.0 ** (exp.astype(np.float64) - 7))
+    return np.where((codes & 0x7F) == 0x7F, np.nan, sign * v).astype(np.float32)
+
+
+@pytest.mark.parametrize("dtype, numpy_type", [("f16", np.float16), ("f32", np.float32), ("fp8_e4m3", np.float32)])
+def test_each_stored_dtype_arrives_as_numpy_has_it(cluster, tmp_path, dtype, numpy_type):
+    d = tmp_path / dtype
+    # Seed 0: the synthetic outliers of other seeds overflow f16, which the writer refuses.
+    hslake.write_synthetic(url(d), 6, (3, 9), HIDDEN, [4], seed=0, dtype=dtype)
+    rows = by_id(hray.read_hslake(url(d), points=[4], columns=["sample_id", "seq_len"]).take_all())
+    assert sorted(rows) == list(range(6))
+    for shard in manifest(d)["shards"]:
+        t = pq.read_table(d / shard["path"])
+        meta = json.loads(t.schema.field("layer_4").metadata[b"hslake.tensor"])
+        for row in t.to_pylist():
+            want = plane_zstd.decode(row["layer_4"], meta, row["seq_len"])
+            if dtype == "fp8_e4m3":
+                scale_meta = json.loads(t.schema.field("layer_4_scale").metadata[b"hslake.tensor"])
+                scales = plane_zstd.decode(row["layer_4_scale"], scale_meta, row["seq_len"])
+                want = fp8_e4m3_to_f32(want) * scales[:, None]
+            got = rows[row["sample_id"]]["layer_4"]
+            assert got.dtype == numpy_type and got.shape == (row["seq_len"], HIDDEN)
+            np.testing.assert_array_equal(got, want)
+
+
 def test_version_pins_what_is_read(cluster, ds_dir):
     first = manifest(ds_dir, 1)
     assert first["counts"]["num_samples"] == 20
