@@ -160,9 +160,6 @@ class HslakeDatasource(Datasource):
             reader = _READERS[self._key] = NativeReader(url, version, list(columns), list(points), timeout)
         return reader
 
-    def __getstate__(self) -> dict:
-        return dict(self.__dict__)
-
     def get_name(self) -> str:
         return "Hslake"
 
