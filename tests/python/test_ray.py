@@ -246,3 +246,11 @@ def test_the_norms_example_matches_hslake_sql(cluster, ds_dir):
         assert stats["samples"] == want["n"] > 0
         for k, w in [("mean_norm", "mean"), ("min_norm", "lo"), ("max_norm", "hi"), ("max_abs", "mx")]:
             assert stats[k] == pytest.approx(want[w], rel=1e-9), (p, k)
+
+
+def test_hslake_ray_imports_without_torch():
+    # Ray's workers unpickle every read task through `import hslake.ray`: torch would cost each
+    # of them seconds and hundreds of MB.
+    code = "import sys, hslake, hslake.ray; hslake.Dataset; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True, timeout=120)
+    assert out.stdout.strip() == "False"
