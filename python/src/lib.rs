@@ -16,6 +16,8 @@ use pyo3::ffi;
 use pyo3::prelude::*;
 use tokio::runtime::Runtime;
 
+mod read;
+
 create_exception!(
     _hslake,
     HslakeError,
@@ -29,7 +31,7 @@ create_exception!(
     "An argument or resume state that cannot work with this dataset."
 );
 
-fn to_py(e: LoaderError) -> PyErr {
+pub(crate) fn to_py(e: LoaderError) -> PyErr {
     match e {
         LoaderError::Config(_)
         | LoaderError::MissingPoint { .. }
@@ -42,7 +44,7 @@ fn to_py(e: LoaderError) -> PyErr {
     }
 }
 
-fn runtime(threads: usize) -> PyResult<Arc<Runtime>> {
+pub(crate) fn runtime(threads: usize) -> PyResult<Arc<Runtime>> {
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(threads.max(1))
         .thread_name("hslake-io")
@@ -55,7 +57,7 @@ fn runtime(threads: usize) -> PyResult<Arc<Runtime>> {
 /// A dense host buffer exported through the buffer protocol (writable, 64-byte aligned),
 /// so `torch.frombuffer` wraps it without a copy.
 #[pyclass(module = "hslake._hslake")]
-struct Buffer {
+pub(crate) struct Buffer {
     tensor: HostTensor,
     // Address of the tensor's heap bytes: stable for the buffer's life (never reallocated).
     addr: usize,
@@ -98,7 +100,7 @@ impl Buffer {
     unsafe fn __releasebuffer__(&self, _view: *mut ffi::Py_buffer) {}
 }
 
-fn buffer(mut tensor: HostTensor) -> Buffer {
+pub(crate) fn buffer(mut tensor: HostTensor) -> Buffer {
     let addr = tensor.bytes_mut().as_mut_ptr() as usize;
     Buffer { tensor, addr }
 }
@@ -471,6 +473,7 @@ fn _hslake(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<NativeDataset>()?;
     m.add_class::<NativeLoader>()?;
     m.add_class::<NativeStream>()?;
+    m.add_class::<read::NativeReader>()?;
     m.add_function(wrap_pyfunction!(write_synthetic, m)?)?;
     m.add_function(wrap_pyfunction!(preset_points, m)?)?;
     m.add_function(wrap_pyfunction!(build_info, m)?)?;
