@@ -8,6 +8,9 @@ cd "$(dirname "$0")/.."
 ROOT=$PWD
 # Idle OpenMP threads sleep instead of spinning, for the tests too (why: scripts/setup.sh).
 export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-PASSIVE}
+# From a fresh clone (CI) every crate builds once, where incremental caches (gigabytes under
+# target/) only cost time. Set CARGO_INCREMENTAL=1 to keep them while iterating.
+export CARGO_INCREMENTAL=${CARGO_INCREMENTAL:-0}
 # Formatting first: it needs no build and fails in seconds.
 cargo fmt --all --check
 bash scripts/setup.sh
@@ -39,7 +42,6 @@ stop_s3_server
 start_s3_server moto
 
 # The Python tests run against target/debug/hslake, whose GPU commands run in hslake-gpu beside
-# it; the capture daemon's lost-rank test needs the build that reads HSLAKE_TEST_FAIL_ALL_REDUCE,
-# so that binary is rebuilt with it here.
-cargo build --bin hslake-gpu --features fault-injection
+# it: both from `cargo test` above, whose hslake-gpu reads HSLAKE_TEST_FAIL_ALL_REDUCE for the
+# capture daemon's lost-rank test (Cargo.toml, the `fault-injection` dev-dependency).
 python -m pytest -q tests/python

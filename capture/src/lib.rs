@@ -57,3 +57,7 @@ pub use input::{read_inputs, InputLimits, InputSample, Inputs};
 pub use kernels::{DequantKernel, Kernels, MoeKernel, NormKernel, TpReduce};
 pub use models::ModelInfo;
 pub use tools::debug;
+
+/// Whether this build reads the test fault-injection variable (the `fault-injection` feature,
+/// which `cargo test` turns on and builds for users never do).
+pub const FAULT_INJECTION: bool = cfg!(feature = "fault-injection");

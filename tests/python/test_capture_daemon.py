@@ -550,7 +550,7 @@ def test_a_lost_rank_fails_its_job_with_the_cause_and_the_daemon_exits_non_zero(
     version = subprocess.run([hslake_gpu_bin(), "--version"], capture_output=True, text=True, check=True).stdout
     if "with test fault injection" not in version:
         pytest.skip("this hslake-gpu is built without test fault injection; "
-                    "`cargo build --bin hslake-gpu --features fault-injection` (scripts/test.sh does) makes one that has it")
+                    "`cargo test` (scripts/test.sh runs it) builds one that has it")
     inp = inputs(tmp, "in", 30, seed=17)
     # Rank 1 of the in-process TP group fails its 12th all-reduce (the job's third batch): the
     # ranks cannot run another job, so the daemon must record the failure and exit, not hang.

@@ -34,7 +34,7 @@ enum Command {
 
 /// `--version`, saying whether this build reads HSLAKE_TEST_FAIL_ALL_REDUCE.
 fn version_line() -> &'static str {
-    hslake_cli::version_line(if cfg!(feature = "fault-injection") {
+    hslake_cli::version_line(if hslake_capture::FAULT_INJECTION {
         ", with test fault injection"
     } else {
         ""
