@@ -367,15 +367,22 @@ mod tests {
         ));
     }
 
-    #[test]
-    fn grouped_gemm_experts_equal_the_loop_on_every_rank() {
-        tch::manual_seed(23);
+    /// Twelve tokens of hidden 8 (seeded by `seed`), their routing weights, and two distinct
+    /// experts each: expert 5 is never chosen, expert 0 by every fourth token (empty and small
+    /// groups).
+    fn twelve_tokens(seed: i64) -> (Tensor, Tensor, Tensor) {
+        tch::manual_seed(seed);
         let x = Tensor::randn([12, 8], (Kind::Float, Device::Cpu));
         let w = Tensor::rand([12, 2], (Kind::Float, Device::Cpu));
-        // Expert 5 is never chosen, expert 0 by every fourth token: empty and small groups.
         let a: Vec<i64> = (0..12).map(|n| [0, 1, 2, 3][n % 4]).collect();
         let b: Vec<i64> = (0..12).map(|n| [4, 3, 1, 2][n % 4]).collect();
         let ids = Tensor::stack(&[Tensor::from_slice(&a), Tensor::from_slice(&b)], 1);
+        (x, w, ids)
+    }
+
+    #[test]
+    fn grouped_gemm_experts_equal_the_loop_on_every_rank() {
+        let (x, w, ids) = twelve_tokens(23);
         for (first, count) in [(0, 6), (0, 3), (3, 3), (2, 2)] {
             let looped = experts(first, count).forward(&x, &w, &ids).unwrap();
             let grouped = grouped_experts(first, count).forward(&x, &w, &ids).unwrap();
@@ -426,12 +433,7 @@ mod tests {
 
     #[test]
     fn grouped_gemms_over_a_dequantized_stack_equal_the_loop_over_each_expert() {
-        tch::manual_seed(25);
-        let x = Tensor::randn([12, 8], (Kind::Float, Device::Cpu));
-        let w = Tensor::rand([12, 2], (Kind::Float, Device::Cpu));
-        let a: Vec<i64> = (0..12).map(|n| [0, 1, 2, 3][n % 4]).collect();
-        let b: Vec<i64> = (0..12).map(|n| [4, 3, 1, 2][n % 4]).collect();
-        let ids = Tensor::stack(&[Tensor::from_slice(&a), Tensor::from_slice(&b)], 1);
+        let (x, w, ids) = twelve_tokens(25);
         for (first, count) in [(0, 6), (3, 3)] {
             let looped = int4_experts(first, count, false)
                 .forward(&x, &w, &ids)
@@ -451,12 +453,7 @@ mod tests {
 
     #[test]
     fn experts_dequantized_once_at_load_equal_them_dequantized_per_forward_bit_for_bit() {
-        tch::manual_seed(26);
-        let x = Tensor::randn([12, 8], (Kind::Float, Device::Cpu));
-        let w = Tensor::rand([12, 2], (Kind::Float, Device::Cpu));
-        let a: Vec<i64> = (0..12).map(|n| [0, 1, 2, 3][n % 4]).collect();
-        let b: Vec<i64> = (0..12).map(|n| [4, 3, 1, 2][n % 4]).collect();
-        let ids = Tensor::stack(&[Tensor::from_slice(&a), Tensor::from_slice(&b)], 1);
+        let (x, w, ids) = twelve_tokens(26);
         let per_forward = int4_experts(0, 6, true);
         let mut held = int4_experts(0, 6, true);
         held.stacked = held.stacked.take().map(|s| s.into_dense().unwrap());
