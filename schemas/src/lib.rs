@@ -39,4 +39,4 @@ pub use error::SchemaError;
 pub use jsonl::{JsonLine, JsonLines, MAX_LINE_BYTES};
 pub use point::{CapturePoint, LAYER_CONVENTION};
 pub use sample::{FinitePolicy, Overlong, Sample, TensorData};
-pub use stats::{tensor_stats, RowSums, TensorStats};
+pub use stats::{stats_of, tensor_stats, RowSums, TensorStats};
