@@ -60,20 +60,36 @@ enum Command {
     Debug(cmd::debug::Debug),
 }
 
+/// The crates the read and write path runs in, which Cargo.toml raises to opt-level 3 in the dev
+/// profile that setup builds; `--version` lists how each was compiled, and tests/cli_store.rs
+/// fails when one is not at opt-level 3.
+const READ_WRITE_PATH: [hslake_schemas::CrateBuild; 4] = [
+    hslake_schemas::BUILD,
+    hslake_store::build_info::BUILD,
+    hslake_loader::BUILD,
+    hslake_prepare::BUILD,
+];
+
 /// `hslake --version`: the version and which build this is, since a dev-profile store is many
-/// times slower than the one the documented figures come from.
+/// times slower than the one the documented figures come from; the second line gives the
+/// opt-level of each crate of the read and write path.
 fn version_line() -> &'static str {
     static LINE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
     LINE.get_or_init(|| {
         format!(
-            "{} ({}){}",
+            "{} ({}){}\nopt-level of the read and write path: {}",
             env!("CARGO_PKG_VERSION"),
             hslake_store::build_info::describe(),
             if cfg!(feature = "fault-injection") {
                 ", with test fault injection"
             } else {
                 ""
-            }
+            },
+            READ_WRITE_PATH
+                .iter()
+                .map(|c| format!("{} {}", c.name, c.opt_level))
+                .collect::<Vec<_>>()
+                .join(", ")
         )
     })
 }
