@@ -47,10 +47,7 @@ mod tests {
     use super::*;
 
     fn at(opt_level: &'static str) -> CrateBuild {
-        CrateBuild {
-            opt_level,
-            ..BUILD
-        }
+        CrateBuild { opt_level, ..BUILD }
     }
 
     #[test]

@@ -56,12 +56,7 @@ pub fn tensor_stats<D: AsRef<[u8]>>(t: &TensorData<D>) -> TensorStats {
 /// opt-level 0 in the setup's build, where this loop ran 5-7x slower than here (schemas is
 /// raised to opt-level 3 in Cargo.toml). `tensor_stats` is only the wrapper that lends the bytes.
 #[inline(never)]
-pub fn stats_of(
-    dtype: DType,
-    shape: &[usize],
-    data: &[u8],
-    scales: Option<&[f32]>,
-) -> TensorStats {
+pub fn stats_of(dtype: DType, shape: &[usize], data: &[u8], scales: Option<&[f32]>) -> TensorStats {
     let (tokens, hidden) = match shape {
         [a, b] => (*a, *b),
         _ => (1, shape.iter().product()),
