@@ -11,17 +11,33 @@ pub mod gpu_binary;
 
 /// `--version`: the version and which build this is, since a dev-profile store is many times
 /// slower than the one the documented figures come from; `note` is appended (a binary's
-/// build variant, or empty). The first call's line stays for the process.
+/// build variant, or empty); a second line gives the opt-level of each crate of the read and
+/// write path. The first call's text stays for the process.
 pub fn version_line(note: &str) -> &'static str {
     static LINE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
     LINE.get_or_init(|| {
         format!(
-            "{} ({}){note}",
+            "{} ({}){note}\nopt-level of the read and write path: {}",
             env!("CARGO_PKG_VERSION"),
-            hslake_store::build_info::describe()
+            hslake_store::build_info::describe(),
+            READ_WRITE_PATH
+                .iter()
+                .map(|c| format!("{} {}", c.name, c.opt_level))
+                .collect::<Vec<_>>()
+                .join(", ")
         )
     })
 }
+
+/// The crates the read and write path runs in, which Cargo.toml raises to opt-level 3 in the dev
+/// profile that setup builds; `--version` lists how each was compiled, and tests/cli_store.rs
+/// fails when one is not at opt-level 3.
+const READ_WRITE_PATH: [hslake_schemas::CrateBuild; 4] = [
+    hslake_schemas::BUILD,
+    hslake_store::build_info::BUILD,
+    hslake_loader::BUILD,
+    hslake_prepare::BUILD,
+];
 
 /// Runs a parsed command the way both binaries do: logs on stderr (HSLAKE_LOG, default info),
 /// a multi-threaded runtime, and an error printed with its causes (exit 1).

@@ -228,6 +228,72 @@ fn version_names_the_build_profile_and_opt_level() {
     );
 }
 
+#[test]
+fn every_crate_of_the_read_and_write_path_is_built_at_opt_level_3() {
+    // The tests' binary has the per-crate opt-levels of the build setup installs (only debug
+    // assertions differ, .cargo/install.toml), so an override lost from Cargo.toml shows here.
+    let o = hslake(&["--version"]);
+    let out = String::from_utf8_lossy(&o.stdout);
+    let line = out
+        .lines()
+        .find_map(|l| l.strip_prefix("opt-level of the read and write path: "))
+        .unwrap_or_else(|| panic!("no opt-level line in --version: {out}"));
+    let crates: Vec<(&str, &str)> = line
+        .split(", ")
+        .map(|c| c.rsplit_once(' ').unwrap_or((c, "")))
+        .collect();
+    for name in [
+        "hslake-schemas",
+        "hslake-store",
+        "hslake-loader",
+        "hslake-prepare",
+    ] {
+        assert!(crates.iter().any(|c| c.0 == name), "{name} missing: {out}");
+    }
+    let slow: Vec<_> = crates.iter().filter(|c| c.1 != "3").collect();
+    assert!(
+        slow.is_empty(),
+        "built below opt-level 3: {slow:?}; raise them in Cargo.toml's [profile.dev.package.*]"
+    );
+}
+
+#[test]
+fn third_party_crates_of_the_read_and_write_path_are_raised_to_opt_level_3() {
+    // Their opt-level is visible nowhere at run time, so the manifest is read instead. The list is
+    // the crates the store's encode and decode loops spend their time in; dropping one of their
+    // overrides made the store several times slower in the setup's build (docs/PERFORMANCE.md).
+    let manifest = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/Cargo.toml"))
+        .expect("the workspace's Cargo.toml");
+    let raised = |krate: &str| {
+        let table = format!("[profile.dev.package.{krate}]");
+        manifest.split(table.as_str()).nth(1).is_some_and(|rest| {
+            let body = rest.split("\n[").next().unwrap_or("");
+            body.lines().any(|l| l.replace(' ', "") == "opt-level=3")
+        })
+    };
+    let missing: Vec<_> = [
+        "parquet",
+        "arrow-array",
+        "arrow-buffer",
+        "arrow-data",
+        "arrow-select",
+        "arrow-schema",
+        "zstd",
+        "zstd-safe",
+        "zstd-sys",
+        "crc32c",
+        "crc32fast",
+        "half",
+    ]
+    .into_iter()
+    .filter(|k| !raised(k))
+    .collect();
+    assert!(
+        missing.is_empty(),
+        "no [profile.dev.package.<crate>] with opt-level = 3 in Cargo.toml for {missing:?}"
+    );
+}
+
 /// Flip a byte inside sample `id`'s value of `column` (bf16) in whichever shard holds it; the
 /// Parquet file still parses. Returns the shard's file name and the flip.
 fn flip_value(dir: &Path, column: &str, id: u64) -> (String, hslake_store::tools::corrupt::Flip) {

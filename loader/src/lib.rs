@@ -65,3 +65,7 @@ pub use preset::{Preset, PresetPoints};
 pub use state::{LoaderState, STATE_FORMAT};
 pub use stats::LoaderStats;
 pub use stream::BatchStream;
+
+/// How this crate was compiled (`hslake --version` lists it with the other crates of the read
+/// and write path).
+pub const BUILD: hslake_schemas::CrateBuild = hslake_schemas::crate_build!();

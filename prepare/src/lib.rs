@@ -45,3 +45,7 @@ pub use source::{
     fetch_input, local_input_path, open_records, read_conversations, ConversationRecord,
     FileFormat, RawRecord,
 };
+
+/// How this crate was compiled (`hslake --version` lists it with the other crates of the read
+/// and write path).
+pub const BUILD: hslake_schemas::CrateBuild = hslake_schemas::crate_build!();

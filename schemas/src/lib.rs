@@ -21,6 +21,7 @@
 #![deny(missing_docs)]
 
 mod arrow_schema_conv;
+mod build_info;
 mod dataset;
 mod dtype;
 mod error;
@@ -33,10 +34,11 @@ pub mod units;
 pub use arrow_schema_conv::{
     column_names, stat_column, StatKind, TensorFieldMeta, TENSOR_ENCODING, TENSOR_META_KEY,
 };
+pub use build_info::{CrateBuild, BUILD};
 pub use dataset::{DatasetSchema, FORMAT_VERSION, OLDEST_FORMAT_VERSION};
 pub use dtype::{bf16_bits_to_f32, f32_to_bf16_bits, f32_to_fp8_e4m3, fp8_e4m3_to_f32, DType};
 pub use error::SchemaError;
 pub use jsonl::{JsonLine, JsonLines, MAX_LINE_BYTES};
 pub use point::{CapturePoint, LAYER_CONVENTION};
 pub use sample::{FinitePolicy, InputShard, Overlong, Sample, TensorData};
-pub use stats::{tensor_stats, RowSums, TensorStats};
+pub use stats::{stats_of, tensor_stats, RowSums, TensorStats};

@@ -41,20 +41,38 @@ pub enum TensorBytes {
     Planes,
 }
 
-/// A tensor's values, laid out as `bytes` says, in the `plane_zstd` encoding at zstd `level`,
-/// with a checksum of `checksum`'s kind.
-pub fn encode_tensor<D: AsRef<[u8]>>(
-    t: &TensorData<D>,
+/// A tensor's values, `data` of elements of `size` bytes laid out as `bytes` says, in the
+/// `plane_zstd` encoding at zstd `level`, with a checksum of `checksum`'s kind.
+///
+/// Takes the bytes rather than a `TensorData<D>`, and is never inlined, so that it is compiled
+/// here at the store's opt-level 3: a generic encoder is compiled in each crate that calls it,
+/// and the capture writers and the CLI are built at opt-level 0 in the setup's build (see
+/// `hslake_schemas::stats_of`).
+#[inline(never)]
+pub fn encode_tensor(
+    data: &[u8],
+    size: usize,
     bytes: TensorBytes,
     level: i32,
     checksum: Option<ValueChecksum>,
 ) -> Result<Vec<u8>> {
-    let (data, size) = (t.data.as_ref(), t.dtype.size());
     match bytes {
         TensorBytes::Elements => encode_values(data, size, level, checksum, "a tensor"),
         TensorBytes::Planes => crate::format::planes::encode_planes(data, size, level, checksum)
             .map_err(|e| StoreError::Usage(format!("encoding a tensor split into planes: {e}"))),
     }
+}
+
+/// A tensor's fp8 scales, one f32 per token, in the `plane_zstd` encoding (see
+/// [`encode_tensor`], which this is beside for the same reason).
+#[inline(never)]
+pub fn encode_scales(
+    scales: &[f32],
+    level: i32,
+    checksum: Option<ValueChecksum>,
+) -> Result<Vec<u8>> {
+    let raw: Vec<u8> = scales.iter().flat_map(|v| v.to_le_bytes()).collect();
+    encode_values(&raw, 4, level, checksum, "fp8 scales")
 }
 
 /// A sample ready to be written: tensors encoded, statistics computed.
@@ -98,18 +116,15 @@ impl EncodedSample {
             tensors: s
                 .tensors
                 .iter()
-                .map(|t| encode_tensor(t, bytes, level, checksum))
+                .map(|t| encode_tensor(t.data.as_ref(), t.dtype.size(), bytes, level, checksum))
                 .collect::<Result<_>>()?,
             scales: s
                 .tensors
                 .iter()
                 .map(|t| {
                     t.scales
-                        .as_ref()
-                        .map(|sc| {
-                            let raw: Vec<u8> = sc.iter().flat_map(|v| v.to_le_bytes()).collect();
-                            encode_values(&raw, 4, level, checksum, "fp8 scales")
-                        })
+                        .as_deref()
+                        .map(|sc| encode_scales(sc, level, checksum))
                         .transpose()
                 })
                 .collect::<Result<_>>()?,
@@ -297,4 +312,23 @@ pub fn decode_samples_from(
         });
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_encoders_are_plain_functions_compiled_here() {
+        // See `hslake_schemas::stats_of`: a generic encoder would run at the opt-level of the
+        // crate calling it, 0 for the capture writers and the CLI in the setup's build.
+        assert_eq!(
+            std::any::type_name_of_val(&encode_tensor),
+            "hslake_store::format::codec::encode_tensor"
+        );
+        assert_eq!(
+            std::any::type_name_of_val(&encode_scales),
+            "hslake_store::format::codec::encode_scales"
+        );
+    }
 }
