@@ -8,6 +8,12 @@ fn main() {
     if let Ok(args) = std::env::var("DEP_HSLAKE_TORCH_LINK_ARGS") {
         for arg in args.split('\t').filter(|a| !a.is_empty()) {
             println!("cargo::rustc-link-arg-bin=hslake-gpu={arg}");
+            // A test that calls the capture crate itself (tests/cli_prepare.rs reads prepare's
+            // output with capture's reader) links libtorch too and must find it; the rpaths
+            // alone change nothing for the tests that do not.
+            if arg.starts_with("-Wl,-rpath,") {
+                println!("cargo::rustc-link-arg-tests={arg}");
+            }
         }
     }
 }
