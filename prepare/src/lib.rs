@@ -43,7 +43,7 @@ pub use regenerate::{
 };
 pub use source::{
     fetch_input, local_input_path, open_records, read_conversations, ConversationRecord,
-    FileFormat, RawRecord,
+    Conversations, FileFormat, RawRecord,
 };
 
 /// How this crate was compiled (`hslake --version` lists it with the other crates of the read

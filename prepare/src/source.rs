@@ -133,14 +133,28 @@ pub fn open_records(path: &Path) -> Result<Records> {
 }
 
 /// The records of a file read as conversations.
-pub fn read_conversations(path: &Path) -> Result<impl Iterator<Item = Result<ConversationRecord>>> {
-    Ok(open_records(path)?.map(|r| {
-        r.map(|r| ConversationRecord {
+pub fn read_conversations(path: &Path) -> Result<Conversations> {
+    Ok(Conversations(open_records(path)?))
+}
+
+/// The records of a file read as conversations, in file order ([`read_conversations`]).
+///
+/// A named type rather than an `impl Iterator` over a closure: its `next` (the JSON parsing) is
+/// then compiled here, at this crate's opt-level, even when the caller turns it into a trait
+/// object, as the CLI does for [`crate::prepare`]; a closure's adapter would be compiled in the
+/// caller, at opt-level 0 in the setup's build.
+pub struct Conversations(Records);
+
+impl Iterator for Conversations {
+    type Item = Result<ConversationRecord>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        Some(self.0.next()?.map(|r| ConversationRecord {
             index: r.index,
             location: r.location,
             conversation: r.value.and_then(|v| parse_conversation(&v)),
-        })
-    }))
+        }))
+    }
 }
 
 // A JSON line, or the reason it is not one.

@@ -370,18 +370,19 @@ where
         let mut writer = SampleWriter::create(&output, format)?;
         let pb = counter_bar("conversations");
         let mut reject_err: Option<anyhow::Error> = None;
+        let mut records = records;
         let summary = prepare(
             &input,
-            records,
+            &mut records,
             &tok,
             &opts,
-            |s| writer.write(s),
-            |loc, reason| {
+            &mut |s| writer.write(s),
+            &mut |loc, reason| {
                 if let Err(e) = rejects.record(loc, &reason.to_string()) {
                     reject_err.get_or_insert(e);
                 }
             },
-            |n| pb.set_position(n),
+            &|n| pb.set_position(n),
         )?;
         pb.finish_and_clear();
         if let Some(e) = reject_err {
