@@ -10,8 +10,9 @@ Writes a synthetic dataset with `hslake synth` (unless it exists), starts the se
 - once, 8 client processes start `SELECT sum(tensor_norm(a.layer_1)) FROM samples a, samples b`
   and are killed 3 s later; then a fresh client's first answer is timed;
 - then two clients at once send each of the scalar queries that grow a server without a cap
-  on result size past its memory (a `concat` over a cross join, and
-  `repeat('x', 2147483647)`), and their outcomes are recorded.
+  on result size past its memory (a `concat` over a cross join, once cast to text for
+  `length` and once kept as bytes, and `repeat('x', 2147483647)`), and their outcomes are
+  recorded.
 The server's peak resident memory is read from /proc. Everything is bounded in count and time
 and talks only to 127.0.0.1; the server is stopped at the end.
 Prints one JSON object with the figures.
@@ -48,6 +49,7 @@ ARRAY_AGG = "SELECT array_agg(a.layer_1) FROM ds.samples a, ds.samples b"
 CROSS_NORM = "SELECT sum(tensor_norm(a.layer_1)) FROM ds.samples a, ds.samples b"
 SCALAR = [
     ("concat_cross_join", "SELECT max(length(concat(a.layer_1, b.layer_1))) FROM ds.samples a, ds.samples b"),
+    ("concat_cross_join_bytes", "SELECT max(concat(a.layer_1, b.layer_1)) IS NULL FROM ds.samples a, ds.samples b"),
     ("repeat_2gib", "SELECT repeat('x', 2147483647)"),
 ]
 

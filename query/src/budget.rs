@@ -11,6 +11,8 @@
 use std::any::Any;
 use std::sync::{Arc, LazyLock};
 
+use datafusion::arrow::array::{make_array, Array, ArrayData, ArrayRef};
+use datafusion::arrow::buffer::Buffer;
 use datafusion::common::config::{ConfigEntry, ConfigExtension, ConfigOptions, ExtensionOptions};
 use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::memory_pool::{
@@ -96,7 +98,7 @@ impl QueryBudget {
 
     /// Admit what `function` would build: its largest value against the per-value cap, then
     /// all of it against the query's memory pool. The reservation holds that memory until it
-    /// is dropped, which the caller does once the values are built.
+    /// is dropped: once the values are built, or with them ([`holding`]).
     pub fn admit(&self, function: &str, bound: OutputBound) -> Result<Option<MemoryReservation>> {
         self.check_cancelled()?;
         self.check_value(function, bound.largest, bound.row)?;
@@ -129,6 +131,54 @@ impl QueryBudget {
             setting: VALUE_FLAG.into(),
             detail: String::new(),
         })))
+    }
+}
+
+/// `array` with `reservation` held for as long as any of its buffers lives, shrunk to the
+/// array's own size where that is less. A function's result stays counted in the query's pool
+/// after the function returns, while the operators above hold it, so another function of the
+/// same query cannot reserve that memory again meanwhile. The buffers are shared, not copied.
+pub fn holding(array: ArrayRef, reservation: MemoryReservation) -> Result<ArrayRef> {
+    let size = array.get_array_memory_size();
+    if size < reservation.size() {
+        reservation.resize(size);
+    }
+    let reservation = Arc::new(reservation);
+    Ok(make_array(held_data(array.to_data(), &reservation)?))
+}
+
+fn held_data(data: ArrayData, reservation: &Arc<MemoryReservation>) -> Result<ArrayData> {
+    let buffers = data
+        .buffers()
+        .iter()
+        .map(|b| {
+            Buffer::from(bytes::Bytes::from_owner(HeldBuffer {
+                buffer: b.clone(),
+                _reservation: reservation.clone(),
+            }))
+        })
+        .collect();
+    let children = data
+        .child_data()
+        .iter()
+        .map(|c| held_data(c.clone(), reservation))
+        .collect::<Result<Vec<_>>>()?;
+    Ok(data
+        .into_builder()
+        .buffers(buffers)
+        .child_data(children)
+        .build()?)
+}
+
+/// One buffer of a function's result and the reservation that counts it.
+struct HeldBuffer {
+    buffer: Buffer,
+    _reservation: Arc<MemoryReservation>,
+}
+
+impl AsRef<[u8]> for HeldBuffer {
+    fn as_ref(&self) -> &[u8] {
+        self.buffer.as_slice()
     }
 }
 
@@ -222,6 +272,48 @@ mod tests {
             matches!(e.find_root(), DataFusionError::ResourcesExhausted(_)),
             "{e}"
         );
+        drop(held);
+        assert_eq!(pool.reserved(), 0);
+    }
+
+    #[test]
+    fn a_result_keeps_its_reservation_until_its_last_buffer_is_dropped() {
+        use datafusion::arrow::array::{ListArray, StringArray};
+        use datafusion::arrow::datatypes::Int32Type;
+
+        let pool: Arc<dyn MemoryPool> = Arc::new(GreedyMemoryPool::new(1 << 20));
+        let budget = QueryBudget::new(&limits(1 << 20), Some(pool.clone()), Cancel::default());
+        let text: ArrayRef = Arc::new(StringArray::from(vec!["a".repeat(1000); 100]));
+        let mut bound = OutputBound::default();
+        bound.add(0, 1008);
+        bound.total = 500_000;
+        let reservation = budget.admit("repeat", bound).unwrap().unwrap();
+        // Shrunk from the bound to what the array takes.
+        let size = text.get_array_memory_size();
+        assert!(size > 100_000 && size < 500_000, "{size}");
+        let held = holding(text.clone(), reservation).unwrap();
+        drop(text);
+        assert_eq!(pool.reserved(), size);
+        let part = held.slice(10, 5);
+        drop(held);
+        assert_eq!(pool.reserved(), size, "a slice still holds the buffers");
+        assert_eq!(part.len(), 5);
+        drop(part);
+        assert_eq!(pool.reserved(), 0);
+
+        // Nested values: the list's child buffers are held too, and the values are unchanged.
+        let list: ArrayRef = Arc::new(ListArray::from_iter_primitive::<Int32Type, _, _>(vec![
+            Some(vec![Some(1), None, Some(3)]),
+            None,
+            Some(vec![Some(4)]),
+        ]));
+        let mut bound = OutputBound::default();
+        bound.add(0, 64);
+        bound.total = 1 << 20;
+        let reservation = budget.admit("make_array", bound).unwrap().unwrap();
+        let held = holding(list.clone(), reservation).unwrap();
+        assert_eq!(held.to_data(), list.to_data());
+        assert!(pool.reserved() > 0);
         drop(held);
         assert_eq!(pool.reserved(), 0);
     }

@@ -19,6 +19,7 @@
 //! ```
 #![deny(missing_docs)]
 
+pub mod batching;
 pub mod budget;
 pub mod capped;
 mod error;

@@ -6,6 +6,7 @@ use datafusion::arrow::array::{ArrayRef, BooleanArray, StringArray, UInt32Array,
 use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use datafusion::arrow::record_batch::RecordBatch;
 use datafusion::catalog::MemorySchemaProvider;
+use datafusion::common::config::ConfigNonZeroUsize;
 use datafusion::datasource::object_store::ObjectStoreUrl;
 use datafusion::datasource::MemTable;
 use datafusion::error::DataFusionError;
@@ -19,6 +20,7 @@ use datafusion::sql::sqlparser::dialect::GenericDialect;
 use futures::{StreamExt, TryStreamExt};
 use hslake_store::{Dataset, DatasetReader, Manifest};
 
+use crate::batching::{batch_rows, widest_row, BATCH_BYTES};
 use crate::budget::QueryBudget;
 use crate::limits::{Cancel, QueryLimits};
 use crate::table::{unpanicking, CountingStore, ShardFile, ShardTable};
@@ -56,6 +58,7 @@ pub struct QuerySession {
     ctx: SessionContext,
     datasets: Vec<RegisteredDataset>,
     limits: QueryLimits,
+    batch_bytes: usize,
 }
 
 impl QuerySession {
@@ -77,6 +80,7 @@ impl QuerySession {
             ctx,
             datasets: Vec::new(),
             limits,
+            batch_bytes: BATCH_BYTES,
         })
     }
 
@@ -126,6 +130,7 @@ impl QuerySession {
                 path: dataset.object_path(&s.path),
                 bytes: s.bytes,
                 rows: s.rows,
+                tokens: s.tokens,
                 min_sample_id: s.min_sample_id,
                 max_sample_id: s.max_sample_id,
             })
@@ -209,6 +214,12 @@ impl QuerySession {
         self.limits
     }
 
+    /// Bytes of rows each query's batches aim to hold (default [`BATCH_BYTES`]); queries over
+    /// wide rows run in batches of fewer rows ([`crate::batching`]). Results do not change.
+    pub fn set_batch_bytes(&mut self, bytes: usize) {
+        self.batch_bytes = bytes;
+    }
+
     /// Plan one read-only statement and start it under the session's limits: a memory pool of
     /// its own, the per-value cap and a deadline. Dropping the stream stops the query.
     pub async fn execute(&self, sql: &str) -> Result<SendableRecordBatchStream> {
@@ -234,7 +245,18 @@ impl QuerySession {
         // Functions get the config the plan is made with, also those evaluated while it is
         // made (constants folded by the optimizer): the config must hold the budget before.
         state.mark_start_execution();
-        let plan = state.create_physical_plan(&plan).await?;
+        let plan = state.optimize(&plan)?;
+        // Before physical planning: filters take their batch size when they are planned.
+        let rows = batch_rows(
+            widest_row(&plan)?,
+            self.batch_bytes,
+            state.config().batch_size(),
+        );
+        state.config_mut().options_mut().execution.batch_size = ConfigNonZeroUsize::try_new(rows)?;
+        let plan = state
+            .query_planner()
+            .create_physical_plan(&plan, &state)
+            .await?;
         crate::capped::check_plan(&plan, &budget, state.config().batch_size())?;
         let runtime = RuntimeEnvBuilder::from_runtime_env(state.runtime_env())
             .with_memory_pool(pool)

@@ -192,6 +192,17 @@ async fn sql_files_over_a_bf16_dataset_give_the_pinned_results() {
 }
 
 #[tokio::test]
+async fn sql_files_give_the_same_results_when_tensor_rows_come_one_per_batch() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("file://{}", dir.path().display());
+    testdata::write(&url, DType::Bf16, 10, 2).await;
+    let mut session = QuerySession::open(&url, None).await.unwrap();
+    // One byte: every query that reads a tensor or token column runs one row per batch.
+    session.set_batch_bytes(1);
+    run_files("bf16_", session).await;
+}
+
+#[tokio::test]
 async fn sql_files_over_an_fp8_dataset_give_the_pinned_results() {
     testdata::write("memory://slt-fp8", DType::Fp8E4m3, 6, 1).await;
     let session = QuerySession::open("memory://slt-fp8", None).await.unwrap();

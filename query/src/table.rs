@@ -48,6 +48,8 @@ pub struct ShardFile {
     pub bytes: u64,
     /// Rows (samples).
     pub rows: u64,
+    /// Tokens over all rows.
+    pub tokens: u64,
     /// Smallest sample id in the shard.
     pub min_sample_id: u64,
     /// Largest sample id in the shard.
@@ -92,6 +94,18 @@ impl ShardTable {
             total_byte_size: Precision::Inexact(f.bytes as usize),
             column_statistics: columns,
         }
+    }
+
+    /// Tokens per row of the shard with the longest rows on average: the row length the
+    /// batch size is worked out for ([`crate::batching`]). The manifest holds each shard's
+    /// total, not its longest row; a batch is many rows, so the average is what it holds.
+    pub fn tokens_per_row(&self) -> u64 {
+        self.files
+            .iter()
+            .filter(|f| f.rows > 0)
+            .map(|f| f.tokens.div_ceil(f.rows))
+            .max()
+            .unwrap_or(0)
     }
 
     fn table_statistics(&self) -> Statistics {

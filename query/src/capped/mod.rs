@@ -14,8 +14,9 @@
 //! Each growing function is replaced in the session's registry by a [`CappedFn`] around it,
 //! which works out the largest value and the total its call would build from the arguments
 //! (before the function runs), refuses a value over the per-value cap, and reserves the total
-//! in the query's memory pool while the function runs ([`crate::budget::QueryBudget`]). The
-//! SQL planner also makes built-in calls on its own (`OVERLAY(... PLACING ...)`, `[a, b]`,
+//! in the query's memory pool ([`crate::budget::QueryBudget`]) while the function runs and,
+//! shrunk to the result's size, for as long as the result lives ([`crate::budget::holding`]).
+//! The SQL planner also makes built-in calls on its own (`OVERLAY(... PLACING ...)`, `[a, b]`,
 //! `a || b`), and some functions simplify into others: [`CapRewrite`] and
 //! [`CappedFn`]'s `simplify` wrap those too, and [`check_plan`] refuses a plan in which one
 //! escaped. `CAST` is an expression, not a function: its result is at most a few times its

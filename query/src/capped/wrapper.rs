@@ -23,7 +23,7 @@ use datafusion::physical_expr::{expressions, PhysicalExpr};
 use super::growth::Growth;
 use super::sizes::scalar_bytes;
 use super::{growth_of, CONCAT_OPERATOR};
-use crate::budget::QueryBudget;
+use crate::budget::{holding, QueryBudget};
 
 pub(super) fn is_capped(f: &ScalarUDF) -> bool {
     f.inner().is::<CappedFn>()
@@ -90,8 +90,14 @@ impl ScalarUDFImpl for CappedFn {
     fn invoke_with_args(&self, args: ScalarFunctionArgs) -> Result<ColumnarValue> {
         let budget = QueryBudget::of(&args.config_options);
         let bound = self.growth.bound(&args.args, args.number_rows)?;
-        let _held = budget.admit(self.name(), bound)?;
-        self.inner().invoke_with_args(args)
+        let held = budget.admit(self.name(), bound)?;
+        let out = self.inner().invoke_with_args(args)?;
+        Ok(match (out, held) {
+            (ColumnarValue::Array(a), Some(reservation)) => {
+                ColumnarValue::Array(holding(a, reservation)?)
+            }
+            (out, _) => out,
+        })
     }
 
     fn simplify(&self, args: Vec<Expr>, info: &SimplifyContext) -> Result<ExprSimplifyResult> {
