@@ -12,7 +12,7 @@ use datafusion::error::DataFusionError;
 use datafusion::execution::runtime_env::RuntimeEnvBuilder;
 use datafusion::execution::{SendableRecordBatchStream, SessionStateBuilder, TaskContext};
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
-use datafusion::prelude::{DataFrame, SQLOptions, SessionConfig, SessionContext};
+use datafusion::prelude::{DataFrame, SQLOptions, SessionContext};
 use datafusion::sql::parser::{DFParser, Statement as DFStatement};
 use datafusion::sql::sqlparser::ast::Statement;
 use datafusion::sql::sqlparser::dialect::GenericDialect;
@@ -20,8 +20,9 @@ use futures::{StreamExt, TryStreamExt};
 use hslake_store::{Dataset, DatasetReader, Manifest};
 
 use crate::budget::QueryBudget;
+use crate::distributed::Workers;
 use crate::limits::{Cancel, QueryLimits};
-use crate::table::{unpanicking, CountingStore, ShardFile, ShardTable};
+use crate::table::{unpanicking, CountingStore, ScanSource, ShardFile, ShardTable};
 use crate::udf::register_tensor_functions;
 use crate::{QueryError, Result};
 
@@ -62,19 +63,20 @@ impl QuerySession {
     /// An empty session with the tensor functions registered, and DataFusion's functions that
     /// can build large values capped.
     pub fn new() -> Result<Self> {
+        Self::over(SessionStateBuilder::new().with_default_features())
+    }
+
+    /// An empty session whose queries run on `workers` (see [`crate::distributed`]): the
+    /// session plans them and collects their results.
+    pub fn distributed(workers: &Workers) -> Result<Self> {
+        Self::over(workers.coordinator(SessionStateBuilder::new().with_default_features())?)
+    }
+
+    fn over(builder: SessionStateBuilder) -> Result<Self> {
         let limits = QueryLimits::default();
-        let config = SessionConfig::new()
-            .with_information_schema(true)
-            .with_option_extension(QueryBudget::new(&limits, None, Cancel::default()));
-        let state = SessionStateBuilder::new()
-            .with_config(config)
-            .with_default_features()
-            .build();
-        let ctx = SessionContext::new_with_state(state);
-        register_tensor_functions(&ctx)?;
-        crate::capped::register(&ctx)?;
+        let budget = QueryBudget::new(&limits, None, Cancel::default());
         Ok(QuerySession {
-            ctx,
+            ctx: hslake_context(builder, budget)?,
             datasets: Vec::new(),
             limits,
         })
@@ -131,7 +133,11 @@ impl QuerySession {
             })
             .collect();
         let schema: SchemaRef = Arc::new(manifest.schema.to_arrow());
-        let samples = ShardTable::new(schema, store_url, files);
+        let source = ScanSource {
+            dataset_url: dataset.url().to_string(),
+            store_url,
+        };
+        let samples = ShardTable::new(schema, source, files);
         let shards = MemTable::try_new(shards_schema(), vec![vec![shards_batch(&manifest)?]])?;
         let versions = MemTable::try_new(versions.schema(), vec![vec![versions]])?;
 
@@ -286,6 +292,23 @@ impl QuerySession {
     pub fn reset_counters(&self) {
         self.datasets.iter().for_each(|d| d.counter.reset());
     }
+}
+
+/// hslake's setup of a DataFusion session, the one for a coordinator, a single node and a
+/// worker alike: the information schema, `budget` in the config (functions find their limits
+/// there), the tensor functions and DataFusion's functions that can build large values capped.
+/// `builder` brings the rest: default features, a distributed planner, a worker's runtime.
+pub(crate) fn hslake_context(
+    mut builder: SessionStateBuilder,
+    budget: QueryBudget,
+) -> Result<SessionContext> {
+    let config = builder.config().get_or_insert_default();
+    config.options_mut().catalog.information_schema = true;
+    config.options_mut().extensions.insert(budget);
+    let ctx = SessionContext::new_with_state(builder.build());
+    register_tensor_functions(&ctx)?;
+    crate::capped::register(&ctx)?;
+    Ok(ctx)
 }
 
 /// `e` with the file, row group and row of the sample it names, if it is a
