@@ -4,7 +4,6 @@
 mod common;
 
 use common::hslake;
-use std::process::Output;
 
 /// Runs `args` and asserts a usage error (exit 2) whose message holds every one of `want`.
 fn refused(args: &[&str], want: &[&str]) {

@@ -28,7 +28,13 @@ impl Drop for Worker {
 /// Start `hslake serve-sql --worker` on a free loopback port; its address is read from its log.
 fn start_worker(token_file: &Path) -> Worker {
     let mut child = Command::new(env!("CARGO_BIN_EXE_hslake"))
-        .args(["serve-sql", "--worker", "--bind", "127.0.0.1:0", "--token-file"])
+        .args([
+            "serve-sql",
+            "--worker",
+            "--bind",
+            "127.0.0.1:0",
+            "--token-file",
+        ])
         .arg(token_file)
         .env("HSLAKE_LOG", "info")
         .env("NO_COLOR", "1")
@@ -114,8 +120,22 @@ fn the_sql_corpus_gives_the_same_results_on_two_workers_as_on_one_node() {
     let tmp = tempfile::tempdir().unwrap();
     let url = format!("file://{}", tmp.path().join("ds").display());
     let o = hslake(&[
-        "synth", &url, "--samples", "40", "--seq-len", "3:9", "--hidden", "16", "--layers",
-        "2,30", "--seed", "3", "--shard-mb", "0", "--row-group-mb", "0",
+        "synth",
+        &url,
+        "--samples",
+        "40",
+        "--seq-len",
+        "3:9",
+        "--hidden",
+        "16",
+        "--layers",
+        "2,30",
+        "--seed",
+        "3",
+        "--shard-mb",
+        "0",
+        "--row-group-mb",
+        "0",
     ]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let token = tmp.path().join("token");
@@ -155,8 +175,18 @@ fn an_unreachable_worker_is_named_in_the_error() {
     let tmp = tempfile::tempdir().unwrap();
     let url = format!("file://{}", tmp.path().join("ds").display());
     let o = hslake(&[
-        "synth", &url, "--samples", "8", "--seq-len", "3:5", "--hidden", "8", "--layers", "2",
-        "--shard-mb", "0",
+        "synth",
+        &url,
+        "--samples",
+        "8",
+        "--seq-len",
+        "3:5",
+        "--hidden",
+        "8",
+        "--layers",
+        "2",
+        "--shard-mb",
+        "0",
     ]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let token = tmp.path().join("token");
@@ -167,12 +197,13 @@ fn an_unreachable_worker_is_named_in_the_error() {
         .local_addr()
         .unwrap()
         .port();
-    let dead = format!("http://127.0.0.1:{port}");
+    // Twice, so that the planner splits the scan (one task would run on the coordinator).
+    let dead = format!("http://127.0.0.1:{port},http://127.0.0.1:{port}");
     let start = Instant::now();
     let o = hslake(&[
         "sql",
         &url,
-        "SELECT sum(tensor_norm(layer_2)) FROM samples",
+        "SELECT sum(seq_len) FROM samples WHERE seq_len > 0",
         "--workers",
         &dead,
         "--worker-token-file",
@@ -183,16 +214,36 @@ fn an_unreachable_worker_is_named_in_the_error() {
     let err = String::from_utf8_lossy(&o.stderr);
     assert_eq!(o.status.code(), Some(1), "{err}");
     assert!(err.contains(&format!("127.0.0.1:{port}")), "{err}");
-    assert!(start.elapsed() < Duration::from_secs(30), "took {:?}", start.elapsed());
+    assert!(
+        start.elapsed() < Duration::from_secs(30),
+        "took {:?}",
+        start.elapsed()
+    );
 }
 
 #[test]
 fn a_worker_refuses_datasets_and_needs_its_token_file() {
-    let o = hslake(&["serve-sql", "--worker", "--dataset", "a=/tmp/x", "--token-file", "t"]);
+    let o = hslake(&[
+        "serve-sql",
+        "--worker",
+        "--dataset",
+        "a=/tmp/x",
+        "--token-file",
+        "t",
+    ]);
     let err = String::from_utf8_lossy(&o.stderr);
     assert_eq!(o.status.code(), Some(2), "{err}");
-    assert!(err.contains("--dataset") && err.contains("--worker"), "{err}");
-    let o = hslake(&["sql", "/tmp/x", "SELECT 1", "--workers", "http://127.0.0.1:1"]);
+    assert!(
+        err.contains("--dataset") && err.contains("--worker"),
+        "{err}"
+    );
+    let o = hslake(&[
+        "sql",
+        "/tmp/x",
+        "SELECT 1",
+        "--workers",
+        "http://127.0.0.1:1",
+    ]);
     let err = String::from_utf8_lossy(&o.stderr);
     assert_eq!(o.status.code(), Some(2), "{err}");
     assert!(err.contains("--worker-token-file"), "{err}");

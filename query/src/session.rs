@@ -26,8 +26,9 @@ use crate::table::{unpanicking, CountingStore, ScanSource, ShardFile, ShardTable
 use crate::udf::register_tensor_functions;
 use crate::{QueryError, Result};
 
-// Each registered dataset gets its own object-store URL (`hslake://ds<N>`), unique in the
-// process, so datasets on different stores never share a DataFusion store entry.
+// Each registered dataset gets its own object-store URL (`hslake://ds<N>-<hex of its URL>`),
+// unique in the process, so datasets on different stores never share a DataFusion store entry;
+// a worker of a distributed query opens the store from the URL in the name.
 static NEXT_STORE: AtomicUsize = AtomicUsize::new(0);
 
 /// What a session knows about one registered dataset version.
@@ -117,7 +118,8 @@ impl QuerySession {
 
         let counter = Arc::new(CountingStore::new(dataset.object_store()));
         let id = NEXT_STORE.fetch_add(1, Ordering::Relaxed);
-        let store_url = ObjectStoreUrl::parse(format!("hslake://ds{id}"))?;
+        let store_url =
+            ObjectStoreUrl::parse(crate::distributed::worker::store_name(id, dataset.url()))?;
         self.ctx
             .register_object_store(store_url.as_ref(), counter.clone());
 

@@ -66,6 +66,21 @@ pub struct ScanSource {
     pub store_url: ObjectStoreUrl,
 }
 
+impl ScanSource {
+    /// Make sure `ctx`'s runtime has the dataset's store under the session's name: a session
+    /// registered it when it added the dataset; a worker of a distributed query, running a task
+    /// a coordinator sent, has not, and opens it here from the dataset's URL.
+    fn ensure_store(&self, ctx: &TaskContext) -> Result<()> {
+        let runtime = ctx.runtime_env();
+        if runtime.object_store(&self.store_url).is_err() {
+            let location = hslake_store::io::location::parse_dataset(&self.dataset_url)
+                .map_err(|e| DataFusionError::External(Box::new(QueryError::Store(e))))?;
+            runtime.register_object_store(self.store_url.as_ref(), location.store);
+        }
+        Ok(())
+    }
+}
+
 /// A table over a fixed list of Parquet shard files with a known schema.
 ///
 /// Unlike a listing table it never lists a directory, so a pinned version sees only the shards
@@ -413,6 +428,7 @@ impl ExecutionPlan for ShardScanExec {
         partition: usize,
         context: Arc<TaskContext>,
     ) -> Result<SendableRecordBatchStream> {
+        self.source.ensure_store(&context)?;
         let scanned = unpanicking(self.input.execute(partition, context)?);
         if !self.check_tokens {
             return Ok(scanned);

@@ -5,9 +5,9 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
+use hslake_query::distributed::WorkerSessions;
 use hslake_query::executor::{ExecutorLimits, QueryExecutor};
 use hslake_query::flight::HslakeFlightSql;
-use hslake_query::distributed::WorkerSessions;
 use hslake_query::QueryLimits;
 
 use hslake_schemas::units::DurationRange;
@@ -30,7 +30,11 @@ pub struct Args {
     pub bind: SocketAddr,
     /// A dataset as NAME=URL (repeatable); its tables are NAME.samples, NAME.shards,
     /// NAME.versions. Append @N to the URL to pin version N (default: the newest).
-    #[arg(long = "dataset", required_unless_present = "worker", conflicts_with = "worker")]
+    #[arg(
+        long = "dataset",
+        required_unless_present = "worker",
+        conflicts_with = "worker"
+    )]
     pub datasets: Vec<String>,
     /// File holding the bearer token clients must present (first line, trimmed); for a
     /// worker, the token its coordinators present (their --worker-token-file).

@@ -3,9 +3,10 @@
 //! DataFusion's protobuf form carries everything of a plan but the nodes it does not know; the
 //! one node of ours is the scan of a dataset's shards, `ShardScanExec`, whose child (the Parquet
 //! scan) DataFusion encodes itself. What the node adds is where the files are: the dataset's
-//! URL and the name the coordinator registered its store under. On the worker the dataset's
-//! store is opened from the URL and registered under that name in the task's runtime (one per
-//! task, so two coordinators' names never meet), so the Parquet scan's paths resolve there.
+//! URL and the name the coordinator registered its store under. On the worker the scan opens
+//! the dataset's store from the URL when it starts and registers it under that name in the
+//! task's runtime (one per task, so two coordinators' names never meet), so the Parquet scan's
+//! paths resolve there.
 //! Functions need nothing here: plans name them, and a worker's session has them all.
 use std::sync::Arc;
 
@@ -17,7 +18,6 @@ use datafusion_proto::physical_plan::{PhysicalExtensionCodec, PhysicalProtoConve
 use serde::{Deserialize, Serialize};
 
 use crate::table::{ScanSource, ShardScanExec};
-use crate::QueryError;
 
 /// The codec of our plan nodes, given to the coordinator's and the workers' sessions.
 #[derive(Debug, Clone, Copy)]
@@ -38,7 +38,7 @@ impl PhysicalExtensionCodec for HslakeCodec {
         &self,
         buf: &[u8],
         inputs: &[Arc<dyn ExecutionPlan>],
-        ctx: &TaskContext,
+        _ctx: &TaskContext,
         _proto_converter: &dyn PhysicalProtoConverterExtension,
     ) -> Result<Arc<dyn ExecutionPlan>> {
         let node: Node = serde_json::from_slice(buf).map_err(|e| {
@@ -60,10 +60,6 @@ impl PhysicalExtensionCodec for HslakeCodec {
                     )));
                 };
                 let store_url = ObjectStoreUrl::parse(&store_url)?;
-                let location = hslake_store::io::location::parse_dataset(&dataset_url)
-                    .map_err(|e| DataFusionError::External(Box::new(QueryError::Store(e))))?;
-                ctx.runtime_env()
-                    .register_object_store(store_url.as_ref(), location.store);
                 let source = ScanSource {
                     dataset_url,
                     store_url,

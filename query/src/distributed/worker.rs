@@ -3,10 +3,12 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use datafusion::error::DataFusionError;
+use datafusion::execution::object_store::{DefaultObjectStoreRegistry, ObjectStoreRegistry};
 use datafusion::execution::runtime_env::RuntimeEnvBuilder;
 use datafusion::execution::SessionState;
 use datafusion_distributed::{DistributedExt, Worker, WorkerQueryContext, WorkerSessionBuilder};
 use http::header::AUTHORIZATION;
+use object_store::ObjectStore;
 
 use super::codec::HslakeCodec;
 use crate::budget::QueryBudget;
@@ -65,15 +67,68 @@ impl WorkerSessionBuilder for WorkerSessions {
         let pool = self.limits.memory_pool();
         let runtime = RuntimeEnvBuilder::new()
             .with_memory_pool(pool.clone())
+            .with_object_store_registry(Arc::new(DatasetStores::default()))
             .build_arc()?;
         let builder = ctx
             .builder
             .with_runtime_env(runtime)
             .with_distributed_user_codec(HslakeCodec);
         let budget = QueryBudget::new(&self.limits, Some(pool), Cancel::default());
-        let ctx = hslake_context(builder, budget)
-            .map_err(|e| DataFusionError::External(Box::new(e)))?;
+        let ctx =
+            hslake_context(builder, budget).map_err(|e| DataFusionError::External(Box::new(e)))?;
         Ok(ctx.state())
+    }
+}
+
+/// The object-store name a session gives dataset `id` at `url`: the URL travels in it, so a
+/// worker resolves the name without being told (DataFusion resolves a Parquet scan's store
+/// while it decodes the plan, before any node of ours is seen).
+pub(crate) fn store_name(id: usize, url: &str) -> String {
+    let hex: String = url.bytes().map(|b| format!("{b:02x}")).collect();
+    format!("hslake://ds{id}-{hex}")
+}
+
+/// A worker task's stores: DataFusion's registry, and for an `hslake://` name of
+/// [`store_name`] the dataset's store opened from the URL in it.
+#[derive(Debug, Default)]
+struct DatasetStores {
+    known: DefaultObjectStoreRegistry,
+}
+
+impl ObjectStoreRegistry for DatasetStores {
+    fn register_store(
+        &self,
+        url: &url::Url,
+        store: Arc<dyn ObjectStore>,
+    ) -> Option<Arc<dyn ObjectStore>> {
+        self.known.register_store(url, store)
+    }
+
+    fn get_store(&self, url: &url::Url) -> datafusion::error::Result<Arc<dyn ObjectStore>> {
+        if let Ok(s) = self.known.get_store(url) {
+            return Ok(s);
+        }
+        let dataset = (url.scheme() == "hslake")
+            .then(|| {
+                url.host_str()?
+                    .split_once('-')
+                    .map(|(_, hex)| hex.to_string())
+            })
+            .flatten()
+            .and_then(|hex| {
+                let bytes: Option<Vec<u8>> = (0..hex.len())
+                    .step_by(2)
+                    .map(|i| u8::from_str_radix(hex.get(i..i + 2)?, 16).ok())
+                    .collect();
+                String::from_utf8(bytes?).ok()
+            });
+        let Some(dataset) = dataset else {
+            return self.known.get_store(url);
+        };
+        let location = hslake_store::io::location::parse_dataset(&dataset)
+            .map_err(|e| DataFusionError::External(Box::new(QueryError::Store(e))))?;
+        self.known.register_store(url, location.store.clone());
+        Ok(location.store)
     }
 }
 
@@ -88,7 +143,11 @@ pub(crate) async fn spawn_test_workers(
     let mut urls = Vec::new();
     for _ in 0..n {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        urls.push(format!("http://{}", listener.local_addr().unwrap()).parse().unwrap());
+        urls.push(
+            format!("http://{}", listener.local_addr().unwrap())
+                .parse()
+                .unwrap(),
+        );
         let worker = WorkerSessions::new(token, limits).into_worker();
         tokio::spawn(
             tonic::transport::Server::builder()
@@ -107,7 +166,10 @@ mod tests {
     use hslake_schemas::DType;
 
     fn list(urls: &[url::Url]) -> String {
-        urls.iter().map(|u| u.as_str()).collect::<Vec<_>>().join(",")
+        urls.iter()
+            .map(|u| u.as_str())
+            .collect::<Vec<_>>()
+            .join(",")
     }
 
     async fn coordinator(workers: &Workers, url: &str) -> QuerySession {
@@ -119,14 +181,16 @@ mod tests {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn refuses_a_coordinator_without_the_workers_token() {
-        let urls = spawn_test_workers(1, "right", QueryLimits::default()).await;
-        testdata::write("memory://wrong-token", DType::Bf16, 8, 2).await;
+        let urls = spawn_test_workers(2, "right", QueryLimits::default()).await;
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("file://{}", dir.path().display());
+        testdata::write(&url, DType::Bf16, 10, 2).await;
         let workers = Workers::parse(&list(&urls), "wrong")
             .unwrap()
             .with_partition_bytes(1024);
-        let session = coordinator(&workers, "memory://wrong-token").await;
+        let session = coordinator(&workers, &url).await;
         let err = session
-            .query("SELECT sum(tensor_norm(layer_2)) FROM samples")
+            .query("SELECT count(*), sum(seq_len) FROM samples")
             .await
             .unwrap_err()
             .to_string();
@@ -141,14 +205,20 @@ mod tests {
             .local_addr()
             .unwrap()
             .port();
-        testdata::write("memory://dead-worker", DType::Bf16, 8, 2).await;
-        let workers = Workers::parse(&format!("http://127.0.0.1:{port}"), "t")
-            .unwrap()
-            .with_partition_bytes(1024);
-        let session = coordinator(&workers, "memory://dead-worker").await;
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("file://{}", dir.path().display());
+        testdata::write(&url, DType::Bf16, 10, 2).await;
+        // Two, so that the planner splits the scan (one task would run on the coordinator).
+        let workers = Workers::parse(
+            &format!("http://127.0.0.1:{port},http://127.0.0.1:{port}"),
+            "t",
+        )
+        .unwrap()
+        .with_partition_bytes(1024);
+        let session = coordinator(&workers, &url).await;
         let err = tokio::time::timeout(
             std::time::Duration::from_secs(30),
-            session.query("SELECT sum(tensor_norm(layer_2)) FROM samples"),
+            session.query("SELECT count(*), sum(seq_len) FROM samples"),
         )
         .await
         .expect("the query fails instead of hanging")
