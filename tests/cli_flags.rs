@@ -1,15 +1,9 @@
 //! End-to-end: every duration and size flag of the `hslake` binary refuses an extreme value
 //! (`1e308`, `-1`, a size past 2^64) with a usage error naming the flag and its range, never a
 //! panic, and still takes its old spellings.
-use std::process::{Command, Output};
+mod common;
 
-fn hslake(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_hslake"))
-        .args(args)
-        .env("HSLAKE_LOG", "warn")
-        .output()
-        .expect("run hslake")
-}
+use common::hslake;
 
 /// Runs `args` and asserts a usage error (exit 2) whose message holds every one of `want`.
 fn refused(args: &[&str], want: &[&str]) {

@@ -2,6 +2,9 @@
 //! named by line and left out, `--strict`, `--max-seq-len`, Parquet in and out, outputs that
 //! `hslake capture` reads, bad arguments refused at once, and records or templates over their
 //! bounds left out by name.
+mod common;
+
+use common::hslake;
 use std::os::unix::fs::FileTypeExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -53,14 +56,6 @@ pub fn tiny_model(dir: &Path) -> PathBuf {
     .unwrap();
     std::fs::write(model.join("chat_template.jinja"), TEMPLATE).unwrap();
     model
-}
-
-fn hslake(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_hslake"))
-        .args(args)
-        .env("HSLAKE_LOG", "warn")
-        .output()
-        .expect("run hslake")
 }
 
 fn stderr(o: &Output) -> String {

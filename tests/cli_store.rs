@@ -1,15 +1,10 @@
 //! End-to-end: the `hslake` binary on local datasets — exit codes and messages of
 //! synth, info, verify, vacuum, cp and export, including on damaged and bad input.
-use std::path::Path;
-use std::process::{Command, Output};
+mod common;
 
-fn hslake(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_hslake"))
-        .args(args)
-        .env("HSLAKE_LOG", "warn")
-        .output()
-        .expect("run hslake")
-}
+use common::hslake;
+use std::path::Path;
+use std::process::Output;
 
 fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()

@@ -47,6 +47,15 @@ pub enum QueryError {
     /// from the sample id before the error reaches the caller.
     #[error("{0}")]
     BadValue(Box<BadTensorValue>),
+    /// A worker of a distributed query: its URL is not one, it cannot be reached, or it
+    /// refused the query.
+    #[error("worker {url}: {reason}")]
+    Worker {
+        /// The worker's URL as given.
+        url: String,
+        /// What is wrong.
+        reason: String,
+    },
     /// Writing results failed.
     #[error("writing {format} output: {detail}")]
     Output {
@@ -88,6 +97,12 @@ impl From<DataFusionError> for QueryError {
             match inner.downcast_ref::<QueryError>() {
                 Some(QueryError::BadValue(b)) => return QueryError::BadValue(b.clone()),
                 Some(QueryError::Cancelled) => return QueryError::Cancelled,
+                Some(QueryError::Worker { url, reason }) => {
+                    return QueryError::Worker {
+                        url: url.clone(),
+                        reason: reason.clone(),
+                    }
+                }
                 _ => {}
             }
         }

@@ -71,21 +71,8 @@ impl HslakeFlightSql {
 
     /// Check the bearer token of a request.
     fn check_token<T>(&self, req: &Request<T>) -> Result<(), Status> {
-        let Some(value) = req.metadata().get("authorization") else {
-            return Err(Status::unauthenticated(
-                "missing authorization header; expected \"Bearer <token>\"",
-            ));
-        };
-        let value = value
-            .to_str()
-            .map_err(|_| Status::unauthenticated("authorization header is not text"))?;
-        match value.strip_prefix("Bearer ") {
-            Some(t) if constant_time_eq(t.trim().as_bytes(), self.token.as_bytes()) => Ok(()),
-            Some(_) => Err(Status::unauthenticated("invalid bearer token")),
-            None => Err(Status::unauthenticated(
-                "authorization header is not \"Bearer <token>\"",
-            )),
-        }
+        let value = req.metadata().get("authorization").map(|v| v.as_bytes());
+        check_bearer(value, &self.token).map_err(Status::unauthenticated)
     }
 
     /// Plan `sql` and return its result schema, mapping errors to statuses.
@@ -140,6 +127,21 @@ impl HslakeFlightSql {
             .build(batches)
             .map_err(Status::from);
         Ok(Response::new(Box::pin(data)))
+    }
+}
+
+/// Check the value of an `authorization` header against `token`: the one check of a bearer
+/// token, for Flight SQL clients and for a coordinator calling a worker
+/// ([`crate::distributed`]). The error says what was wrong and what was expected.
+pub(crate) fn check_bearer(value: Option<&[u8]>, token: &str) -> Result<(), &'static str> {
+    let Some(value) = value else {
+        return Err("missing authorization header; expected \"Bearer <token>\"");
+    };
+    let value = std::str::from_utf8(value).map_err(|_| "authorization header is not text")?;
+    match value.strip_prefix("Bearer ") {
+        Some(t) if constant_time_eq(t.trim().as_bytes(), token.as_bytes()) => Ok(()),
+        Some(_) => Err("invalid bearer token"),
+        None => Err("authorization header is not \"Bearer <token>\""),
     }
 }
 

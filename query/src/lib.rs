@@ -7,7 +7,7 @@
 //! Flight SQL. [`limits`] bounds what one query may take (memory, time, the size of one value),
 //! [`capped`] makes DataFusion's own functions that can build large values keep to those
 //! bounds, and [`executor`] bounds how many queries run at once in a server, so one client
-//! cannot take the process down.
+//! cannot take the process down. [`distributed`] runs queries over gRPC workers.
 //!
 //! ```no_run
 //! # async fn example() -> Result<(), hslake_query::QueryError> {
@@ -22,6 +22,7 @@
 pub mod batching;
 pub mod budget;
 pub mod capped;
+pub mod distributed;
 mod error;
 pub mod executor;
 pub mod flight;

@@ -13,7 +13,7 @@ use datafusion::error::DataFusionError;
 use datafusion::execution::runtime_env::RuntimeEnvBuilder;
 use datafusion::execution::{SendableRecordBatchStream, SessionStateBuilder, TaskContext};
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
-use datafusion::prelude::{DataFrame, SQLOptions, SessionConfig, SessionContext};
+use datafusion::prelude::{DataFrame, SQLOptions, SessionContext};
 use datafusion::sql::parser::{DFParser, Statement as DFStatement};
 use datafusion::sql::sqlparser::ast::Statement;
 use datafusion::sql::sqlparser::dialect::GenericDialect;
@@ -22,13 +22,15 @@ use hslake_store::{Dataset, DatasetReader, Manifest};
 
 use crate::batching::{batch_rows, widest_row, BATCH_BYTES};
 use crate::budget::QueryBudget;
+use crate::distributed::Workers;
 use crate::limits::{Cancel, QueryLimits};
-use crate::table::{unpanicking, CountingStore, ShardFile, ShardTable};
+use crate::table::{unpanicking, CountingStore, ScanSource, ShardFile, ShardTable};
 use crate::udf::register_tensor_functions;
 use crate::{QueryError, Result};
 
-// Each registered dataset gets its own object-store URL (`hslake://ds<N>`), unique in the
-// process, so datasets on different stores never share a DataFusion store entry.
+// Each registered dataset gets its own object-store URL (`hslake://ds<N>-<hex of its URL>`),
+// unique in the process, so datasets on different stores never share a DataFusion store entry;
+// a worker of a distributed query opens the store from the URL in the name.
 static NEXT_STORE: AtomicUsize = AtomicUsize::new(0);
 
 /// What a session knows about one registered dataset version.
@@ -65,19 +67,20 @@ impl QuerySession {
     /// An empty session with the tensor functions registered, and DataFusion's functions that
     /// can build large values capped.
     pub fn new() -> Result<Self> {
+        Self::over(SessionStateBuilder::new().with_default_features())
+    }
+
+    /// An empty session whose queries run on `workers` (see [`crate::distributed`]): the
+    /// session plans them and collects their results.
+    pub fn distributed(workers: &Workers) -> Result<Self> {
+        Self::over(workers.coordinator(SessionStateBuilder::new().with_default_features())?)
+    }
+
+    fn over(builder: SessionStateBuilder) -> Result<Self> {
         let limits = QueryLimits::default();
-        let config = SessionConfig::new()
-            .with_information_schema(true)
-            .with_option_extension(QueryBudget::new(&limits, None, Cancel::default()));
-        let state = SessionStateBuilder::new()
-            .with_config(config)
-            .with_default_features()
-            .build();
-        let ctx = SessionContext::new_with_state(state);
-        register_tensor_functions(&ctx)?;
-        crate::capped::register(&ctx)?;
+        let budget = QueryBudget::new(&limits, None, Cancel::default());
         Ok(QuerySession {
-            ctx,
+            ctx: hslake_context(builder, budget)?,
             datasets: Vec::new(),
             limits,
             batch_bytes: BATCH_BYTES,
@@ -119,7 +122,8 @@ impl QuerySession {
 
         let counter = Arc::new(CountingStore::new(dataset.object_store()));
         let id = NEXT_STORE.fetch_add(1, Ordering::Relaxed);
-        let store_url = ObjectStoreUrl::parse(format!("hslake://ds{id}"))?;
+        let store_url =
+            ObjectStoreUrl::parse(crate::distributed::worker::store_name(id, dataset.url()))?;
         self.ctx
             .register_object_store(store_url.as_ref(), counter.clone());
 
@@ -136,7 +140,11 @@ impl QuerySession {
             })
             .collect();
         let schema: SchemaRef = Arc::new(manifest.schema.to_arrow());
-        let samples = ShardTable::new(schema, store_url, files);
+        let source = ScanSource {
+            dataset_url: dataset.url().to_string(),
+            store_url,
+        };
+        let samples = ShardTable::new(schema, source, files);
         let shards = MemTable::try_new(shards_schema(), vec![vec![shards_batch(&manifest)?]])?;
         let versions = MemTable::try_new(versions.schema(), vec![vec![versions]])?;
 
@@ -308,6 +316,23 @@ impl QuerySession {
     pub fn reset_counters(&self) {
         self.datasets.iter().for_each(|d| d.counter.reset());
     }
+}
+
+/// hslake's setup of a DataFusion session, the one for a coordinator, a single node and a
+/// worker alike: the information schema, `budget` in the config (functions find their limits
+/// there), the tensor functions and DataFusion's functions that can build large values capped.
+/// `builder` brings the rest: default features, a distributed planner, a worker's runtime.
+pub(crate) fn hslake_context(
+    mut builder: SessionStateBuilder,
+    budget: QueryBudget,
+) -> Result<SessionContext> {
+    let config = builder.config().get_or_insert_default();
+    config.options_mut().catalog.information_schema = true;
+    config.options_mut().extensions.insert(budget);
+    let ctx = SessionContext::new_with_state(builder.build());
+    register_tensor_functions(&ctx)?;
+    crate::capped::register(&ctx)?;
+    Ok(ctx)
 }
 
 /// `e` with the file, row group and row of the sample it names, if it is a

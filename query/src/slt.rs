@@ -191,6 +191,53 @@ async fn sql_files_over_a_bf16_dataset_give_the_pinned_results() {
     run_files("bf16_", QuerySession::open(&url, None).await.unwrap()).await;
 }
 
+/// The same files through a coordinator and two workers (over loopback gRPC): each query's
+/// scans split over both, the same results as one node. The workers have the limits the
+/// one-node tests give their sessions: a worker's functions keep to its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sql_files_give_the_pinned_results_on_two_workers() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("file://{}", dir.path().display());
+    testdata::write(&url, DType::Bf16, 10, 2).await;
+    testdata::write("memory://slt-caps-distributed", DType::Bf16, 10, 1).await;
+    for (prefix, url, limits) in [
+        ("bf16_", url.as_str(), crate::QueryLimits::default()),
+        ("caps_", "memory://slt-caps-distributed", caps_limits()),
+    ] {
+        let urls = crate::distributed::worker::spawn_test_workers(2, "slt", limits).await;
+        let list: Vec<&str> = urls.iter().map(|u| u.as_str()).collect();
+        // Small partitions, so that even these small shards are split over both workers.
+        let workers = crate::distributed::Workers::parse(&list.join(","), "slt")
+            .unwrap()
+            .with_partition_bytes(1024);
+        let mut session = QuerySession::distributed(&workers).unwrap();
+        session.set_limits(limits);
+        let ds = hslake_store::Dataset::open(url).await.unwrap();
+        session.add_dataset(None, &ds, None).await.unwrap();
+        run_files(prefix, session).await;
+    }
+}
+
+/// The fp8 files through two workers: not yet equal. A tensor argument that the optimizer makes
+/// a common subexpression (`__common_expr_1`) reaches the worker without its field's
+/// `hslake.tensor` metadata, and the function refuses it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "fp8 tensor arguments lose their hslake.tensor field metadata on the way to a worker"]
+async fn sql_files_over_an_fp8_dataset_give_the_pinned_results_on_two_workers() {
+    testdata::write("memory://slt-fp8-distributed", DType::Fp8E4m3, 6, 1).await;
+    let urls = crate::distributed::worker::spawn_test_workers(2, "slt", Default::default()).await;
+    let list: Vec<&str> = urls.iter().map(|u| u.as_str()).collect();
+    let workers = crate::distributed::Workers::parse(&list.join(","), "slt")
+        .unwrap()
+        .with_partition_bytes(1024);
+    let mut session = QuerySession::distributed(&workers).unwrap();
+    let ds = hslake_store::Dataset::open("memory://slt-fp8-distributed")
+        .await
+        .unwrap();
+    session.add_dataset(None, &ds, None).await.unwrap();
+    run_files("fp8_", session).await;
+}
+
 #[tokio::test]
 async fn sql_files_give_the_same_results_when_tensor_rows_come_one_per_batch() {
     let dir = tempfile::tempdir().unwrap();
@@ -213,14 +260,18 @@ async fn sql_files_over_an_fp8_dataset_give_the_pinned_results() {
 async fn sql_files_under_a_small_value_cap_refuse_what_would_outgrow_it() {
     testdata::write("memory://slt-caps", DType::Bf16, 10, 1).await;
     let mut session = QuerySession::open("memory://slt-caps", None).await.unwrap();
-    // A pool this large only counts (nothing is allocated for it); with it, constants up to
-    // the cap are left alone, so each refusal below is the function's own.
-    session.set_limits(crate::QueryLimits {
+    session.set_limits(caps_limits());
+    run_files("caps_", session).await;
+}
+
+/// A pool this large only counts (nothing is allocated for it); with it, constants up to the
+/// cap are left alone, so each refusal of the `caps_` files is the function's own.
+fn caps_limits() -> crate::QueryLimits {
+    crate::QueryLimits {
         max_value: Some(1 << 20),
         memory_per_query: Some(8 << 30),
         timeout: None,
-    });
-    run_files("caps_", session).await;
+    }
 }
 
 #[test]

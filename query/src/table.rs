@@ -56,6 +56,33 @@ pub struct ShardFile {
     pub max_sample_id: u64,
 }
 
+/// Where a scan's shard files are: the dataset's URL and the object-store URL the session
+/// registered the dataset's store under. A worker of a distributed query (see
+/// [`crate::distributed`]) opens the dataset's store from the URL and registers it under the
+/// same name, so the scan's file paths mean the same there.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ScanSource {
+    /// The dataset's canonical URL.
+    pub dataset_url: String,
+    /// The store's name in the session (`hslake://ds<N>`).
+    pub store_url: ObjectStoreUrl,
+}
+
+impl ScanSource {
+    /// Make sure `ctx`'s runtime has the dataset's store under the session's name: a session
+    /// registered it when it added the dataset; a worker of a distributed query, running a task
+    /// a coordinator sent, has not, and opens it here from the dataset's URL.
+    fn ensure_store(&self, ctx: &TaskContext) -> Result<()> {
+        let runtime = ctx.runtime_env();
+        if runtime.object_store(&self.store_url).is_err() {
+            let location = hslake_store::io::location::parse_dataset(&self.dataset_url)
+                .map_err(|e| DataFusionError::External(Box::new(QueryError::Store(e))))?;
+            runtime.register_object_store(self.store_url.as_ref(), location.store);
+        }
+        Ok(())
+    }
+}
+
 /// A table over a fixed list of Parquet shard files with a known schema.
 ///
 /// Unlike a listing table it never lists a directory, so a pinned version sees only the shards
@@ -65,16 +92,16 @@ pub struct ShardFile {
 #[derive(Debug)]
 pub struct ShardTable {
     schema: SchemaRef,
-    store_url: ObjectStoreUrl,
+    source: ScanSource,
     files: Vec<ShardFile>,
 }
 
 impl ShardTable {
-    /// A table whose files live in the object store registered under `store_url`.
-    pub fn new(schema: SchemaRef, store_url: ObjectStoreUrl, files: Vec<ShardFile>) -> Self {
+    /// A table whose files live in the object store registered under `source.store_url`.
+    pub fn new(schema: SchemaRef, source: ScanSource, files: Vec<ShardFile>) -> Self {
         ShardTable {
             schema,
-            store_url,
+            source,
             files,
         }
     }
@@ -193,16 +220,17 @@ impl TableProvider for ShardTable {
         });
         if !reads_tokens {
             let source = format.file_source(TableSchema::from(self.schema.clone()));
-            let config = FileScanConfigBuilder::new(self.store_url.clone(), source)
+            let config = FileScanConfigBuilder::new(self.source.store_url.clone(), source)
                 .with_file_groups(groups)
                 .with_statistics(self.table_statistics())
                 .with_projection_indices(projection.cloned())?
                 .with_limit(limit)
                 .build();
-            return Ok(Arc::new(ShardScanExec {
-                input: format.create_physical_plan(state, config).await?,
-                check_tokens: false,
-            }));
+            return Ok(Arc::new(ShardScanExec::new(
+                format.create_physical_plan(state, config).await?,
+                false,
+                self.source.clone(),
+            )));
         }
         // Tokens are checked against their row's checksum: the scan also reads both token
         // columns, the sample id (for the error) and the checksum, which the table does not
@@ -238,16 +266,17 @@ impl TableProvider for ShardTable {
             .collect();
         let groups = FileGroup::new(files).split_files(partitions);
         let source = format.file_source(TableSchema::from(scan_schema));
-        let config = FileScanConfigBuilder::new(self.store_url.clone(), source)
+        let config = FileScanConfigBuilder::new(self.source.store_url.clone(), source)
             .with_file_groups(groups)
             .with_statistics(with_checksum(self.table_statistics()))
             .with_projection_indices(Some(cols))?
             .with_limit(limit)
             .build();
-        let checked: Arc<dyn ExecutionPlan> = Arc::new(ShardScanExec {
-            input: format.create_physical_plan(state, config).await?,
-            check_tokens: true,
-        });
+        let checked: Arc<dyn ExecutionPlan> = Arc::new(ShardScanExec::new(
+            format.create_physical_plan(state, config).await?,
+            true,
+            self.source.clone(),
+        ));
         let shown = checked.schema();
         let exprs = (0..wanted.len()).map(|i| {
             let name = shown.field(i).name().clone();
@@ -269,17 +298,39 @@ impl TableProvider for ShardTable {
 /// and row group. Rows pass through unchanged, so statistics, limits, filters, repartitioning
 /// and (without the token check) projections go on to the scan below.
 #[derive(Debug)]
-struct ShardScanExec {
+pub struct ShardScanExec {
     input: Arc<dyn ExecutionPlan>,
     check_tokens: bool,
+    source: ScanSource,
 }
 
 impl ShardScanExec {
-    fn over(&self, input: Arc<dyn ExecutionPlan>) -> Arc<dyn ExecutionPlan> {
-        Arc::new(ShardScanExec {
+    /// The scan `input` (DataFusion's Parquet scan of the shards of `source`), guarded, and
+    /// with `check_tokens` each row's tokens checked against their checksum.
+    pub fn new(input: Arc<dyn ExecutionPlan>, check_tokens: bool, source: ScanSource) -> Self {
+        ShardScanExec {
             input,
-            check_tokens: self.check_tokens,
-        })
+            check_tokens,
+            source,
+        }
+    }
+
+    /// Whether rows' tokens are checked against their checksum.
+    pub fn check_tokens(&self) -> bool {
+        self.check_tokens
+    }
+
+    /// Where the scanned files are.
+    pub fn source(&self) -> &ScanSource {
+        &self.source
+    }
+
+    fn over(&self, input: Arc<dyn ExecutionPlan>) -> Arc<dyn ExecutionPlan> {
+        Arc::new(ShardScanExec::new(
+            input,
+            self.check_tokens,
+            self.source.clone(),
+        ))
     }
 }
 
@@ -391,6 +442,7 @@ impl ExecutionPlan for ShardScanExec {
         partition: usize,
         context: Arc<TaskContext>,
     ) -> Result<SendableRecordBatchStream> {
+        self.source.ensure_store(&context)?;
         let scanned = unpanicking(self.input.execute(partition, context)?);
         if !self.check_tokens {
             return Ok(scanned);

@@ -5,14 +5,15 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
+use hslake_query::distributed::WorkerSessions;
 use hslake_query::executor::{ExecutorLimits, QueryExecutor};
 use hslake_query::flight::HslakeFlightSql;
-use hslake_query::{QueryLimits, QuerySession};
+use hslake_query::QueryLimits;
 
 use hslake_schemas::units::DurationRange;
 
 use super::listen::{grpc, ConnArgs};
-use super::sql::{log_limits, LimitArgs};
+use super::sql::{log_limits, LimitArgs, WorkerArgs};
 
 /// `--queue-timeout`: no wait at all up to a day.
 const QUEUE_TIMEOUT: DurationRange = DurationRange::seconds(
@@ -29,11 +30,23 @@ pub struct Args {
     pub bind: SocketAddr,
     /// A dataset as NAME=URL (repeatable); its tables are NAME.samples, NAME.shards,
     /// NAME.versions. Append @N to the URL to pin version N (default: the newest).
-    #[arg(long = "dataset", required = true)]
+    #[arg(
+        long = "dataset",
+        required_unless_present = "worker",
+        conflicts_with = "worker"
+    )]
     pub datasets: Vec<String>,
-    /// File holding the bearer token clients must present (first line, trimmed).
+    /// File holding the bearer token clients must present (first line, trimmed); for a
+    /// worker, the token its coordinators present (their --worker-token-file).
     #[arg(long)]
     pub token_file: PathBuf,
+    /// Serve as a worker of distributed queries instead: run the parts of queries that
+    /// coordinators (`hslake sql --workers`, `serve-sql --workers`) send, reading the datasets
+    /// they name; no Flight SQL, no --dataset. --query-memory bounds each task.
+    #[arg(long)]
+    pub worker: bool,
+    #[command(flatten)]
+    pub workers: WorkerArgs,
     /// Queries executing at once; more wait for a slot (default: two per core, at least 4).
     #[arg(long)]
     pub max_queries: Option<usize>,
@@ -68,7 +81,10 @@ pub async fn run(args: Args) -> Result<ExitCode> {
     let mut defaults = QueryLimits::for_machine(executor_limits.max_queries);
     defaults.timeout = Some(Duration::from_secs(60));
     let limits = args.limits.resolve(defaults);
-    let mut session = QuerySession::new()?;
+    if args.worker {
+        return serve_worker(&args, &token, limits).await;
+    }
+    let mut session = args.workers.session()?;
     session.set_limits(limits);
     for spec in &args.datasets {
         let Some((name, url)) = spec.split_once('=') else {
@@ -122,16 +138,43 @@ pub async fn run(args: Args) -> Result<ExitCode> {
         idle_timeout_s = args.conn.idle_timeout.as_secs_f64(),
         "connection limits"
     );
-    tonic::transport::Server::builder()
+    grpc_server(&args.conn)
         .max_concurrent_streams(STREAMS_PER_CONNECTION)
-        .http2_keepalive_interval(Some(grpc::keepalive_interval(&args.conn)))
-        .http2_keepalive_timeout(Some(args.conn.header_timeout))
         .add_service(hslake_query::flight::flight_service(service))
-        .serve_with_incoming_shutdown(grpc::incoming(listener, &args.conn), async {
-            let _ = tokio::signal::ctrl_c().await;
-            tracing::info!("shutting down");
-        })
+        .serve_with_incoming_shutdown(grpc::incoming(listener, &args.conn), until_ctrl_c())
         .await
         .context("Flight SQL server")?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// Serve the worker's gRPC service until Ctrl-C, under the same connection limits.
+async fn serve_worker(args: &Args, token: &str, limits: QueryLimits) -> Result<ExitCode> {
+    if args.workers.workers.is_some() {
+        bail!("--worker with --workers: a worker runs the tasks it is sent and has no workers");
+    }
+    let listener = super::listen::bind(args.bind)?;
+    log_limits(&limits);
+    tracing::info!(addr = %listener.local_addr()?, "distributed SQL worker listening (coordinator token required)");
+    let worker = WorkerSessions::new(token, limits).into_worker();
+    // No cap on streams per connection: a coordinator runs all of a query's tasks on a worker
+    // over one connection, and its token was checked before any of them runs.
+    grpc_server(&args.conn)
+        .add_service(worker.into_worker_server())
+        .serve_with_incoming_shutdown(grpc::incoming(listener, &args.conn), until_ctrl_c())
+        .await
+        .context("distributed SQL worker")?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// tonic's server as serve-sql runs it: a ping at half the idle timeout, to be answered within
+/// the header timeout.
+fn grpc_server(conn: &ConnArgs) -> tonic::transport::Server {
+    tonic::transport::Server::builder()
+        .http2_keepalive_interval(Some(grpc::keepalive_interval(conn)))
+        .http2_keepalive_timeout(Some(conn.header_timeout))
+}
+
+async fn until_ctrl_c() {
+    let _ = tokio::signal::ctrl_c().await;
+    tracing::info!("shutting down");
 }

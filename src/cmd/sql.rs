@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use futures::TryStreamExt;
+use hslake_query::distributed::Workers;
 use hslake_query::{write_batches, OutputFormat, QueryLimits, QuerySession};
 
 use hslake_schemas::units::{DurationRange, SizeRange};
@@ -39,6 +40,46 @@ pub struct Args {
     pub output: Option<PathBuf>,
     #[command(flatten)]
     pub limits: LimitArgs,
+    #[command(flatten)]
+    pub workers: WorkerArgs,
+}
+
+/// `--scan-partition-bytes`: a KiB up to a TiB.
+const PARTITION_BYTES: SizeRange = SizeRange::bytes("--scan-partition-bytes", 1 << 10, 1 << 40);
+
+/// Workers to run queries on, shared by `hslake sql` and `hslake serve-sql`.
+#[derive(clap::Args)]
+pub struct WorkerArgs {
+    /// Run queries on these workers (`hslake serve-sql --worker`), comma-separated
+    /// http://HOST:PORT URLs; this process plans each query and collects its result. Every
+    /// worker must reach the datasets at the URLs given here.
+    #[arg(long, requires = "worker_token_file")]
+    pub workers: Option<String>,
+    /// File holding the token the workers were started with (first line, trimmed).
+    #[arg(long, requires = "workers")]
+    pub worker_token_file: Option<PathBuf>,
+    /// Shard bytes per scan partition of a distributed query, e.g. 64MiB (default 16MiB): a
+    /// scan gets one task per cores × this, so a smaller value spreads a small dataset over
+    /// more workers.
+    #[arg(long, requires = "workers", value_parser = PARTITION_BYTES.parser())]
+    pub scan_partition_bytes: Option<u64>,
+}
+
+impl WorkerArgs {
+    /// An empty session: distributed over the workers given, else one on this process.
+    pub fn session(&self) -> Result<QuerySession> {
+        let (Some(list), Some(token_file)) = (&self.workers, &self.worker_token_file) else {
+            return Ok(QuerySession::new()?);
+        };
+        let token = super::read_token_file(token_file)?;
+        let mut workers = Workers::parse(list, &token).context("--workers")?;
+        if let Some(b) = self.scan_partition_bytes {
+            workers = workers.with_partition_bytes(usize::try_from(b).unwrap_or(usize::MAX));
+        }
+        let urls: Vec<&str> = workers.urls().iter().map(|u| u.as_str()).collect();
+        tracing::info!(workers = urls.join(","), "queries run distributed");
+        Ok(QuerySession::distributed(&workers)?)
+    }
 }
 
 /// Limits of one query, shared by `hslake sql` and `hslake serve-sql`.
@@ -94,7 +135,12 @@ pub fn log_limits(limits: &QueryLimits) {
 /// Run the command.
 pub async fn run(args: Args) -> Result<ExitCode> {
     let format: OutputFormat = args.format.parse()?;
-    let mut session = QuerySession::open(&args.url, args.version)
+    let mut session = args.workers.session()?;
+    let ds = hslake_store::Dataset::open(&args.url)
+        .await
+        .with_context(|| format!("opening {}", args.url))?;
+    session
+        .add_dataset(None, &ds, args.version)
         .await
         .with_context(|| format!("opening {}", args.url))?;
     // One query at a time: it may reserve a quarter of the machine's memory.

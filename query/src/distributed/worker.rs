@@ -1,0 +1,229 @@
+//! A worker of distributed queries: the session each task of a query runs in.
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use datafusion::error::DataFusionError;
+use datafusion::execution::object_store::{DefaultObjectStoreRegistry, ObjectStoreRegistry};
+use datafusion::execution::runtime_env::RuntimeEnvBuilder;
+use datafusion::execution::SessionState;
+use datafusion_distributed::{DistributedExt, Worker, WorkerQueryContext, WorkerSessionBuilder};
+use http::header::AUTHORIZATION;
+use object_store::ObjectStore;
+
+use super::codec::HslakeCodec;
+use crate::budget::QueryBudget;
+use crate::flight::check_bearer;
+use crate::limits::{Cancel, QueryLimits};
+use crate::session::hslake_context;
+use crate::QueryError;
+
+/// Builds the session of each task a coordinator sends: the coordinator's token checked first,
+/// then hslake's session setup (the same as every session's) under this worker's limits. Each
+/// task gets a runtime of its own: a memory pool of `--query-memory`, and the stores of the
+/// datasets it scans, which its plan's scans register ([`super::codec`]).
+#[derive(Clone)]
+pub struct WorkerSessions {
+    token: Arc<str>,
+    limits: QueryLimits,
+}
+
+impl std::fmt::Debug for WorkerSessions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WorkerSessions")
+            .field("limits", &self.limits)
+            .finish_non_exhaustive()
+    }
+}
+
+impl WorkerSessions {
+    /// Sessions for coordinators presenting `token`, each task under `limits`.
+    pub fn new(token: &str, limits: QueryLimits) -> Self {
+        WorkerSessions {
+            token: token.into(),
+            limits,
+        }
+    }
+
+    /// The worker's gRPC service, to serve with tonic.
+    pub fn into_worker(self) -> Worker {
+        Worker::from_session_builder(self)
+    }
+}
+
+#[async_trait]
+impl WorkerSessionBuilder for WorkerSessions {
+    async fn build_session_state(
+        &self,
+        ctx: WorkerQueryContext,
+    ) -> Result<SessionState, DataFusionError> {
+        let presented = ctx.headers.get(AUTHORIZATION).map(|v| v.as_bytes());
+        if let Err(reason) = check_bearer(presented, &self.token) {
+            tracing::warn!("refused a task: {reason}");
+            return Err(DataFusionError::External(Box::new(QueryError::Worker {
+                url: "this worker".into(),
+                reason: format!("refused the task: {reason}"),
+            })));
+        }
+        let pool = self.limits.memory_pool();
+        let runtime = RuntimeEnvBuilder::new()
+            .with_memory_pool(pool.clone())
+            .with_object_store_registry(Arc::new(DatasetStores::default()))
+            .build_arc()?;
+        let builder = ctx
+            .builder
+            .with_runtime_env(runtime)
+            .with_distributed_user_codec(HslakeCodec);
+        let budget = QueryBudget::new(&self.limits, Some(pool), Cancel::default());
+        let ctx =
+            hslake_context(builder, budget).map_err(|e| DataFusionError::External(Box::new(e)))?;
+        Ok(ctx.state())
+    }
+}
+
+/// The object-store name a session gives dataset `id` at `url`: the URL travels in it, so a
+/// worker resolves the name without being told (DataFusion resolves a Parquet scan's store
+/// while it decodes the plan, before any node of ours is seen).
+pub(crate) fn store_name(id: usize, url: &str) -> String {
+    let hex: String = url.bytes().map(|b| format!("{b:02x}")).collect();
+    format!("hslake://ds{id}-{hex}")
+}
+
+/// A worker task's stores: DataFusion's registry, and for an `hslake://` name of
+/// [`store_name`] the dataset's store opened from the URL in it.
+#[derive(Debug, Default)]
+struct DatasetStores {
+    known: DefaultObjectStoreRegistry,
+}
+
+impl ObjectStoreRegistry for DatasetStores {
+    fn register_store(
+        &self,
+        url: &url::Url,
+        store: Arc<dyn ObjectStore>,
+    ) -> Option<Arc<dyn ObjectStore>> {
+        self.known.register_store(url, store)
+    }
+
+    fn get_store(&self, url: &url::Url) -> datafusion::error::Result<Arc<dyn ObjectStore>> {
+        if let Ok(s) = self.known.get_store(url) {
+            return Ok(s);
+        }
+        let dataset = (url.scheme() == "hslake")
+            .then(|| {
+                url.host_str()?
+                    .split_once('-')
+                    .map(|(_, hex)| hex.to_string())
+            })
+            .flatten()
+            .and_then(|hex| {
+                let bytes: Option<Vec<u8>> = (0..hex.len())
+                    .step_by(2)
+                    .map(|i| u8::from_str_radix(hex.get(i..i + 2)?, 16).ok())
+                    .collect();
+                String::from_utf8(bytes?).ok()
+            });
+        let Some(dataset) = dataset else {
+            return self.known.get_store(url);
+        };
+        let location = hslake_store::io::location::parse_dataset(&dataset)
+            .map_err(|e| DataFusionError::External(Box::new(QueryError::Store(e))))?;
+        self.known.register_store(url, location.store.clone());
+        Ok(location.store)
+    }
+}
+
+/// Workers in this process for tests: each a tonic server of [`WorkerSessions`] on its own
+/// loopback port, as `hslake serve-sql --worker` serves it. They stop with the test's runtime.
+#[cfg(test)]
+pub(crate) async fn spawn_test_workers(
+    n: usize,
+    token: &str,
+    limits: QueryLimits,
+) -> Vec<url::Url> {
+    let mut urls = Vec::new();
+    for _ in 0..n {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        urls.push(
+            format!("http://{}", listener.local_addr().unwrap())
+                .parse()
+                .unwrap(),
+        );
+        let worker = WorkerSessions::new(token, limits).into_worker();
+        tokio::spawn(
+            tonic::transport::Server::builder()
+                .add_service(worker.into_worker_server())
+                .serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener)),
+        );
+    }
+    urls
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::distributed::Workers;
+    use crate::{testdata, QuerySession};
+    use hslake_schemas::DType;
+
+    fn list(urls: &[url::Url]) -> String {
+        urls.iter()
+            .map(|u| u.as_str())
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    async fn coordinator(workers: &Workers, url: &str) -> QuerySession {
+        let mut s = QuerySession::distributed(workers).unwrap();
+        let ds = hslake_store::Dataset::open(url).await.unwrap();
+        s.add_dataset(None, &ds, None).await.unwrap();
+        s
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn refuses_a_coordinator_without_the_workers_token() {
+        let urls = spawn_test_workers(2, "right", QueryLimits::default()).await;
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("file://{}", dir.path().display());
+        testdata::write(&url, DType::Bf16, 10, 2).await;
+        let workers = Workers::parse(&list(&urls), "wrong")
+            .unwrap()
+            .with_partition_bytes(1024);
+        let session = coordinator(&workers, &url).await;
+        let err = session
+            .query("SELECT count(*), sum(seq_len) FROM samples")
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("invalid bearer token"), "{err}");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_unreachable_worker_is_a_named_error_not_a_hang() {
+        // A port nothing listens on: bound, then closed.
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("file://{}", dir.path().display());
+        testdata::write(&url, DType::Bf16, 10, 2).await;
+        // Two, so that the planner splits the scan (one task would run on the coordinator).
+        let workers = Workers::parse(
+            &format!("http://127.0.0.1:{port},http://127.0.0.1:{port}"),
+            "t",
+        )
+        .unwrap()
+        .with_partition_bytes(1024);
+        let session = coordinator(&workers, &url).await;
+        let err = tokio::time::timeout(
+            std::time::Duration::from_secs(30),
+            session.query("SELECT count(*), sum(seq_len) FROM samples"),
+        )
+        .await
+        .expect("the query fails instead of hanging")
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains(&format!("127.0.0.1:{port}")), "{err}");
+    }
+}

@@ -1,0 +1,250 @@
+//! End-to-end: distributed SQL with the `hslake` binary. Two `hslake serve-sql --worker`
+//! processes on 127.0.0.1, `hslake sql --workers` as the coordinator: the SQL corpus of the
+//! query crate (`query/tests/sql/bf16_*.slt`) gives the same results as `hslake sql` alone, and
+//! a worker that cannot be reached is named in the error.
+#![cfg(feature = "sql")]
+
+mod common;
+
+use common::hslake;
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+/// A worker process, stopped when dropped.
+struct Worker {
+    child: Child,
+    url: String,
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Start `hslake serve-sql --worker` on a free loopback port; its address is read from its log.
+fn start_worker(token_file: &Path) -> Worker {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_hslake"))
+        .args([
+            "serve-sql",
+            "--worker",
+            "--bind",
+            "127.0.0.1:0",
+            "--token-file",
+        ])
+        .arg(token_file)
+        .env("HSLAKE_LOG", "info")
+        .env("NO_COLOR", "1")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start worker");
+    let mut lines = BufReader::new(child.stderr.take().expect("stderr")).lines();
+    let addr = loop {
+        let line = lines
+            .next()
+            .expect("the worker logs its address before anything can end its log")
+            .expect("worker log");
+        if let Some(rest) = line.split("addr=").nth(1) {
+            if line.contains("worker listening") {
+                break rest.split_whitespace().next().unwrap().to_string();
+            }
+        }
+    };
+    // Keep reading, so the worker never blocks on a full pipe.
+    std::thread::spawn(move || lines.for_each(drop));
+    Worker {
+        child,
+        url: format!("http://{addr}"),
+    }
+}
+
+/// Every statement of the `.slt` files whose names start with `prefix`.
+fn corpus(prefix: &str) -> Vec<String> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("query/tests/sql");
+    let mut files: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.file_name().unwrap().to_string_lossy().starts_with(prefix))
+        .collect();
+    files.sort();
+    let mut out = Vec::new();
+    for f in files {
+        let text = std::fs::read_to_string(&f).unwrap();
+        let mut lines = text.lines();
+        while let Some(line) = lines.next() {
+            if line.starts_with("query") || line.starts_with("statement") {
+                let sql: Vec<&str> = lines
+                    .by_ref()
+                    .take_while(|l| !l.is_empty() && *l != "----")
+                    .collect();
+                out.push(sql.join("\n"));
+            }
+        }
+    }
+    assert!(out.len() > 10, "the corpus has its queries: {out:?}");
+    out
+}
+
+/// What a run of `hslake sql` gave, comparable across one node and workers: floats to 10
+/// significant digits (summation order differs), rows sorted unless the query orders them.
+fn result(sql: &str, o: &Output) -> String {
+    if !o.status.success() {
+        let err = String::from_utf8_lossy(&o.stderr);
+        return format!("error: {}", err.lines().last().unwrap_or(""));
+    }
+    let text = String::from_utf8_lossy(&o.stdout);
+    let mut rows: Vec<String> = text
+        .lines()
+        .map(|l| {
+            l.split(',')
+                .map(|c| match c.parse::<f64>() {
+                    Ok(v) if c.contains('.') || c.contains('e') => format!("{v:.9e}"),
+                    _ => c.to_string(),
+                })
+                .collect::<Vec<_>>()
+                .join(",")
+        })
+        .collect();
+    if !sql.to_uppercase().contains("ORDER BY") && rows.len() > 1 {
+        rows[1..].sort();
+    }
+    rows.join("\n")
+}
+
+#[test]
+fn the_sql_corpus_gives_the_same_results_on_two_workers_as_on_one_node() {
+    let tmp = tempfile::tempdir().unwrap();
+    let url = format!("file://{}", tmp.path().join("ds").display());
+    let o = hslake(&[
+        "synth",
+        &url,
+        "--samples",
+        "40",
+        "--seq-len",
+        "3:9",
+        "--hidden",
+        "16",
+        "--layers",
+        "2,30",
+        "--seed",
+        "3",
+        "--shard-mb",
+        "0",
+        "--row-group-mb",
+        "0",
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let token = tmp.path().join("token");
+    std::fs::write(&token, "worker-secret\n").unwrap();
+    let token = token.to_str().unwrap();
+    let workers = [start_worker(token.as_ref()), start_worker(token.as_ref())];
+    let list = format!("{},{}", workers[0].url, workers[1].url);
+
+    let mut compared = 0;
+    for sql in corpus("bf16_") {
+        let one = hslake(&["sql", &url, &sql, "--format", "csv"]);
+        let distributed = hslake(&[
+            "sql",
+            &url,
+            &sql,
+            "--format",
+            "csv",
+            "--workers",
+            &list,
+            "--worker-token-file",
+            token,
+            "--scan-partition-bytes",
+            "1KiB",
+        ]);
+        assert_eq!(
+            result(&sql, &distributed),
+            result(&sql, &one),
+            "{sql}\n(left: two workers, right: one node)"
+        );
+        compared += one.status.success() as usize;
+    }
+    assert!(compared > 10, "only {compared} queries succeeded");
+}
+
+#[test]
+fn an_unreachable_worker_is_named_in_the_error() {
+    let tmp = tempfile::tempdir().unwrap();
+    let url = format!("file://{}", tmp.path().join("ds").display());
+    let o = hslake(&[
+        "synth",
+        &url,
+        "--samples",
+        "8",
+        "--seq-len",
+        "3:5",
+        "--hidden",
+        "8",
+        "--layers",
+        "2",
+        "--shard-mb",
+        "0",
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let token = tmp.path().join("token");
+    std::fs::write(&token, "t\n").unwrap();
+    // A port nothing listens on: bound, then closed.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    // Twice, so that the planner splits the scan (one task would run on the coordinator).
+    let dead = format!("http://127.0.0.1:{port},http://127.0.0.1:{port}");
+    let start = Instant::now();
+    let o = hslake(&[
+        "sql",
+        &url,
+        "SELECT sum(seq_len) FROM samples WHERE seq_len > 0",
+        "--workers",
+        &dead,
+        "--worker-token-file",
+        token.to_str().unwrap(),
+        "--scan-partition-bytes",
+        "1KiB",
+    ]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(err.contains(&format!("127.0.0.1:{port}")), "{err}");
+    assert!(
+        start.elapsed() < Duration::from_secs(30),
+        "took {:?}",
+        start.elapsed()
+    );
+}
+
+#[test]
+fn a_worker_refuses_datasets_and_needs_its_token_file() {
+    let o = hslake(&[
+        "serve-sql",
+        "--worker",
+        "--dataset",
+        "a=/tmp/x",
+        "--token-file",
+        "t",
+    ]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("--dataset") && err.contains("--worker"),
+        "{err}"
+    );
+    let o = hslake(&[
+        "sql",
+        "/tmp/x",
+        "SELECT 1",
+        "--workers",
+        "http://127.0.0.1:1",
+    ]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(err.contains("--worker-token-file"), "{err}");
+}
