@@ -22,7 +22,6 @@ use hslake_store::{Dataset, DatasetReader, Manifest};
 
 use crate::batching::{batch_rows, widest_row, BATCH_BYTES};
 use crate::budget::QueryBudget;
-use crate::distributed::Workers;
 use crate::limits::{Cancel, QueryLimits};
 use crate::table::{unpanicking, CountingStore, ScanSource, ShardFile, ShardTable};
 use crate::udf::register_tensor_functions;
@@ -70,13 +69,9 @@ impl QuerySession {
         Self::over(SessionStateBuilder::new().with_default_features())
     }
 
-    /// An empty session whose queries run on `workers` (see [`crate::distributed`]): the
-    /// session plans them and collects their results.
-    pub fn distributed(workers: &Workers) -> Result<Self> {
-        Self::over(workers.coordinator(SessionStateBuilder::new().with_default_features())?)
-    }
-
-    fn over(builder: SessionStateBuilder) -> Result<Self> {
+    /// A session over `builder` (default features, or a coordinator's planner) with our
+    /// functions, limits and batching.
+    pub(crate) fn over(builder: SessionStateBuilder) -> Result<Self> {
         let limits = QueryLimits::default();
         let budget = QueryBudget::new(&limits, None, Cancel::default());
         Ok(QuerySession {
@@ -122,8 +117,7 @@ impl QuerySession {
 
         let counter = Arc::new(CountingStore::new(dataset.object_store()));
         let id = NEXT_STORE.fetch_add(1, Ordering::Relaxed);
-        let store_url =
-            ObjectStoreUrl::parse(crate::distributed::worker::store_name(id, dataset.url()))?;
+        let store_url = ObjectStoreUrl::parse(crate::table::store_name(id, dataset.url()))?;
         self.ctx
             .register_object_store(store_url.as_ref(), counter.clone());
 

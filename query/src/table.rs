@@ -494,6 +494,27 @@ pub(crate) fn unpanicking(stream: SendableRecordBatchStream) -> SendableRecordBa
     Box::pin(RecordBatchStreamAdapter::new(schema, guarded))
 }
 
+/// The object-store name a session gives dataset `id` at `url`: the URL travels in it, so a
+/// worker of a distributed query resolves the name without being told (DataFusion resolves a
+/// Parquet scan's store while it decodes the plan, before any node of ours is seen).
+pub(crate) fn store_name(id: usize, url: &str) -> String {
+    let hex: String = url.bytes().map(|b| format!("{b:02x}")).collect();
+    format!("hslake://ds{id}-{hex}")
+}
+
+/// The dataset URL in a [`store_name`], or `None` for any other store URL.
+pub(crate) fn dataset_of_store(url: &url::Url) -> Option<String> {
+    if url.scheme() != "hslake" {
+        return None;
+    }
+    let (_, hex) = url.host_str()?.split_once('-')?;
+    let bytes: Option<Vec<u8>> = (0..hex.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(hex.get(i..i + 2)?, 16).ok())
+        .collect();
+    String::from_utf8(bytes?).ok()
+}
+
 #[cfg(test)]
 mod tests {
     use std::ops::Range;
@@ -501,6 +522,26 @@ mod tests {
     use hslake_schemas::DType;
 
     use super::*;
+
+    #[test]
+    fn a_store_name_carries_its_dataset_url_and_nothing_else_reads_as_one() {
+        for url in ["s3://bucket/runs/ds-1", "file:///tmp/a b/ds", "memory://x"] {
+            let name = url::Url::parse(&store_name(7, url)).unwrap();
+            assert_eq!(dataset_of_store(&name).as_deref(), Some(url));
+        }
+        for other in [
+            "file:///",
+            "s3://bucket/ds",
+            "hslake://nohex",
+            "hslake://ds1-zz",
+        ] {
+            assert_eq!(
+                dataset_of_store(&url::Url::parse(other).unwrap()),
+                None,
+                "{other}"
+            );
+        }
+    }
     use crate::{testdata, QuerySession};
 
     /// Byte ranges of every tensor column chunk (and its scale column) in every shard.

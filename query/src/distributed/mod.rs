@@ -100,6 +100,14 @@ impl Workers {
     }
 }
 
+impl crate::QuerySession {
+    /// An empty session whose queries run on `workers`: the session plans them and collects
+    /// their results.
+    pub fn distributed(workers: &Workers) -> Result<Self> {
+        Self::over(workers.coordinator(SessionStateBuilder::new().with_default_features())?)
+    }
+}
+
 impl WorkerResolver for Workers {
     fn get_urls(&self) -> std::result::Result<Vec<Url>, DataFusionError> {
         Ok(self.urls.clone())

@@ -15,6 +15,7 @@ use crate::budget::QueryBudget;
 use crate::flight::check_bearer;
 use crate::limits::{Cancel, QueryLimits};
 use crate::session::hslake_context;
+use crate::table::dataset_of_store;
 use crate::QueryError;
 
 /// Builds the session of each task a coordinator sends: the coordinator's token checked first,
@@ -80,16 +81,8 @@ impl WorkerSessionBuilder for WorkerSessions {
     }
 }
 
-/// The object-store name a session gives dataset `id` at `url`: the URL travels in it, so a
-/// worker resolves the name without being told (DataFusion resolves a Parquet scan's store
-/// while it decodes the plan, before any node of ours is seen).
-pub(crate) fn store_name(id: usize, url: &str) -> String {
-    let hex: String = url.bytes().map(|b| format!("{b:02x}")).collect();
-    format!("hslake://ds{id}-{hex}")
-}
-
 /// A worker task's stores: DataFusion's registry, and for an `hslake://` name of
-/// [`store_name`] the dataset's store opened from the URL in it.
+/// [`crate::table::store_name`] the dataset's store opened from the URL in it.
 #[derive(Debug, Default)]
 struct DatasetStores {
     known: DefaultObjectStoreRegistry,
@@ -108,20 +101,7 @@ impl ObjectStoreRegistry for DatasetStores {
         if let Ok(s) = self.known.get_store(url) {
             return Ok(s);
         }
-        let dataset = (url.scheme() == "hslake")
-            .then(|| {
-                url.host_str()?
-                    .split_once('-')
-                    .map(|(_, hex)| hex.to_string())
-            })
-            .flatten()
-            .and_then(|hex| {
-                let bytes: Option<Vec<u8>> = (0..hex.len())
-                    .step_by(2)
-                    .map(|i| u8::from_str_radix(hex.get(i..i + 2)?, 16).ok())
-                    .collect();
-                String::from_utf8(bytes?).ok()
-            });
+        let dataset = dataset_of_store(url);
         let Some(dataset) = dataset else {
             return self.known.get_store(url);
         };
