@@ -27,7 +27,8 @@ HSLAKE = os.environ.get("HSLAKE_BIN") or str(
 
 QUERIES = [
     ("norm per layer", "SELECT avg(tensor_norm(layer_2)) AS l2, avg(tensor_norm(layer_30)) AS l30 FROM samples"),
-    ("group by sample", "SELECT count(*) AS n, max(c) AS m FROM (SELECT sample_id, cosine_similarity(layer_2, layer_30) AS c FROM samples) GROUP BY sample_id % 4096 ORDER BY n DESC LIMIT 3"),
+    # Ordered to the last column: groups tie on n, and LIMIT over a tie is any of them.
+    ("group by sample", "SELECT sample_id % 4096 AS g, count(*) AS n, max(c) AS m FROM (SELECT sample_id, cosine_similarity(layer_2, layer_30) AS c FROM samples) GROUP BY sample_id % 4096 ORDER BY n DESC, g LIMIT 3"),
 ]
 
 
