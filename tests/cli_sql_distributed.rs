@@ -115,29 +115,35 @@ fn result(sql: &str, o: &Output) -> String {
     rows.join("\n")
 }
 
+// A synthetic dataset under `dir` with `args`, one shard per sample (so that scans split over
+// tasks): its URL.
+fn synth(dir: &std::path::Path, args: &[&str]) -> String {
+    let url = format!("file://{}", dir.join("ds").display());
+    let o = hslake(&[&["synth", &url, "--shard-mb", "0"], args].concat());
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    url
+}
+
 #[test]
 fn the_sql_corpus_gives_the_same_results_on_two_workers_as_on_one_node() {
     let tmp = tempfile::tempdir().unwrap();
-    let url = format!("file://{}", tmp.path().join("ds").display());
-    let o = hslake(&[
-        "synth",
-        &url,
-        "--samples",
-        "40",
-        "--seq-len",
-        "3:9",
-        "--hidden",
-        "16",
-        "--layers",
-        "2,30",
-        "--seed",
-        "3",
-        "--shard-mb",
-        "0",
-        "--row-group-mb",
-        "0",
-    ]);
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let url = synth(
+        tmp.path(),
+        &[
+            "--samples",
+            "40",
+            "--seq-len",
+            "3:9",
+            "--hidden",
+            "16",
+            "--layers",
+            "2,30",
+            "--seed",
+            "3",
+            "--row-group-mb",
+            "0",
+        ],
+    );
     let token = tmp.path().join("token");
     std::fs::write(&token, "worker-secret\n").unwrap();
     let token = token.to_str().unwrap();
@@ -173,22 +179,19 @@ fn the_sql_corpus_gives_the_same_results_on_two_workers_as_on_one_node() {
 #[test]
 fn an_unreachable_worker_is_named_in_the_error() {
     let tmp = tempfile::tempdir().unwrap();
-    let url = format!("file://{}", tmp.path().join("ds").display());
-    let o = hslake(&[
-        "synth",
-        &url,
-        "--samples",
-        "8",
-        "--seq-len",
-        "3:5",
-        "--hidden",
-        "8",
-        "--layers",
-        "2",
-        "--shard-mb",
-        "0",
-    ]);
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let url = synth(
+        tmp.path(),
+        &[
+            "--samples",
+            "8",
+            "--seq-len",
+            "3:5",
+            "--hidden",
+            "8",
+            "--layers",
+            "2",
+        ],
+    );
     let token = tmp.path().join("token");
     std::fs::write(&token, "t\n").unwrap();
     // A port nothing listens on: bound, then closed.
