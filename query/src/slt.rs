@@ -218,11 +218,11 @@ async fn sql_files_give_the_pinned_results_on_two_workers() {
     }
 }
 
-/// The fp8 files through two workers: not yet equal. A tensor argument that the optimizer makes
-/// a common subexpression (`__common_expr_1`) reaches the worker without its field's
-/// `hslake.tensor` metadata, and the function refuses it.
+/// The fp8 files through two workers: `dequantize(...)`'s result and the columns the optimizer
+/// computes once for several calls reach a worker without their `hslake.tensor` metadata
+/// (datafusion-proto rebuilds a function's result field from its type), so the functions read
+/// it from their calls' pins (`udf/pins.rs`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "fp8 on workers: datafusion-proto 55 decodes a scalar function's result as a bare type, so dequantize() and CSE columns lose their hslake.tensor metadata"]
 async fn sql_files_over_an_fp8_dataset_give_the_pinned_results_on_two_workers() {
     testdata::write("memory://slt-fp8-distributed", DType::Fp8E4m3, 6, 1).await;
     let urls = crate::distributed::worker::spawn_test_workers(2, "slt", Default::default()).await;

@@ -155,11 +155,11 @@ async fn serve_worker(args: &Args, token: &str, limits: QueryLimits) -> Result<E
     let listener = super::listen::bind(args.bind)?;
     log_limits(&limits);
     tracing::info!(addr = %listener.local_addr()?, "distributed SQL worker listening (coordinator token required)");
-    let worker = WorkerSessions::new(token, limits).into_worker();
+    let routes = WorkerSessions::new(token, limits).into_routes();
     // No cap on streams per connection: a coordinator runs all of a query's tasks on a worker
-    // over one connection, and its token was checked before any of them runs.
+    // over one connection, and every request carries its token.
     grpc_server(&args.conn)
-        .add_service(worker.into_worker_server())
+        .add_routes(routes)
         .serve_with_incoming_shutdown(grpc::incoming(listener, &args.conn), until_ctrl_c())
         .await
         .context("distributed SQL worker")?;

@@ -9,6 +9,8 @@ use datafusion::execution::SessionState;
 use datafusion_distributed::{DistributedExt, Worker, WorkerQueryContext, WorkerSessionBuilder};
 use http::header::AUTHORIZATION;
 use object_store::ObjectStore;
+use tonic::service::interceptor::InterceptedService;
+use tonic::service::{Interceptor, Routes};
 
 use super::codec::HslakeCodec;
 use crate::budget::QueryBudget;
@@ -45,9 +47,35 @@ impl WorkerSessions {
         }
     }
 
-    /// The worker's gRPC service, to serve with tonic.
-    pub fn into_worker(self) -> Worker {
-        Worker::from_session_builder(self)
+    /// The worker's gRPC service, to serve with tonic: every request must carry the token,
+    /// whether it sends a task's plan or asks for a task's results, from the coordinator or
+    /// from another worker.
+    pub fn into_routes(self) -> Routes {
+        let check = TokenCheck(self.token.clone());
+        let worker = Worker::from_session_builder(self).into_worker_server();
+        Routes::new(InterceptedService::new(worker, check))
+    }
+}
+
+/// Refuses a request without the worker's bearer token, before the service sees it.
+#[derive(Clone)]
+struct TokenCheck(Arc<str>);
+
+impl Interceptor for TokenCheck {
+    fn call(&mut self, request: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
+        let presented = request
+            .metadata()
+            .get(AUTHORIZATION.as_str())
+            .map(|v| v.as_bytes());
+        match check_bearer(presented, &self.0) {
+            Ok(()) => Ok(request),
+            Err(reason) => {
+                tracing::warn!("refused a request: {reason}");
+                Err(tonic::Status::unauthenticated(format!(
+                    "this worker refused the request: {reason}"
+                )))
+            }
+        }
     }
 }
 
@@ -57,14 +85,10 @@ impl WorkerSessionBuilder for WorkerSessions {
         &self,
         ctx: WorkerQueryContext,
     ) -> Result<SessionState, DataFusionError> {
-        let presented = ctx.headers.get(AUTHORIZATION).map(|v| v.as_bytes());
-        if let Err(reason) = check_bearer(presented, &self.token) {
-            tracing::warn!("refused a task: {reason}");
-            return Err(DataFusionError::External(Box::new(QueryError::Worker {
-                url: "this worker".into(),
-                reason: format!("refused the task: {reason}"),
-            })));
-        }
+        // The token was checked with the request ([`TokenCheck`]); this task's requests to
+        // other workers, for the results of the tasks it reads from, carry it on.
+        let bearer = http::HeaderValue::from_str(&format!("Bearer {}", self.token))
+            .map_err(|e| DataFusionError::External(Box::new(e)))?;
         let pool = self.limits.memory_pool();
         let runtime = RuntimeEnvBuilder::new()
             .with_memory_pool(pool.clone())
@@ -73,7 +97,10 @@ impl WorkerSessionBuilder for WorkerSessions {
         let builder = ctx
             .builder
             .with_runtime_env(runtime)
-            .with_distributed_user_codec(HslakeCodec);
+            .with_distributed_user_codec(HslakeCodec)
+            .with_distributed_passthrough_headers(
+                [(AUTHORIZATION, bearer)].into_iter().collect(),
+            )?;
         let budget = QueryBudget::new(&self.limits, Some(pool), Cancel::default());
         let ctx =
             hslake_context(builder, budget).map_err(|e| DataFusionError::External(Box::new(e)))?;
@@ -128,10 +155,10 @@ pub(crate) async fn spawn_test_workers(
                 .parse()
                 .unwrap(),
         );
-        let worker = WorkerSessions::new(token, limits).into_worker();
+        let routes = WorkerSessions::new(token, limits).into_routes();
         tokio::spawn(
             tonic::transport::Server::builder()
-                .add_service(worker.into_worker_server())
+                .add_routes(routes)
                 .serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener)),
         );
     }
@@ -175,6 +202,40 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("invalid bearer token"), "{err}");
+    }
+
+    /// Not only the plans: a request for a task's results without the token is refused too.
+    #[tokio::test]
+    async fn refuses_every_request_without_the_token() {
+        let urls = spawn_test_workers(1, "right", QueryLimits::default()).await;
+        let channel = tonic::transport::Endpoint::from_shared(urls[0].to_string())
+            .unwrap()
+            .connect()
+            .await
+            .unwrap();
+        let mut grpc = tonic::client::Grpc::new(channel);
+        for (token, refused) in [(None, true), (Some("wrong"), true), (Some("right"), false)] {
+            grpc.ready().await.unwrap();
+            let mut request = tonic::Request::new(());
+            if let Some(t) = token {
+                let value = format!("Bearer {t}").parse().unwrap();
+                request.metadata_mut().insert("authorization", value);
+            }
+            let path = http::uri::PathAndQuery::from_static("/worker.WorkerService/ExecuteTask");
+            let codec = tonic_prost::ProstCodec::<(), ()>::default();
+            let code = match grpc.server_streaming(request, path, codec).await {
+                Ok(mut results) => match results.get_mut().message().await {
+                    Ok(_) => tonic::Code::Ok,
+                    Err(status) => status.code(),
+                },
+                Err(status) => status.code(),
+            };
+            assert_eq!(
+                code == tonic::Code::Unauthenticated,
+                refused,
+                "{token:?}: {code:?}"
+            );
+        }
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

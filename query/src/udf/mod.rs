@@ -29,9 +29,11 @@ use crate::budget::QueryBudget;
 use crate::tensor::TensorKind;
 
 mod eval;
+mod pins;
 mod rewrite;
 
 use eval::{evaluate, RowInfo};
+use pins::Pins;
 pub use rewrite::TensorArgRewrite;
 
 /// Names of every tensor function, for docs and help.
@@ -127,15 +129,15 @@ struct TensorFn {
     op: Op,
     signature: Signature,
     /// Whether each tensor argument's row length (`seq_len`), then each one's `sample_id` (NULL
-    /// where the query does not see them), follow the arguments; only [`TensorArgRewrite`]
-    /// makes such calls.
+    /// where the query does not see them), then the arguments' pinned metadata ([`Pins`]) follow
+    /// the arguments; only [`TensorArgRewrite`] makes such calls.
     seq_lens: bool,
 }
 
 impl TensorFn {
     fn new(op: Op, seq_lens: bool) -> Self {
         let extra = if seq_lens {
-            2 * op.tensor_args().len()
+            2 * op.tensor_args().len() + 1
         } else {
             0
         };
@@ -227,6 +229,35 @@ fn scale_arg(
 }
 
 impl TensorFn {
+    /// Whether a call with `n` arguments is one [`TensorArgRewrite`] completed: its own
+    /// arguments, each tensor argument's `seq_len` and `sample_id`, and its [`Pins`] last.
+    fn completed(&self, n: usize) -> std::result::Result<bool, String> {
+        let own = self.op.arity();
+        let full = own + 2 * self.op.tensor_args().len() + 1;
+        match n {
+            n if n == own => Ok(false),
+            n if n == full => Ok(true),
+            n => Err(format!(
+                "{}: {n} arguments; expected {own} ({full} where hslake's rewrite completed the call)",
+                self.op.name()
+            )),
+        }
+    }
+
+    /// The call's argument fields, each tensor field that lost its metadata on the way to a
+    /// worker given what the call's pins say; `last` is the call's last argument, if a literal.
+    fn call_fields(
+        &self,
+        fields: &[FieldRef],
+        last: Option<&ScalarValue>,
+    ) -> std::result::Result<Vec<FieldRef>, String> {
+        if self.completed(fields.len())? {
+            Ok(Pins::read(self.op.name(), last)?.fill(fields))
+        } else {
+            Ok(fields.to_vec())
+        }
+    }
+
     /// Check the argument fields. An fp8 tensor whose scales live in another column is
     /// accepted while planning, since [`TensorArgRewrite`] wraps it in `dequantize` afterwards;
     /// at execution it means the rewrite could not apply, which is an error.
@@ -310,13 +341,17 @@ impl ScalarUDFImpl for TensorFn {
     }
 
     fn return_field_from_args(&self, args: ReturnFieldArgs) -> Result<FieldRef> {
-        self.check_args(args.arg_fields, false)
+        let last = args.scalar_arguments.last().copied().flatten();
+        let fields = self
+            .call_fields(args.arg_fields, last)
+            .map_err(|e| plan_datafusion_err!("{e}"))?;
+        self.check_args(&fields, false)
             .map_err(|e| plan_datafusion_err!("{e}"))?;
         let mut field = Field::new(self.name(), self.op.return_type(), true);
         if self.op == Op::Dequantize {
             // The result is an f32 tensor of the same shape; describe it so other functions
             // (and clients) can read it.
-            if let Some(json) = args.arg_fields[0].metadata().get(TENSOR_META_KEY) {
+            if let Some(json) = fields[0].metadata().get(TENSOR_META_KEY) {
                 if let Ok(mut meta) = serde_json::from_str::<TensorFieldMeta>(json) {
                     meta.dtype = DType::F32;
                     meta.scale_column = None;
@@ -331,16 +366,24 @@ impl ScalarUDFImpl for TensorFn {
 
     fn invoke_with_args(&self, args: ScalarFunctionArgs) -> Result<ColumnarValue> {
         let name = self.op.name();
-        let kinds = match self.check_args(&args.arg_fields, true) {
+        let (values, last) = match self.completed(args.args.len()) {
+            Ok(true) => args.args.split_at(args.args.len() - 1),
+            Ok(false) => (args.args.as_slice(), &[][..]),
+            Err(e) => return exec_err!("{e}"),
+        };
+        let last = match last.first() {
+            Some(ColumnarValue::Scalar(v)) => Some(v),
+            _ => None,
+        };
+        let kinds = match self
+            .call_fields(&args.arg_fields, last)
+            .and_then(|fields| self.check_args(&fields, true))
+        {
             Ok(k) => k,
             Err(e) => return exec_err!("{e}"),
         };
-        let all_scalar = args
-            .args
-            .iter()
-            .all(|a| matches!(a, ColumnarValue::Scalar(_)));
-        let arrays: Vec<ArrayRef> = args
-            .args
+        let all_scalar = values.iter().all(|a| matches!(a, ColumnarValue::Scalar(_)));
+        let arrays: Vec<ArrayRef> = values
             .iter()
             .map(|a| a.to_array(args.number_rows))
             .collect::<Result<_>>()?;

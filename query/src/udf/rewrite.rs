@@ -11,7 +11,7 @@ use datafusion::logical_expr::expr_rewriter::FunctionRewrite;
 use datafusion::logical_expr::{Expr, ScalarUDF};
 use hslake_schemas::{TensorFieldMeta, TENSOR_META_KEY};
 
-use super::{Op, TensorFn};
+use super::{Op, Pins, TensorFn};
 
 /// Completes the arguments of every tensor function while the plan still sees the table's
 /// columns:
@@ -20,7 +20,8 @@ use super::{Op, TensorFn};
 /// - each tensor argument gets its row's `seq_len` (from the table of the first column it
 ///   names), so the decoder refuses a value whose frames claim another length instead of
 ///   allocating for the claim. Where the query does not see `seq_len` (a tensor aliased
-///   through a subquery), the argument gets NULL and the value's own header is used.
+///   through a subquery), the argument gets NULL and the value's own header is used;
+/// - last, what each argument's field says ([`Pins`]), for workers whose plans lose it.
 #[derive(Debug)]
 pub struct TensorArgRewrite;
 
@@ -93,8 +94,10 @@ fn with_scales(op: Op, pos: usize, arg: &Expr, schema: &DFSchema) -> Result<Opti
     Ok(Some(with_row_info(Op::Dequantize, args, schema)))
 }
 
-/// `op(args..., <seq_len of each tensor argument>, <sample_id of each tensor argument>)`.
+/// `op(args..., <seq_len of each tensor argument>, <sample_id of each tensor argument>,
+/// <the arguments' pins>)`.
 fn with_row_info(op: Op, mut args: Vec<Expr>, schema: &DFSchema) -> Expr {
+    let pins = Pins::of_args(&args, schema);
     for sibling in ["seq_len", "sample_id"] {
         for &pos in op.tensor_args() {
             let col = args[pos]
@@ -113,6 +116,7 @@ fn with_row_info(op: Op, mut args: Vec<Expr>, schema: &DFSchema) -> Expr {
             });
         }
     }
+    args.push(pins.literal());
     let f = Arc::new(ScalarUDF::new_from_impl(TensorFn::new(op, true)));
     Expr::ScalarFunction(ScalarFunction::new_udf(f, args))
 }
