@@ -60,6 +60,8 @@ pub struct QuerySession {
     datasets: Vec<RegisteredDataset>,
     limits: QueryLimits,
     batch_bytes: usize,
+    /// Where its queries run, if not here.
+    pub(crate) workers: Option<crate::distributed::Workers>,
 }
 
 impl QuerySession {
@@ -79,6 +81,7 @@ impl QuerySession {
             datasets: Vec::new(),
             limits,
             batch_bytes: BATCH_BYTES,
+            workers: None,
         })
     }
 
@@ -237,6 +240,9 @@ impl QuerySession {
         cancel: Cancel,
     ) -> Result<SendableRecordBatchStream> {
         let (mut state, plan) = self.sql(sql).await?.into_parts();
+        if let Some(workers) = &self.workers {
+            workers.name_query(&mut state)?;
+        }
         let pool = self.limits.memory_pool();
         let budget = QueryBudget::new(&self.limits, Some(pool.clone()), cancel.clone());
         state

@@ -42,7 +42,7 @@ pub struct Args {
     pub token_file: PathBuf,
     /// Serve as a worker of distributed queries instead: run the parts of queries that
     /// coordinators (`hslake sql --workers`, `serve-sql --workers`) send, reading the datasets
-    /// they name; no Flight SQL, no --dataset. --query-memory bounds each task.
+    /// they name; no Flight SQL, no --dataset. --query-memory bounds each query's tasks on this worker together.
     #[arg(long)]
     pub worker: bool,
     #[command(flatten)]

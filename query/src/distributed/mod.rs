@@ -17,7 +17,9 @@ pub mod codec;
 pub mod worker;
 
 use datafusion::error::DataFusionError;
-use datafusion::execution::SessionStateBuilder;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use datafusion::execution::{SessionState, SessionStateBuilder};
 use datafusion_distributed::{DistributedExt, SessionStateBuilderExt, WorkerResolver};
 use http::{header::AUTHORIZATION, HeaderMap, HeaderValue};
 use url::Url;
@@ -76,9 +78,8 @@ impl Workers {
         &self.urls
     }
 
-    /// `builder` with the distributed planner over these workers, our codec, and the token on
-    /// every request.
-    pub(crate) fn coordinator(&self, builder: SessionStateBuilder) -> Result<SessionStateBuilder> {
+    /// The headers of every request to the workers: the token, and the query's name if given.
+    fn headers(&self, query: Option<&str>) -> Result<HeaderMap> {
         let bearer = HeaderValue::from_str(&format!("Bearer {}", self.token)).map_err(|_| {
             QueryError::Worker {
                 url: self.urls[0].to_string(),
@@ -87,11 +88,27 @@ impl Workers {
         })?;
         let mut headers = HeaderMap::new();
         headers.insert(AUTHORIZATION, bearer);
+        if let Some(q) = query.and_then(|q| HeaderValue::from_str(q).ok()) {
+            headers.insert(QUERY_HEADER, q);
+        }
+        Ok(headers)
+    }
+
+    /// `state`, the state of one query, naming the query to the workers, so that its tasks on
+    /// one worker share one memory pool there.
+    pub(crate) fn name_query(&self, state: &mut SessionState) -> Result<()> {
+        state.set_distributed_passthrough_headers(self.headers(Some(&query_name()))?)?;
+        Ok(())
+    }
+
+    /// `builder` with the distributed planner over these workers, our codec, and the token on
+    /// every request.
+    pub(crate) fn coordinator(&self, builder: SessionStateBuilder) -> Result<SessionStateBuilder> {
         let mut builder = builder
             .with_distributed_worker_resolver(self.clone())
             .with_distributed_channel_resolver(channels::Channels::default())
             .with_distributed_user_codec(codec::HslakeCodec)
-            .with_distributed_passthrough_headers(headers)?
+            .with_distributed_passthrough_headers(self.headers(None)?)?
             .with_distributed_planner();
         if let Some(bytes) = self.partition_bytes {
             builder = builder.with_distributed_file_scan_config_bytes_per_partition(bytes)?;
@@ -104,8 +121,23 @@ impl crate::QuerySession {
     /// An empty session whose queries run on `workers`: the session plans them and collects
     /// their results.
     pub fn distributed(workers: &Workers) -> Result<Self> {
-        Self::over(workers.coordinator(SessionStateBuilder::new().with_default_features())?)
+        let mut session =
+            Self::over(workers.coordinator(SessionStateBuilder::new().with_default_features())?)?;
+        session.workers = Some(workers.clone());
+        Ok(session)
     }
+}
+
+/// The header that names a query in every request to its workers.
+pub(crate) const QUERY_HEADER: &str = "x-hslake-query";
+
+/// A name for one query, unique across coordinators: random per process, then counted.
+fn query_name() -> String {
+    use std::hash::{BuildHasher, Hasher};
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(NEXT.fetch_add(1, Ordering::Relaxed));
+    format!("{:016x}-{}", h.finish(), std::process::id())
 }
 
 impl WorkerResolver for Workers {

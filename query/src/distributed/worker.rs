@@ -1,8 +1,10 @@
 //! A worker of distributed queries: the session each task of a query runs in.
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError, Weak};
 
 use async_trait::async_trait;
 use datafusion::error::DataFusionError;
+use datafusion::execution::memory_pool::MemoryPool;
 use datafusion::execution::object_store::{DefaultObjectStoreRegistry, ObjectStoreRegistry};
 use datafusion::execution::runtime_env::RuntimeEnvBuilder;
 use datafusion::execution::SessionState;
@@ -13,6 +15,7 @@ use tonic::service::interceptor::InterceptedService;
 use tonic::service::{Interceptor, Routes};
 
 use super::codec::HslakeCodec;
+use super::QUERY_HEADER;
 use crate::budget::QueryBudget;
 use crate::flight::check_bearer;
 use crate::limits::{Cancel, QueryLimits};
@@ -20,14 +23,17 @@ use crate::session::hslake_context;
 use crate::table::dataset_of_store;
 use crate::QueryError;
 
-/// Builds the session of each task a coordinator sends: the coordinator's token checked first,
-/// then hslake's session setup (the same as every session's) under this worker's limits. Each
-/// task gets a runtime of its own: a memory pool of `--query-memory`, and the stores of the
-/// datasets it scans, which its plan's scans register ([`super::codec`]).
+/// Builds the session of each task a coordinator sends: hslake's session setup (the same as
+/// every session's) under this worker's limits. The tasks of one query on this worker share a
+/// memory pool of `--query-memory` (the coordinator names the query in a header); each task
+/// gets a runtime of its own with that pool and the stores of the datasets it scans, which its
+/// plan's scans register ([`super::codec`]).
 #[derive(Clone)]
 pub struct WorkerSessions {
     token: Arc<str>,
     limits: QueryLimits,
+    /// The pool of each query that has a task running here.
+    pools: Arc<Mutex<HashMap<String, Weak<dyn MemoryPool>>>>,
 }
 
 impl std::fmt::Debug for WorkerSessions {
@@ -44,7 +50,24 @@ impl WorkerSessions {
         WorkerSessions {
             token: token.into(),
             limits,
+            pools: Arc::default(),
         }
+    }
+
+    /// The memory pool of `query`'s tasks here: the one its running tasks hold, or a new one.
+    /// A task of a coordinator that names no query gets a pool of its own.
+    fn pool_of(&self, query: Option<&str>) -> Arc<dyn MemoryPool> {
+        let Some(query) = query else {
+            return self.limits.memory_pool();
+        };
+        let mut pools = self.pools.lock().unwrap_or_else(PoisonError::into_inner);
+        pools.retain(|_, p| p.strong_count() > 0);
+        if let Some(pool) = pools.get(query).and_then(Weak::upgrade) {
+            return pool;
+        }
+        let pool = self.limits.memory_pool();
+        pools.insert(query.to_string(), Arc::downgrade(&pool));
+        pool
     }
 
     /// The worker's gRPC service, to serve with tonic: every request must carry the token,
@@ -89,7 +112,8 @@ impl WorkerSessionBuilder for WorkerSessions {
         // other workers, for the results of the tasks it reads from, carry it on.
         let bearer = http::HeaderValue::from_str(&format!("Bearer {}", self.token))
             .map_err(|e| DataFusionError::External(Box::new(e)))?;
-        let pool = self.limits.memory_pool();
+        let query = ctx.headers.get(QUERY_HEADER).and_then(|v| v.to_str().ok());
+        let pool = self.pool_of(query);
         let runtime = RuntimeEnvBuilder::new()
             .with_memory_pool(pool.clone())
             .with_object_store_registry(Arc::new(DatasetStores::default()))
@@ -147,6 +171,12 @@ pub(crate) async fn spawn_test_workers(
     token: &str,
     limits: QueryLimits,
 ) -> Vec<url::Url> {
+    serve_test_workers(n, &WorkerSessions::new(token, limits)).await
+}
+
+/// [`spawn_test_workers`] with clones of `sessions`, which share its pools.
+#[cfg(test)]
+async fn serve_test_workers(n: usize, sessions: &WorkerSessions) -> Vec<url::Url> {
     let mut urls = Vec::new();
     for _ in 0..n {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -155,7 +185,7 @@ pub(crate) async fn spawn_test_workers(
                 .parse()
                 .unwrap(),
         );
-        let routes = WorkerSessions::new(token, limits).into_routes();
+        let routes = sessions.clone().into_routes();
         tokio::spawn(
             tonic::transport::Server::builder()
                 .add_routes(routes)
@@ -202,6 +232,47 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("invalid bearer token"), "{err}");
+    }
+
+    #[test]
+    fn tasks_of_one_query_share_its_pool_while_one_runs() {
+        let limits = QueryLimits {
+            memory_per_query: Some(1 << 20),
+            ..QueryLimits::default()
+        };
+        let sessions = WorkerSessions::new("t", limits);
+        let a = sessions.pool_of(Some("q1"));
+        let same = sessions.pool_of(Some("q1"));
+        let other = sessions.pool_of(Some("q2"));
+        assert!(Arc::ptr_eq(&a, &same));
+        assert!(!Arc::ptr_eq(&a, &other));
+        let unnamed = sessions.pool_of(None);
+        assert!(!Arc::ptr_eq(&unnamed, &sessions.pool_of(None)));
+        drop((a, same));
+        // Once its tasks are done, the name is forgotten.
+        let _ = sessions.pool_of(Some("q3"));
+        assert!(!sessions.pools.lock().unwrap().contains_key("q1"));
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_query_names_itself_to_its_workers() {
+        let sessions = WorkerSessions::new("t", QueryLimits::default());
+        let urls = serve_test_workers(2, &sessions).await;
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("file://{}", dir.path().display());
+        testdata::write(&url, DType::Bf16, 10, 2).await;
+        let workers = Workers::parse(&list(&urls), "t")
+            .unwrap()
+            .with_partition_bytes(1024);
+        let session = coordinator(&workers, &url).await;
+        session
+            .query("SELECT count(*), sum(seq_len) FROM samples")
+            .await
+            .unwrap();
+        // Every task of the query, on either worker, asked for the pool of one name (the names
+        // stay until the next task comes).
+        let names: Vec<String> = sessions.pools.lock().unwrap().keys().cloned().collect();
+        assert_eq!(names.len(), 1, "{names:?}");
     }
 
     /// Not only the plans: a request for a task's results without the token is refused too.
