@@ -495,7 +495,7 @@ def test_s3_epoch_under_read_faults_equals_the_fault_free_epoch(s3_ds, fault_pro
 def test_installed_module_and_binary_are_optimised_builds():
     # What setup installs is what docs/PERFORMANCE.md measured: the hot crates at opt-level 3
     # (Cargo.toml's dev-profile overrides) without debug assertions (.cargo/install.toml, which
-    # the tests' own build leaves out); losing either makes the read path several times slower.
+    # a plain `cargo build` leaves out); losing either makes the read path several times slower.
     info = hslake.build_info()
     assert info["optimized"] and info["benchmark_warning"] is None, info
     assert info["opt_level"] not in ("0", "1"), info
