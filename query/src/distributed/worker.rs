@@ -216,16 +216,23 @@ mod tests {
         s
     }
 
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn refuses_a_coordinator_without_the_workers_token() {
-        let urls = spawn_test_workers(2, "right", QueryLimits::default()).await;
+    /// A coordinator presenting `token` to the workers at `urls`, over a small bf16 dataset in
+    /// two shards (split over tasks), which lives as long as the folder.
+    async fn over_test_data(urls: &[url::Url], token: &str) -> (tempfile::TempDir, QuerySession) {
         let dir = tempfile::tempdir().unwrap();
         let url = format!("file://{}", dir.path().display());
         testdata::write(&url, DType::Bf16, 10, 2).await;
-        let workers = Workers::parse(&list(&urls), "wrong")
+        let workers = Workers::parse(&list(urls), token)
             .unwrap()
             .with_partition_bytes(1024);
         let session = coordinator(&workers, &url).await;
+        (dir, session)
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn refuses_a_coordinator_without_the_workers_token() {
+        let urls = spawn_test_workers(2, "right", QueryLimits::default()).await;
+        let (_dir, session) = over_test_data(&urls, "wrong").await;
         let err = session
             .query("SELECT count(*), sum(seq_len) FROM samples")
             .await
@@ -258,13 +265,7 @@ mod tests {
     async fn a_query_names_itself_to_its_workers() {
         let sessions = WorkerSessions::new("t", QueryLimits::default());
         let urls = serve_test_workers(2, &sessions).await;
-        let dir = tempfile::tempdir().unwrap();
-        let url = format!("file://{}", dir.path().display());
-        testdata::write(&url, DType::Bf16, 10, 2).await;
-        let workers = Workers::parse(&list(&urls), "t")
-            .unwrap()
-            .with_partition_bytes(1024);
-        let session = coordinator(&workers, &url).await;
+        let (_dir, session) = over_test_data(&urls, "t").await;
         session
             .query("SELECT count(*), sum(seq_len) FROM samples")
             .await
