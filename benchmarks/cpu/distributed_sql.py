@@ -17,6 +17,7 @@ import json
 import os
 import pathlib
 import platform
+import shutil
 import statistics
 import subprocess
 import time
@@ -74,9 +75,14 @@ def main():
     d = pathlib.Path(a.dir)
     ds = d / f"ds-{a.samples}-{a.hidden}"
     if not ds.exists():
-        subprocess.run([HSLAKE, "synth", f"file://{ds}", "--samples", str(a.samples), "--seq-len",
-                        "128:512", "--hidden", str(a.hidden), "--layers", "2,30", "--shard-mb", "64"],
+        # Written aside and renamed when whole: a stopped synth leaves no dataset to reuse.
+        partial = d / f"{ds.name}.partial"
+        shutil.rmtree(partial, ignore_errors=True)
+        subprocess.run([HSLAKE, "synth", f"file://{partial}", "--samples", str(a.samples),
+                        "--seq-len", "128:512", "--hidden", str(a.hidden), "--layers", "2,30",
+                        "--shard-mb", "64"],
                        check=True, env={**os.environ, "HSLAKE_LOG": "warn"})
+        partial.rename(ds)
     size = sum(f.stat().st_size for f in (ds / "data").iterdir())
     token_file = d / "token"
     token_file.write_text("distributed-bench-token\n")
