@@ -5,7 +5,7 @@
 //! Every reduction skips NaN and ±Inf elements, like the statistics columns written at capture
 //! time (`<point>_norm`, `<point>_max_abs`), so that `tensor_norm(layer_30)` equals
 //! `layer_30_norm` up to float rounding; `nan_count` / `inf_count` report what was skipped.
-use hslake_schemas::{bf16_bits_to_f32, fp8_e4m3_to_f32, DType, TensorFieldMeta, TENSOR_ENCODING};
+use hslake_schemas::{DType, TensorFieldMeta, TENSOR_ENCODING};
 use hslake_store::format::decode::{self, ValueKind};
 use hslake_store::format::planes::{self, Checksums};
 
@@ -102,22 +102,8 @@ impl TensorKind {
         };
         decode::decode_value(value, kind, tokens, CHECKS, raw).map_err(|e| e.reason)?;
         out.clear();
-        out.reserve(tokens * self.hidden);
-        match self.dtype {
-            DType::Bf16 => out.extend(
-                raw.chunks_exact(2)
-                    .map(|c| bf16_bits_to_f32(u16::from_le_bytes([c[0], c[1]]))),
-            ),
-            DType::F16 => out.extend(
-                raw.chunks_exact(2)
-                    .map(|c| half::f16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32()),
-            ),
-            DType::F32 => out.extend(
-                raw.chunks_exact(4)
-                    .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])),
-            ),
-            DType::Fp8E4m3 => out.extend(raw.iter().map(|&b| fp8_e4m3_to_f32(b))),
-        }
+        out.resize(raw.len() / self.dtype.size(), 0.0);
+        self.dtype.widen_into(raw, out);
         Ok(tokens)
     }
 }

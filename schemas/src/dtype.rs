@@ -59,6 +59,34 @@ impl DType {
             DType::Fp8E4m3 => fp8_e4m3_to_f32(bytes[i]),
         }
     }
+
+    /// Decode the little-endian elements of `bytes` into `out`, as many as both hold (scales
+    /// not applied). A plain function, so that it runs at this crate's opt-level wherever it
+    /// is called from.
+    pub fn widen_into(self, bytes: &[u8], out: &mut [f32]) {
+        match self {
+            DType::Bf16 => {
+                for (o, c) in out.iter_mut().zip(bytes.as_chunks::<2>().0) {
+                    *o = bf16_bits_to_f32(u16::from_le_bytes(*c));
+                }
+            }
+            DType::F16 => {
+                for (o, c) in out.iter_mut().zip(bytes.as_chunks::<2>().0) {
+                    *o = half::f16::from_bits(u16::from_le_bytes(*c)).to_f32();
+                }
+            }
+            DType::F32 => {
+                for (o, c) in out.iter_mut().zip(bytes.as_chunks::<4>().0) {
+                    *o = f32::from_le_bytes(*c);
+                }
+            }
+            DType::Fp8E4m3 => {
+                for (o, &b) in out.iter_mut().zip(bytes) {
+                    *o = fp8_e4m3_to_f32(b);
+                }
+            }
+        }
+    }
 }
 
 impl fmt::Display for DType {
@@ -184,6 +212,24 @@ mod tests {
     fn bf16_round_trips_through_f32() {
         for bits in [0u16, 0x3f80, 0xc2f7, 0x7f7f, 0x0001] {
             assert_eq!(f32_to_bf16_bits(bf16_bits_to_f32(bits)), bits);
+        }
+    }
+
+    #[test]
+    fn widen_into_gives_each_element_as_to_f32_does_and_stops_at_the_shorter() {
+        let bytes: Vec<u8> = (0u8..=255).cycle().step_by(7).take(64).collect();
+        for dtype in DType::ALL {
+            let n = bytes.len() / dtype.size();
+            let mut out = vec![f32::MAX; n + 2];
+            dtype.widen_into(&bytes, &mut out);
+            for (i, v) in out[..n].iter().enumerate() {
+                let want = dtype.to_f32(&bytes, i);
+                assert!(
+                    v.to_bits() == want.to_bits(),
+                    "{dtype} element {i}: {v} vs {want}"
+                );
+            }
+            assert_eq!(&out[n..], &[f32::MAX; 2], "{dtype}: wrote past the bytes");
         }
     }
 }

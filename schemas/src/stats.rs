@@ -70,7 +70,7 @@ pub fn stats_of(dtype: DType, shape: &[usize], data: &[u8], scales: Option<&[f32
     let mut row = vec![0f32; hidden];
     let in_place = dtype == DType::Bf16 && scales.is_none();
     let widen_row = |r: usize, bytes: &[u8], row: &mut [f32]| {
-        widen(dtype, bytes, row);
+        dtype.widen_into(bytes, row);
         if let Some(s) = scales {
             row.iter_mut().for_each(|v| *v *= s[r]);
         }
@@ -107,32 +107,6 @@ pub fn stats_of(dtype: DType, shape: &[usize], data: &[u8], scales: Option<&[f32
         sums.add(sq, mx, nan, inf);
     }
     sums.finish()
-}
-
-/// Little-endian elements of `dtype` to f32 (fp8 without its scale).
-fn widen(dtype: DType, bytes: &[u8], out: &mut [f32]) {
-    match dtype {
-        DType::Bf16 => {
-            for (o, c) in out.iter_mut().zip(bytes.as_chunks::<2>().0) {
-                *o = crate::bf16_bits_to_f32(u16::from_le_bytes(*c));
-            }
-        }
-        DType::F16 => {
-            for (o, c) in out.iter_mut().zip(bytes.chunks_exact(2)) {
-                *o = half::f16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32();
-            }
-        }
-        DType::F32 => {
-            for (o, c) in out.iter_mut().zip(bytes.chunks_exact(4)) {
-                *o = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
-            }
-        }
-        DType::Fp8E4m3 => {
-            for (o, &b) in out.iter_mut().zip(bytes) {
-                *o = crate::fp8_e4m3_to_f32(b);
-            }
-        }
-    }
 }
 
 /// Sum of squares and max |x| of a row whose elements `value` reads as f32; NaN makes the sum
