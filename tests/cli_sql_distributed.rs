@@ -1,8 +1,7 @@
 //! End-to-end: distributed SQL with the `hslake` binary. Two `hslake serve-sql --worker`
 //! processes on 127.0.0.1, `hslake sql --workers` as the coordinator: the SQL corpus of the
 //! query crate (`query/tests/sql/{bf16,fp8}_*.slt`) gives the same results as `hslake sql`
-//! alone, and
-//! a worker that cannot be reached is named in the error.
+//! alone, and a worker that cannot be reached is named in the error.
 #![cfg(feature = "sql")]
 
 mod common;
@@ -63,8 +62,8 @@ fn start_worker(token_file: &Path) -> Worker {
     }
 }
 
-/// Every statement of the `.slt` files whose names start with `prefix`.
-fn corpus(prefix: &str) -> Vec<String> {
+/// Every statement of the `.slt` files whose names start with `prefix`, at least `at_least`.
+fn corpus(prefix: &str, at_least: usize) -> Vec<String> {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("query/tests/sql");
     let mut files: Vec<_> = std::fs::read_dir(&dir)
         .unwrap()
@@ -86,7 +85,7 @@ fn corpus(prefix: &str) -> Vec<String> {
             }
         }
     }
-    assert!(out.len() > 5, "the corpus has its queries: {out:?}");
+    assert!(out.len() >= at_least, "the corpus has its queries: {out:?}");
     out
 }
 
@@ -135,7 +134,8 @@ fn the_sql_corpus_gives_the_same_results_on_two_workers_as_on_one_node() {
     let list = format!("{},{}", workers[0].url, workers[1].url);
 
     // fp8 too: its scales and `dequantize`'s results travel to the workers with the calls.
-    for (dtype, files) in [("bf16", "bf16_"), ("fp8_e4m3", "fp8_")] {
+    // At least this many of each corpus's statements succeed (the rest are refusals).
+    for (dtype, files, succeed) in [("bf16", "bf16_", 11), ("fp8_e4m3", "fp8_", 4)] {
         let dir = tmp.path().join(dtype);
         let url = synth(
             &dir,
@@ -156,7 +156,7 @@ fn the_sql_corpus_gives_the_same_results_on_two_workers_as_on_one_node() {
                 dtype,
             ],
         );
-        let queries = corpus(files);
+        let queries = corpus(files, succeed);
         let mut compared = 0;
         for sql in &queries {
             let one = hslake(&["sql", &url, sql, "--format", "csv"]);
@@ -180,8 +180,11 @@ fn the_sql_corpus_gives_the_same_results_on_two_workers_as_on_one_node() {
             );
             compared += one.status.success() as usize;
         }
-        // The rest are refusals, compared too.
-        assert!(compared >= 4, "{dtype}: only {compared} queries succeeded");
+        // The refusals are compared too.
+        assert!(
+            compared >= succeed,
+            "{dtype}: only {compared} queries succeeded"
+        );
     }
 }
 

@@ -80,11 +80,9 @@ impl Workers {
 
     /// The headers of every request to the workers: the token, and the query's name if given.
     fn headers(&self, query: Option<&str>) -> Result<HeaderMap> {
-        let bearer = HeaderValue::from_str(&format!("Bearer {}", self.token)).map_err(|_| {
-            QueryError::Worker {
-                url: self.urls[0].to_string(),
-                reason: "the token is not a valid header value (expected printable ASCII)".into(),
-            }
+        let bearer = bearer(&self.token).map_err(|_| QueryError::Worker {
+            url: self.urls[0].to_string(),
+            reason: "the token is not a valid header value (expected printable ASCII)".into(),
         })?;
         let mut headers = HeaderMap::new();
         headers.insert(AUTHORIZATION, bearer);
@@ -126,6 +124,11 @@ impl crate::QuerySession {
         session.workers = Some(workers.clone());
         Ok(session)
     }
+}
+
+/// The `authorization` value that presents `token`, to a worker or from one to another.
+fn bearer(token: &str) -> std::result::Result<HeaderValue, http::header::InvalidHeaderValue> {
+    HeaderValue::from_str(&format!("Bearer {token}"))
 }
 
 /// The header that names a query in every request to its workers.

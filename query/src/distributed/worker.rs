@@ -15,7 +15,7 @@ use tonic::service::interceptor::InterceptedService;
 use tonic::service::{Interceptor, Routes};
 
 use super::codec::HslakeCodec;
-use super::QUERY_HEADER;
+use super::{bearer, QUERY_HEADER};
 use crate::budget::QueryBudget;
 use crate::flight::check_bearer;
 use crate::limits::{Cancel, QueryLimits};
@@ -110,8 +110,7 @@ impl WorkerSessionBuilder for WorkerSessions {
     ) -> Result<SessionState, DataFusionError> {
         // The token was checked with the request ([`TokenCheck`]); this task's requests to
         // other workers, for the results of the tasks it reads from, carry it on.
-        let bearer = http::HeaderValue::from_str(&format!("Bearer {}", self.token))
-            .map_err(|e| DataFusionError::External(Box::new(e)))?;
+        let bearer = bearer(&self.token).map_err(|e| DataFusionError::External(Box::new(e)))?;
         let query = ctx.headers.get(QUERY_HEADER).and_then(|v| v.to_str().ok());
         let pool = self.pool_of(query);
         let runtime = RuntimeEnvBuilder::new()
