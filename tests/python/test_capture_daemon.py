@@ -22,12 +22,12 @@ import boto3
 import numpy as np
 import pytest
 import torch
-from botocore.exceptions import ClientError
 from prometheus_client.openmetrics.parser import text_string_to_metric_families
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from capture_util import hslake_bin, hslake_gpu_bin, random_samples, randomize, read_dataset, run_capture, save_model, write_jsonl
 from flood import Flooders
+from s3_util import new_bucket
 
 VOCAB = 101
 TOKEN = "s3cret-token"
@@ -412,12 +412,7 @@ def test_a_job_list_and_input_on_s3_survive_kill_9_and_the_job_completes_once(da
         pytest.skip("HSLAKE_TEST_S3_ENDPOINT is not set (scripts/test.sh starts a loopback S3 server)")
     client = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1",
                           aws_access_key_id="testing", aws_secret_access_key="testing")
-    bucket = "hslake-daemon-state"
-    try:
-        client.create_bucket(Bucket=bucket)
-    except ClientError as e:
-        if e.response["Error"]["Code"] not in ("BucketAlreadyOwnedByYou", "BucketAlreadyExists"):
-            raise
+    bucket = new_bucket(client, "hslake-daemon-state")
     prefix = uuid.uuid4().hex
     state = f"s3://{bucket}/{prefix}/state"
     tmp, model = daemon_setup
