@@ -47,7 +47,12 @@ EOF
   local args=(-dir="$S3_SERVER_DIR/data" -ip=127.0.0.1 -ip.bind=127.0.0.1 -s3.port="$port"
     -s3.config="$S3_SERVER_DIR/s3.json" -s3.localSocket="$S3_SERVER_DIR/s3.sock"
     -filer.localSocket="$S3_SERVER_DIR/filer.sock" -webdav=false -admin.ui=false
-    -s3.port.iceberg=0 -s3.port.lance=0 -master.telemetry=false -s3.autoCreateBucket=false)
+    -s3.port.iceberg=0 -s3.port.lance=0 -master.telemetry=false -s3.autoCreateBucket=false
+    -volume.max=2000 -master.volumeSizeLimitMB=16)
+  # Each S3 test makes a bucket of its own, and SeaweedFS gives each bucket volumes of its own:
+  # mini's default of 40 volumes (of 128 MB) ran out at 13 new buckets written at once ("No
+  # writable volumes and no free volumes left"). Volumes are sparse files, so many small ones
+  # cost no disk until written.
   # Its defaults are fixed ports (9333, 8888, ... and each +10000 for gRPC); two servers on
   # one machine (or a busy port) would collide.
   for p in master.port master.port.grpc volume.port volume.port.grpc filer.port filer.port.grpc \

@@ -98,9 +98,17 @@ pub enum CaptureError {
     /// A command-line or API option is invalid.
     #[error("invalid option: {0}")]
     Option(String),
+    /// A device (or, on the CPU, the host) ran out of memory while the model ran: libtorch's
+    /// allocator or the CUDA runtime refused an allocation. The plan before the load did not
+    /// foresee it; the message names the flags that make each pass smaller.
+    #[error("out of memory: {message}; {OUT_OF_MEMORY_HINT}")]
+    OutOfMemory {
+        /// What refused, in its own words (libtorch's first line, without its C++ backtrace).
+        message: String,
+    },
     /// A libtorch call failed.
     #[error("libtorch: {0}")]
-    Torch(#[from] tch::TchError),
+    Torch(tch::TchError),
     /// A collective between tensor-parallel ranks failed.
     #[error("communicator (rank {rank}): {message}")]
     Comm {
@@ -124,6 +132,47 @@ pub enum CaptureError {
     /// A worker thread stopped unexpectedly.
     #[error("{0}")]
     Pipeline(String),
+}
+
+/// What to lower after an out-of-memory error, for each command that runs the model.
+pub const OUT_OF_MEMORY_HINT: &str = "lower the tokens per batch (--max-tokens-per-batch; \
+    `hslake debug prefill`: --batch or --seq) or per streamed pass (--pass-tokens, or a \
+    smaller --gpu-memory, from which the plan sizes the passes), or keep the weights off the \
+    GPU with --placement stream";
+
+impl From<tch::TchError> for CaptureError {
+    /// libtorch's out-of-memory errors become [`CaptureError::OutOfMemory`], the rest
+    /// [`CaptureError::Torch`].
+    fn from(e: tch::TchError) -> Self {
+        match &e {
+            tch::TchError::Torch(text) if is_out_of_memory(text) => CaptureError::OutOfMemory {
+                message: first_line(text),
+            },
+            _ => CaptureError::Torch(e),
+        }
+    }
+}
+
+/// libtorch's words for a refused allocation: the CUDA caching allocator's "CUDA out of
+/// memory", a CUDA call's "out of memory", cuBLAS's workspace, the CPU allocator's "not enough
+/// memory" (older releases: "can't allocate memory").
+fn is_out_of_memory(text: &str) -> bool {
+    let text = text.to_ascii_lowercase();
+    [
+        "out of memory",
+        "not enough memory",
+        "can't allocate memory",
+        "cublas_status_alloc_failed",
+    ]
+    .iter()
+    .any(|words| text.contains(words))
+}
+
+/// The message without the C++ backtrace libtorch appends after its first line, nor its last
+/// full stop (the hint follows).
+fn first_line(text: &str) -> String {
+    let line = text.lines().next().unwrap_or_default().trim();
+    line.strip_suffix('.').unwrap_or(line).to_string()
 }
 
 /// One way a checkpoint tensor fails what the model reads.
@@ -226,6 +275,35 @@ mod tests {
             problems,
         }
         .to_string()
+    }
+
+    #[test]
+    fn libtorchs_out_of_memory_texts_are_the_named_error_without_the_backtrace() {
+        let torch = |text: &str| CaptureError::from(tch::TchError::Torch(text.into()));
+        let cuda = "CUDA out of memory. Tried to allocate 7.00 GiB. GPU 0 has a total capacity \
+                    of 79.19 GiB of which 3.06 GiB is free.\nException raised from malloc at \
+                    CUDACachingAllocator.cpp:1338 (most recent call first):\nframe #0: c10::Error";
+        assert_eq!(
+            torch(cuda).to_string(),
+            "out of memory: CUDA out of memory. Tried to allocate 7.00 GiB. GPU 0 has a total \
+             capacity of 79.19 GiB of which 3.06 GiB is free; lower the tokens per batch \
+             (--max-tokens-per-batch; `hslake debug prefill`: --batch or --seq) or per streamed \
+             pass (--pass-tokens, or a smaller --gpu-memory, from which the plan sizes the \
+             passes), or keep the weights off the GPU with --placement stream"
+        );
+        for text in [
+            "DefaultCPUAllocator: not enough memory: you tried to allocate 8 bytes.",
+            "[enforce fail at alloc_cpu.cpp:117] DefaultCPUAllocator: can't allocate memory",
+            "CUDA error: out of memory\nCUDA kernel errors might be asynchronously reported",
+            "CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`",
+        ] {
+            assert!(
+                matches!(torch(text), CaptureError::OutOfMemory { .. }),
+                "{text}"
+            );
+        }
+        let shape = torch("shape '[2, 3]' is invalid for input of size 5");
+        assert!(matches!(shape, CaptureError::Torch(_)), "{shape}");
     }
 
     #[test]

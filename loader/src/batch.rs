@@ -180,6 +180,7 @@ impl ElemType {
 }
 
 #[cfg(feature = "tch")]
+#[warn(clippy::unwrap_used, clippy::expect_used)] // libtorch fails by error, never a panic
 impl HostTensor {
     /// As a libtorch CPU tensor of the same dtype (bf16 stays bf16), optionally copied into
     /// page-locked memory for asynchronous host-to-GPU copies (needs CUDA).
@@ -195,6 +196,7 @@ impl HostTensor {
 }
 
 #[cfg(feature = "tch")]
+#[warn(clippy::unwrap_used, clippy::expect_used)] // libtorch fails by error, never a panic
 impl Batch {
     /// Every field as a tch tensor, by name.
     pub fn to_tch(
@@ -488,6 +490,7 @@ mod tests {
 }
 
 #[cfg(all(test, feature = "tch"))]
+#[allow(clippy::disallowed_methods)] // tests read values back with tch's panicking forms
 mod tch_tests {
     use super::*;
 

@@ -687,13 +687,9 @@ mod tests {
             );
             return;
         };
-        hslake_store::tools::s3_bucket::create_bucket(&endpoint, "hslake-query-test")
+        let bucket = hslake_store::tools::s3_bucket::create_bucket(&endpoint, "hslake-query-test")
             .expect("test bucket");
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_nanos();
-        let url = format!("s3://hslake-query-test/ds-{nanos}");
+        let url = format!("s3://{bucket}/ds");
         testdata::write(&url, DType::Bf16, 12, 2).await;
         let session = QuerySession::open(&url, None).await.unwrap();
         let chunks = tensor_chunks(&session, None).await;

@@ -19,14 +19,15 @@ use hslake_store::{
     WriterOptions,
 };
 
-const BUCKET: &str = "hslake-faults";
-
 struct Proxy {
     proxy: FaultProxy,
+    /// The S3 test server behind the proxy.
+    upstream: String,
 }
 
-/// The proxy, and the turn of the calling test; `None` when no S3 test server is configured.
-async fn setup() -> Option<(&'static Proxy, MutexGuard<'static, ()>)> {
+/// The proxy, the turn of the calling test and a bucket of its own; `None` when no S3 test
+/// server is configured.
+async fn setup() -> Option<(&'static Proxy, MutexGuard<'static, ()>, String)> {
     static PROXY: OnceLock<Option<Proxy>> = OnceLock::new();
     static TURN: Mutex<()> = Mutex::const_new(());
     let proxy = PROXY.get_or_init(|| {
@@ -36,23 +37,24 @@ async fn setup() -> Option<(&'static Proxy, MutexGuard<'static, ()>)> {
             );
             return None;
         };
-        create_bucket(&upstream, BUCKET).expect("test bucket");
         let proxy = FaultProxy::start(&upstream).expect("fault proxy starts");
         std::env::set_var("AWS_ENDPOINT", proxy.endpoint());
         std::env::set_var("AWS_ALLOW_HTTP", "true");
         // Quick retries, so each test stays within seconds.
         std::env::set_var("HSLAKE_S3_RETRY_TIMEOUT", "5");
-        Some(Proxy { proxy })
+        Some(Proxy { proxy, upstream })
     });
     let proxy = proxy.as_ref()?;
     let turn = TURN.lock().await;
     proxy.proxy.clear_rules();
     proxy.proxy.reset_counters();
-    Some((proxy, turn))
+    // Made on the server itself, not through the proxy's rules.
+    let bucket = create_bucket(&proxy.upstream, "hslake-faults").expect("test bucket");
+    Some((proxy, turn, bucket))
 }
 
-fn fresh_url() -> String {
-    format!("s3://{BUCKET}/{}", uuid::Uuid::new_v4().simple())
+fn fresh_url(bucket: &str) -> String {
+    format!("s3://{bucket}/{}", uuid::Uuid::new_v4().simple())
 }
 
 fn schema() -> DatasetSchema {
@@ -117,10 +119,10 @@ async fn ids(ds: &Dataset) -> Vec<u64> {
 
 #[tokio::test]
 async fn a_commit_whose_response_is_lost_reports_success_and_commits_once() {
-    let Some((p, _turn)) = setup().await else {
+    let Some((p, _turn, bucket)) = setup().await else {
         return;
     };
-    let url = fresh_url();
+    let url = fresh_url(&bucket);
     let ds = Dataset::create(&url, schema(), Provenance::default())
         .await
         .unwrap();
@@ -143,10 +145,10 @@ async fn a_commit_whose_response_is_lost_reports_success_and_commits_once() {
 
 #[tokio::test]
 async fn a_create_whose_response_is_lost_is_recognised() {
-    let Some((p, _turn)) = setup().await else {
+    let Some((p, _turn, bucket)) = setup().await else {
         return;
     };
-    let url = fresh_url();
+    let url = fresh_url(&bucket);
     rules(
         p,
         vec![Rule::new(Fault::ResetAfter)
@@ -163,10 +165,10 @@ async fn a_create_whose_response_is_lost_is_recognised() {
 
 #[tokio::test]
 async fn a_shard_upload_whose_response_is_lost_is_committed_once() {
-    let Some((p, _turn)) = setup().await else {
+    let Some((p, _turn, bucket)) = setup().await else {
         return;
     };
-    let url = fresh_url();
+    let url = fresh_url(&bucket);
     let ds = Dataset::create(&url, schema(), Provenance::default())
         .await
         .unwrap();
@@ -186,7 +188,7 @@ async fn a_shard_upload_whose_response_is_lost_is_committed_once() {
 
 #[tokio::test]
 async fn a_copy_whose_puts_lose_their_responses_completes() {
-    let Some((p, _turn)) = setup().await else {
+    let Some((p, _turn, bucket)) = setup().await else {
         return;
     };
     let src = Dataset::create(
@@ -213,7 +215,7 @@ async fn a_copy_whose_puts_lose_their_responses_completes() {
                 .nth(1, 1),
         ],
     );
-    let dst = fresh_url();
+    let dst = fresh_url(&bucket);
     let rep = copy_dataset(&src, &dst, |_| {}).await.unwrap();
     assert_eq!(rep.versions, 3);
     assert_eq!(p.proxy.counters().class("reset_after"), 2);
@@ -255,10 +257,10 @@ async fn write_until_committed(ds: Dataset, mine: Vec<u64>) -> u32 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn four_writers_under_random_503s_and_resets_hold_every_sample_once() {
-    let Some((p, _turn)) = setup().await else {
+    let Some((p, _turn, bucket)) = setup().await else {
         return;
     };
-    let url = fresh_url();
+    let url = fresh_url(&bucket);
     let ds = Dataset::create(&url, schema(), Provenance::default())
         .await
         .unwrap();
@@ -289,11 +291,11 @@ async fn four_writers_under_random_503s_and_resets_hold_every_sample_once() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_synth_under_random_503s_and_resets_completes_with_every_sample_once() {
-    let Some((p, _turn)) = setup().await else {
+    let Some((p, _turn, bucket)) = setup().await else {
         return;
     };
     rules(p, vec![Rule::new(random_faults())]);
-    let url = fresh_url();
+    let url = fresh_url(&bucket);
     let spec = SynthSpec {
         samples: 40,
         seq_len: (3, 12),
@@ -318,10 +320,10 @@ async fn a_synth_under_random_503s_and_resets_completes_with_every_sample_once()
 
 #[tokio::test]
 async fn a_versions_listing_cut_short_is_retried() {
-    let Some((p, _turn)) = setup().await else {
+    let Some((p, _turn, bucket)) = setup().await else {
         return;
     };
-    let url = fresh_url();
+    let url = fresh_url(&bucket);
     let ds = Dataset::create(&url, schema(), Provenance::default())
         .await
         .unwrap();

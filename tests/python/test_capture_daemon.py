@@ -22,12 +22,12 @@ import boto3
 import numpy as np
 import pytest
 import torch
-from botocore.exceptions import ClientError
 from prometheus_client.openmetrics.parser import text_string_to_metric_families
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from capture_util import hslake_bin, hslake_gpu_bin, random_samples, randomize, read_dataset, run_capture, save_model, write_jsonl
 from flood import Flooders
+from s3_util import new_bucket
 
 VOCAB = 101
 TOKEN = "s3cret-token"
@@ -412,12 +412,7 @@ def test_a_job_list_and_input_on_s3_survive_kill_9_and_the_job_completes_once(da
         pytest.skip("HSLAKE_TEST_S3_ENDPOINT is not set (scripts/test.sh starts a loopback S3 server)")
     client = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1",
                           aws_access_key_id="testing", aws_secret_access_key="testing")
-    bucket = "hslake-daemon-state"
-    try:
-        client.create_bucket(Bucket=bucket)
-    except ClientError as e:
-        if e.response["Error"]["Code"] not in ("BucketAlreadyOwnedByYou", "BucketAlreadyExists"):
-            raise
+    bucket = new_bucket(client, "hslake-daemon-state")
     prefix = uuid.uuid4().hex
     state = f"s3://{bucket}/{prefix}/state"
     tmp, model = daemon_setup
@@ -549,7 +544,12 @@ def test_a_job_failing_mid_run_is_failed_with_its_cause_and_the_next_job_runs(tm
     assert sorted(got) == list(range(30))
 
 
-def test_a_lost_rank_fails_its_job_with_the_cause_and_the_daemon_exits_non_zero(daemon_setup):
+@pytest.mark.parametrize("fault,cause", [
+    ("1:12", "injected failure"),
+    # An allocation libtorch refuses: the job's record names the error and the knobs to lower.
+    ("1:12:oom", "out of memory: "),
+])
+def test_a_lost_rank_fails_its_job_with_the_cause_and_the_daemon_exits_non_zero(daemon_setup, fault, cause):
     tmp, model = daemon_setup
     # Only a test build reads HSLAKE_TEST_FAIL_ALL_REDUCE; a normal one never looks at it.
     version = subprocess.run([hslake_gpu_bin(), "--version"], capture_output=True, text=True, check=True).stdout
@@ -559,7 +559,7 @@ def test_a_lost_rank_fails_its_job_with_the_cause_and_the_daemon_exits_non_zero(
     inp = inputs(tmp, "in", 30, seed=17)
     # Rank 1 of the in-process TP group fails its 12th all-reduce (the job's third batch): the
     # ranks cannot run another job, so the daemon must record the failure and exit, not hang.
-    env = dict(os.environ, HSLAKE_TEST_FAIL_ALL_REDUCE="1:12")
+    env = dict(os.environ, HSLAKE_TEST_FAIL_ALL_REDUCE=fault)
     d = Daemon(tmp, model, tmp / "state", extra=("--tp", "2"), env=env)
     try:
         d.wait_listening()
@@ -570,10 +570,12 @@ def test_a_lost_rank_fails_its_job_with_the_cause_and_the_daemon_exits_non_zero(
         d.stop()
     assert code != 0
     log = (tmp / "daemon.log").read_text()
-    assert "cannot run more jobs" in log and "injected failure" in log, log[-2000:]
+    assert "cannot run more jobs" in log and cause in log and "panicked" not in log, log[-2000:]
     history = status_history(tmp / "state", job["id"])
     assert [h["state"] for h in history] == ["running", "failed"], history
-    assert "injected failure" in history[-1]["error"]
+    assert cause in history[-1]["error"]
+    if fault.endswith(":oom"):
+        assert "--max-tokens-per-batch" in history[-1]["error"], history[-1]["error"]
 
 
 def open_fds(pid):

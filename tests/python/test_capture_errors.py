@@ -1,12 +1,15 @@
-"""Bad inputs and bad checkpoints each fail with their named error before anything is written."""
+"""Bad inputs and bad checkpoints each fail with their named error before anything is written;
+an allocation libtorch refuses mid-run fails with the out-of-memory error and its knobs."""
 import json
+import os
+import subprocess
 
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from capture_util import read_dataset, run_capture, save_model, write_jsonl
+from capture_util import capture_cmd, hslake_bin, hslake_gpu_bin, read_dataset, run_capture, save_model, write_jsonl
 
 VOCAB = 131
 
@@ -106,3 +109,29 @@ def test_missing_tensor_is_named(model_dir, tmp_path):
 
 def test_layer_beyond_the_model_is_named(model_dir, tmp_path):
     fails(model_dir, [GOOD], tmp_path, "layer 3 is out of range: the model has 3 decoder layers", layers=(0, 3))
+
+
+def test_an_allocation_libtorch_refuses_is_named_out_of_memory_with_its_knobs_never_a_panic(model_dir, tmp_path):
+    # Only a test build reads HSLAKE_TEST_FAIL_ALL_REDUCE; a normal one never looks at it.
+    version = subprocess.run([hslake_gpu_bin(), "--version"], capture_output=True, text=True, check=True).stdout
+    if "with test fault injection" not in version:
+        pytest.skip("this hslake-gpu is built without test fault injection; "
+                    "`cargo test` (scripts/test.sh runs it) builds one that has it")
+    # Rank 1 of the in-process TP group meets an allocation libtorch refuses (8 PiB) at its
+    # second all-reduce, inside the first batch's forward.
+    env = dict(os.environ, HSLAKE_TEST_FAIL_ALL_REDUCE="1:2:oom")
+    inputs = write_jsonl(tmp_path / "in.jsonl", [{"input_ids": [1, 2, 3, 4]}] * 3)
+    common = ["--model", str(model_dir), "--dtype", "f32", "--device", "cpu", "--tp", "2"]
+    runs = {
+        "capture": capture_cmd() + common + ["--input", str(inputs), "--output", f"file://{tmp_path / 'ds'}",
+                                            "--layers", "0", "--no-progress"],
+        "debug prefill": [hslake_bin(), "debug", "prefill"] + common + ["--batch", "1", "--seq", "4", "--iters", "1",
+                                                                        "--layers", "0"],
+    }
+    for what, cmd in runs.items():
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+        assert r.returncode == 1, f"{what}: {r.returncode}\n{r.stderr}"
+        assert "panicked" not in r.stderr, f"{what}: {r.stderr}"
+        assert "out of memory: " in r.stderr and "not enough memory" in r.stderr, f"{what}: {r.stderr}"
+        for knob in ["--max-tokens-per-batch", "--batch", "--pass-tokens", "--placement stream"]:
+            assert knob in r.stderr, f"{what}: {knob} missing from {r.stderr}"

@@ -4,7 +4,6 @@ writes. Every sample lands exactly once, `hslake verify` is clean and the captur
 (no commit reported failed that landed)."""
 import os
 import subprocess
-import uuid
 
 import boto3
 import numpy as np
@@ -14,6 +13,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 import hslake
 from capture_util import capture_cmd, hslake_bin, random_samples, randomize, save_model, write_jsonl
+from s3_util import new_bucket
 
 VOCAB = 101
 N = 240
@@ -30,8 +30,7 @@ def test_capture_under_storage_faults_writes_every_sample_exactly_once(tmp_path,
     path = save_model(randomize(LlamaForCausalLM(cfg).float().eval(), seed=5), tmp_path / "m")
     lengths = np.random.default_rng(6).integers(4, 24, N).tolist()
     inputs = write_jsonl(tmp_path / "in.jsonl", random_samples(lengths, VOCAB, seed=7))
-    bucket = f"capture-faults-{uuid.uuid4().hex[:8]}"
-    boto3.client("s3", endpoint_url=direct).create_bucket(Bucket=bucket)
+    bucket = new_bucket(boto3.client("s3", endpoint_url=direct), "hslake-capture-faults")
     totals = {}
     for run in range(RUNS):
         url = f"s3://{bucket}/ds-{run}"

@@ -13,14 +13,13 @@ import boto3
 import numpy as np
 import pytest
 import torch
-from botocore.exceptions import ClientError
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from capture_util import capture_cmd, hslake_bin, random_samples, randomize, read_dataset, save_model, write_jsonl
+from s3_util import new_bucket
 
 VOCAB = 101
 N = 2000
-BUCKET = "hslake-capture-shards"
 
 
 @pytest.fixture
@@ -30,13 +29,9 @@ def s3_prefix():
         pytest.skip("HSLAKE_TEST_S3_ENDPOINT is not set (scripts/test.sh starts a loopback S3 server)")
     client = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1",
                           aws_access_key_id="testing", aws_secret_access_key="testing")
-    try:
-        client.create_bucket(Bucket=BUCKET)
-    except ClientError as e:
-        if e.response["Error"]["Code"] not in ("BucketAlreadyOwnedByYou", "BucketAlreadyExists"):
-            raise
+    bucket = new_bucket(client, "hslake-capture-shards")
     prefix = uuid.uuid4().hex
-    return client, prefix, f"s3://{BUCKET}/{prefix}/ds"
+    return client, bucket, prefix, f"s3://{bucket}/{prefix}/ds"
 
 
 def shard_cmd(model, inputs, url, i, *extra):
@@ -45,13 +40,13 @@ def shard_cmd(model, inputs, url, i, *extra):
                             "--commit-every", "10", "--commit-interval", "0.2", "--shard", f"{i}/4", *extra]
 
 
-def committed_versions(client, prefix):
-    listing = client.list_objects_v2(Bucket=BUCKET, Prefix=f"{prefix}/ds/_hslake/versions/")
+def committed_versions(client, bucket, prefix):
+    listing = client.list_objects_v2(Bucket=bucket, Prefix=f"{prefix}/ds/_hslake/versions/")
     return listing.get("KeyCount", 0)
 
 
 def test_four_shards_two_killed_and_resumed_fill_one_s3_dataset_exactly_once(tmp_path, s3_prefix):
-    client, prefix, url = s3_prefix
+    client, bucket, prefix, url = s3_prefix
     torch.manual_seed(3)
     cfg = LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
                       num_key_value_heads=2, vocab_size=VOCAB)
@@ -64,7 +59,7 @@ def test_four_shards_two_killed_and_resumed_fill_one_s3_dataset_exactly_once(tmp
                               text=True) for i in range(4)]
     # Kill shards 1 and 3 once the four together have committed a few versions.
     deadline = time.time() + 300
-    while committed_versions(client, prefix) < 16 and time.time() < deadline:
+    while committed_versions(client, bucket, prefix) < 16 and time.time() < deadline:
         assert all(p.poll() is None for p in procs[1::2]), "a shard finished before it could be killed"
         time.sleep(0.05)
     for p in procs[1::2]:

@@ -7,7 +7,7 @@ import pytest
 from botocore.config import Config
 from botocore.exceptions import (BotoCoreError, ClientError, IncompleteReadError, ResponseStreamingError)
 
-BUCKET = "hslake-fault-proxy-py"
+from s3_util import new_bucket
 
 
 def s3(endpoint: str, attempts: int):
@@ -20,68 +20,68 @@ def s3(endpoint: str, attempts: int):
 @pytest.fixture
 def direct():
     """A client of the S3 server itself, to see what really landed."""
-    client = s3(os.environ["HSLAKE_TEST_S3_ENDPOINT"], 1)
-    try:
-        client.create_bucket(Bucket=BUCKET)
-    except ClientError as e:
-        if e.response["Error"]["Code"] not in ("BucketAlreadyOwnedByYou", "BucketAlreadyExists"):
-            raise
-    return client
+    return s3(os.environ["HSLAKE_TEST_S3_ENDPOINT"], 1)
+
+
+@pytest.fixture
+def bucket(direct):
+    """This test's own bucket."""
+    return new_bucket(direct, "hslake-fault-proxy-py")
 
 
 def key(name: str) -> str:
     return f"{uuid.uuid4().hex}/{name}"
 
 
-def test_slow_down_is_retried_by_boto3_and_the_put_lands(fault_proxy, direct):
+def test_slow_down_is_retried_by_boto3_and_the_put_lands(fault_proxy, direct, bucket):
     fault_proxy.set_rules([{"name": "throttle", "method": "PUT", "from": 1, "to": 2,
                             "fault": {"kind": "status", "code": 503}}])
     k = key("a.bin")
-    s3(fault_proxy.endpoint, 5).put_object(Bucket=BUCKET, Key=k, Body=b"x" * 1000)
+    s3(fault_proxy.endpoint, 5).put_object(Bucket=bucket, Key=k, Body=b"x" * 1000)
     c = fault_proxy.counters()
     assert c["faults"] == {"status_503": 2}
     assert c["rules"][0]["matched"] == 3
-    assert direct.get_object(Bucket=BUCKET, Key=k)["Body"].read() == b"x" * 1000
+    assert direct.get_object(Bucket=bucket, Key=k)["Body"].read() == b"x" * 1000
 
 
-def test_reset_after_on_a_conditional_put_lands_although_boto3_saw_an_error(fault_proxy, direct):
+def test_reset_after_on_a_conditional_put_lands_although_boto3_saw_an_error(fault_proxy, direct, bucket):
     fault_proxy.set_rules([{"name": "lost-commit", "method": "PUT", "key": r"_hslake/versions/.*\.json$",
                             "header": "If-None-Match", "from": 1, "to": 2, "fault": {"kind": "reset_after"}}])
     # One attempt: an error for a write that happened.
     k = key("_hslake/versions/00000001.json")
     with pytest.raises(BotoCoreError):
-        s3(fault_proxy.endpoint, 1).put_object(Bucket=BUCKET, Key=k, Body=b"{}", IfNoneMatch="*")
-    assert direct.get_object(Bucket=BUCKET, Key=k)["Body"].read() == b"{}"
+        s3(fault_proxy.endpoint, 1).put_object(Bucket=bucket, Key=k, Body=b"{}", IfNoneMatch="*")
+    assert direct.get_object(Bucket=bucket, Key=k)["Body"].read() == b"{}"
     # With retries (the rule spares the retry, match 3) the retry meets its own object: 412, the classic put-if-absent failure.
     k = key("_hslake/versions/00000002.json")
     with pytest.raises(ClientError) as e:
-        s3(fault_proxy.endpoint, 3).put_object(Bucket=BUCKET, Key=k, Body=b"{}", IfNoneMatch="*")
+        s3(fault_proxy.endpoint, 3).put_object(Bucket=bucket, Key=k, Body=b"{}", IfNoneMatch="*")
     assert e.value.response["Error"]["Code"] == "PreconditionFailed"
-    assert direct.head_object(Bucket=BUCKET, Key=k)["ContentLength"] == 2
+    assert direct.head_object(Bucket=bucket, Key=k)["ContentLength"] == 2
     # Unconditional puts are not matched.
-    s3(fault_proxy.endpoint, 1).put_object(Bucket=BUCKET, Key=k, Body=b"{}")
+    s3(fault_proxy.endpoint, 1).put_object(Bucket=bucket, Key=k, Body=b"{}")
     c = fault_proxy.counters()
     assert c["faults"] == {"reset_after": 2}
     assert c["rules"][0]["matched"] == 3
 
 
-def test_truncated_get_is_an_error_never_short_data(fault_proxy, direct):
+def test_truncated_get_is_an_error_never_short_data(fault_proxy, direct, bucket):
     k = key("b.bin")
-    direct.put_object(Bucket=BUCKET, Key=k, Body=os.urandom(64 * 1024))
+    direct.put_object(Bucket=bucket, Key=k, Body=os.urandom(64 * 1024))
     fault_proxy.set_rules([{"method": "GET", "fault": {"kind": "truncate", "bytes": 1000}}])
-    body = s3(fault_proxy.endpoint, 1).get_object(Bucket=BUCKET, Key=k)["Body"]
+    body = s3(fault_proxy.endpoint, 1).get_object(Bucket=bucket, Key=k)["Body"]
     with pytest.raises((IncompleteReadError, ResponseStreamingError)):
         body.read()
     assert fault_proxy.counters()["faults"] == {"truncate": 1}
 
 
-def test_rules_by_count_and_key_then_cleared(fault_proxy, direct):
+def test_rules_by_count_and_key_then_cleared(fault_proxy, direct, bucket):
     fault_proxy.set_rules([{"key": r"/data/", "from": 2, "to": 2, "fault": {"kind": "status", "code": 500}}])
     client = s3(fault_proxy.endpoint, 1)
     outcomes = []
     for name in ["data/0", "other/0", "data/1", "data/2"]:
         try:
-            client.put_object(Bucket=BUCKET, Key=key(name), Body=b"1")
+            client.put_object(Bucket=bucket, Key=key(name), Body=b"1")
             outcomes.append(True)
         except ClientError as e:
             assert e.response["Error"]["Code"] == "InternalError"

@@ -10,7 +10,6 @@ import sys
 import textwrap
 import threading
 import time
-import uuid
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +19,7 @@ import torch
 
 import hslake
 import plane_zstd
+from s3_util import new_bucket
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(os.environ.get("HSLAKE_BIN", ROOT / "target" / "debug" / "hslake"))
@@ -418,8 +418,7 @@ def s3_ds(local_ds):
     if not endpoint:
         pytest.skip("HSLAKE_TEST_S3_ENDPOINT is not set (scripts/test.sh starts a loopback S3 server)")
     import boto3
-    bucket = f"loader-{uuid.uuid4().hex[:8]}"
-    boto3.client("s3", endpoint_url=endpoint).create_bucket(Bucket=bucket)
+    bucket = new_bucket(boto3.client("s3", endpoint_url=endpoint), "hslake-loader")
     url = f"s3://{bucket}/synth"
     synth(url)  # same seed and settings as local_ds: the same samples
     return url

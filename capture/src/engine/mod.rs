@@ -520,7 +520,7 @@ mod tests {
     use super::*;
     use crate::fixtures::{assert_close, values, write_inputs, write_model, TINY_LLAMA};
     use crate::gpu::comm::{Communicator, LocalComm};
-    use crate::gpu::fault::FailingComm;
+    use crate::gpu::fault::{FailingComm, Fault};
 
     fn engine_options(dir: &std::path::Path, tp: usize) -> EngineOptions {
         let mut o = EngineOptions::new(dir.join("m"));
@@ -781,21 +781,21 @@ mod tests {
         assert!(err.contains("rank0") && err.contains("not bf16"), "{err}");
     }
 
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_failing_rank_breaks_the_engine_and_nothing_hangs() {
+    /// A TP-2 engine whose rank 1 fails as `fault` says in the job's third batch (each batch
+    /// all-reduces 5 times): the first run's error, and the second run's.
+    async fn failing_rank(fault: Fault) -> (CaptureError, CaptureError) {
         let d = tempfile::tempdir().unwrap();
         let dir = d.path().to_path_buf();
         write_model(&dir.join("m"), TINY_LLAMA, None);
         write_inputs(&dir.join("in.jsonl"), 10);
-        let (first, second) = blocking(move || {
+        blocking(move || {
             let checked = CheckedModel::check(engine_options(&dir, 2)).unwrap();
             let comms = LocalComm::group(2)
                 .into_iter()
                 .map(|c| {
-                    // Rank 1 fails in the job's third batch (each batch all-reduces 5 times).
                     let fail_at = if c.rank() == 1 { 12 } else { 0 };
                     Box::new(move || {
-                        Ok(Rc::new(FailingComm::new(c, fail_at)) as Rc<dyn Communicator>)
+                        Ok(Rc::new(FailingComm::new(c, fail_at, fault)) as Rc<dyn Communicator>)
                     }) as CommInit
                 })
                 .collect();
@@ -809,11 +809,34 @@ mod tests {
             let second = engine
                 .run(&j, &NoProgress, &CancelToken::new())
                 .unwrap_err();
-            (first.to_string(), second.to_string())
+            (first, second)
         })
-        .await;
-        assert_eq!(first, "communicator (rank 1): injected failure");
+        .await
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_failing_rank_breaks_the_engine_and_nothing_hangs() {
+        let (first, second) = failing_rank(Fault::Comm).await;
+        assert_eq!(first.to_string(), "communicator (rank 1): injected failure");
+        let second = second.to_string();
         assert!(second.starts_with("the capture engine is broken by an earlier failure (communicator (rank 1): injected failure)"), "{second}");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_refused_allocation_fails_the_job_as_out_of_memory_naming_the_knobs() {
+        let (first, second) = failing_rank(Fault::OutOfMemory).await;
+        assert!(matches!(first, CaptureError::OutOfMemory { .. }), "{first}");
+        let first = first.to_string();
+        assert!(first.starts_with("out of memory: "), "{first}");
+        for knob in [
+            "--max-tokens-per-batch",
+            "--pass-tokens",
+            "--batch",
+            "--placement stream",
+        ] {
+            assert!(first.contains(knob), "{knob} missing: {first}");
+        }
+        assert!(second.to_string().contains("out of memory"), "{second}");
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -16,7 +16,7 @@ use super::progress::RankTimes;
 use crate::batch::PaddedBatch;
 use crate::checkpoint::Checkpoint;
 use crate::error::{CaptureError, Result};
-use crate::gpu::comm::Communicator;
+use crate::gpu::comm::{sync, Communicator};
 use crate::gpu::cuda::{CopyStream, PendingCopy, PinnedBuffer};
 use crate::gpu::group::CommInit;
 use crate::gpu::plane_split;
@@ -188,9 +188,7 @@ fn load(
         Device::Cuda(d) if setup.rank == 0 => Some(CopyStream::new(d)?),
         _ => None,
     };
-    if let Device::Cuda(d) = setup.device {
-        tch::Cuda::synchronize(d as i64);
-    }
+    sync(setup.device)?;
     Ok((model, copier))
 }
 
@@ -206,9 +204,7 @@ fn warm_up(model: &dyn DecoderModel, device: Device, w: &WarmUp, vocab: usize) -
         .collect();
     let ids = token_ids(&ids, w.rows as i64, w.cols as i64, device)?;
     drop(model.forward(&ids, &w.points)?);
-    if let Device::Cuda(d) = device {
-        tch::Cuda::synchronize(d as i64);
-    }
+    sync(device)?;
     Ok(t.elapsed().as_secs_f64())
 }
 

@@ -20,7 +20,7 @@ use crate::batch::PaddedBatch;
 use crate::checkpoint::Checkpoint;
 use crate::error::{CaptureError, Result};
 use crate::gpu::comm::SingleRank;
-use crate::gpu::cuda::{CopyStream, PendingCopy, PinnedBuffer};
+use crate::gpu::cuda::{synchronize, CopyStream, PendingCopy, PinnedBuffer};
 use crate::gpu::plane_split;
 use crate::kernels::Kernels;
 use crate::load::LoadCtx;
@@ -161,7 +161,7 @@ fn load(setup: &StreamSetup) -> Result<Loaded> {
     let copier = match setup.device {
         Device::Cuda(d) => {
             let c = CopyStream::new(d)?;
-            tch::Cuda::synchronize(d as i64);
+            synchronize(d)?;
             Some(c)
         }
         _ => None,

@@ -214,18 +214,20 @@ impl TimedComm {
     }
 
     /// Waits for the device and starts measuring from zero.
-    pub fn reset(&self) {
-        sync(self.device);
+    pub fn reset(&self) -> Result<()> {
+        sync(self.device)?;
         self.times.set(CommTimes::default());
         self.mark.set(Instant::now());
+        Ok(())
     }
 
     /// Waits for the device and counts the time since the last mark as compute.
-    pub fn lap(&self) {
-        sync(self.device);
+    pub fn lap(&self) -> Result<()> {
+        sync(self.device)?;
         let mut t = self.times.get();
         t.compute += self.mark.replace(Instant::now()).elapsed();
         self.times.set(t);
+        Ok(())
     }
 
     /// Leaves the time since the last mark uncounted (the caller timed it as something else).
@@ -234,9 +236,9 @@ impl TimedComm {
     }
 
     /// The times since [`TimedComm::reset`], compute up to now included.
-    pub fn times(&self) -> CommTimes {
-        self.lap();
-        self.times.get()
+    pub fn times(&self) -> Result<CommTimes> {
+        self.lap()?;
+        Ok(self.times.get())
     }
 }
 
@@ -248,9 +250,9 @@ impl Communicator for TimedComm {
         self.inner.world_size()
     }
     fn all_reduce_sum(&self, t: &mut Tensor) -> Result<()> {
-        self.lap();
+        self.lap()?;
         self.inner.all_reduce_sum(t)?;
-        sync(self.device);
+        sync(self.device)?;
         let mut times = self.times.get();
         times.all_reduce += self.mark.replace(Instant::now()).elapsed();
         times.calls += 1;
@@ -262,10 +264,12 @@ impl Communicator for TimedComm {
     }
 }
 
-/// Blocks until `device` has finished the work queued on it (nothing to wait for on the CPU).
-pub(crate) fn sync(device: Device) {
-    if let Device::Cuda(d) = device {
-        tch::Cuda::synchronize(d as i64);
+/// Blocks until `device` has finished the work queued on it (nothing to wait for on the CPU);
+/// an error the device met meanwhile is returned here.
+pub(crate) fn sync(device: Device) -> Result<()> {
+    match device {
+        Device::Cuda(d) => crate::gpu::cuda::synchronize(d),
+        _ => Ok(()),
     }
 }
 
@@ -309,11 +313,14 @@ mod tests {
             .map(|c| {
                 std::thread::spawn(move || {
                     let timed = TimedComm::new(Rc::new(c), Device::Cpu);
-                    timed.reset();
+                    timed.reset().unwrap();
                     let mut t = Tensor::from_slice(&[1.0f32 + timed.rank() as f32]);
                     timed.all_reduce_sum(&mut t).unwrap();
                     timed.all_reduce_sum(&mut t).unwrap();
-                    (timed.times().calls, Vec::<f32>::try_from(t).unwrap())
+                    (
+                        timed.times().unwrap().calls,
+                        Vec::<f32>::try_from(t).unwrap(),
+                    )
                 })
             })
             .collect();

@@ -22,6 +22,8 @@ const HOST_REGISTER_READ_ONLY: u32 = 8;
 
 extern "C" {
     fn cudaSetDevice(device: c_int) -> c_int;
+    fn cudaGetDevice(device: *mut c_int) -> c_int;
+    fn cudaDeviceSynchronize() -> c_int;
     fn cudaStreamCreateWithFlags(stream: *mut CudaStream, flags: u32) -> c_int;
     fn cudaStreamDestroy(stream: CudaStream) -> c_int;
     fn cudaEventCreateWithFlags(event: *mut CudaEvent, flags: u32) -> c_int;
@@ -76,6 +78,8 @@ struct Dim3 {
     z: u32,
 }
 
+/// `cudaErrorMemoryAllocation`: device memory, or page-locked host memory, ran out.
+const CUDA_ERROR_MEMORY_ALLOCATION: c_int = 2;
 const ATTR_COMPUTE_CAPABILITY_MAJOR: c_int = 75;
 const ATTR_COMPUTE_CAPABILITY_MINOR: c_int = 76;
 const ATTR_MULTIPROCESSOR_COUNT: c_int = 16;
@@ -88,13 +92,30 @@ fn check(code: c_int, what: &str) -> Result<()> {
     let msg = unsafe { CStr::from_ptr(cudaGetErrorString(code)) }
         .to_string_lossy()
         .into_owned();
-    Err(CaptureError::Cuda(format!("{what}: {msg} (error {code})")))
+    let message = format!("{what}: {msg} (error {code})");
+    Err(match code {
+        CUDA_ERROR_MEMORY_ALLOCATION => CaptureError::OutOfMemory { message },
+        _ => CaptureError::Cuda(message),
+    })
 }
 
 /// Makes `device` current for the calling thread (NCCL and raw copies use the current device).
 pub fn set_device(device: usize) -> Result<()> {
     // SAFETY: plain FFI call with a value argument.
     check(unsafe { cudaSetDevice(device as c_int) }, "cudaSetDevice")
+}
+
+/// Waits until every stream of GPU `device` has run what was queued on it (libtorch's
+/// `cuda::synchronize`, which panics in tch where this returns the error: a kernel's fault
+/// that surfaced meanwhile, say). The calling thread's current device is left as it was.
+pub fn synchronize(device: usize) -> Result<()> {
+    let mut current: c_int = 0;
+    // SAFETY: plain FFI calls; `current` outlives the call that writes it.
+    check(unsafe { cudaGetDevice(&mut current) }, "cudaGetDevice")?;
+    set_device(device)?;
+    let done = check(unsafe { cudaDeviceSynchronize() }, "cudaDeviceSynchronize");
+    check(unsafe { cudaSetDevice(current) }, "cudaSetDevice")?;
+    done
 }
 
 /// Bytes free on GPU `device`, as the driver reports them (memory other processes hold is not
@@ -425,7 +446,7 @@ impl PinnedBuffer {
         // it in inside the driver call, one thread, 0.36–0.43 s for a DeepSeek-V3-cut batch set
         // of 1.17 GB on the H200; filled first it took 0.06–0.11 s and the registration 0.05 s
         // (docs/PERFORMANCE.md). Rank 0 pins sets on demand, so that time is its forward loop's.
-        let _ = bytes.f_fill_(0)?;
+        let _ = bytes.f_zero_()?;
         // SAFETY: registers exactly the `len` bytes this tensor owns; they stay allocated (the
         // tensor is owned by `self`) until Drop unregisters them.
         check(

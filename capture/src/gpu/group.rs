@@ -26,9 +26,8 @@ pub(crate) fn join_group(device: DeviceKind, tp: usize) -> Result<Vec<CommInit>>
                 .into_iter()
                 .map(|c| {
                     #[cfg(feature = "fault-injection")]
-                    if let Some(at) = fault.and_then(|(rank, at)| (rank == c.rank()).then_some(at))
-                    {
-                        return joined(super::fault::FailingComm::new(c, at));
+                    if let Some((_, at, kind)) = fault.filter(|(rank, ..)| *rank == c.rank()) {
+                        return joined(super::fault::FailingComm::new(c, at, kind));
                     }
                     joined(c)
                 })

@@ -129,9 +129,12 @@ pub(crate) fn compile_ptx(
 }
 
 fn compile(program: NvrtcProgram, major: i32, minor: i32) -> Result<CString> {
+    let option = |o: String| {
+        CString::new(o).map_err(|_| CaptureError::Cuda("an NVRTC option holds a NUL".into()))
+    };
     let options = [
-        CString::new(format!("--gpu-architecture=compute_{major}{minor}")).expect("no NUL"),
-        CString::new("--std=c++17").expect("no NUL"),
+        option(format!("--gpu-architecture=compute_{major}{minor}"))?,
+        option("--std=c++17".into())?,
     ];
     let pointers: Vec<*const c_char> = options.iter().map(|o| o.as_ptr()).collect();
     // SAFETY: `program` is live; `pointers` holds NUL-terminated options that outlive the call.

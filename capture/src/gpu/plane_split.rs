@@ -80,7 +80,9 @@ impl SplitLayout {
 /// Field `k` of a token row's statistics (`ROW_STATS` bytes: sum of squares, largest absolute
 /// value, NaN count, ±Inf count).
 pub(crate) fn row_field(row: &[u8], k: usize) -> f64 {
-    f64::from_le_bytes(row[8 * k..8 * k + 8].try_into().expect("8 bytes"))
+    let mut bytes = [0u8; 8];
+    bytes.copy_from_slice(&row[8 * k..8 * k + 8]);
+    f64::from_le_bytes(bytes)
 }
 
 /// A sample's tensor statistics from its token rows' (`ROW_STATS` bytes each, as the split

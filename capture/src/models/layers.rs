@@ -7,6 +7,7 @@ use crate::error::Result;
 use crate::kernels::NormKernel;
 use crate::load::LoadCtx;
 use crate::models::tp::{ColumnParallelLinear, RowParallelLinear};
+use crate::scalar;
 
 /// Rotary position embedding parameters: the base frequency and how it is rescaled.
 #[derive(Debug, Clone, PartialEq)]
@@ -80,12 +81,16 @@ impl RmsNorm {
         if self.fast {
             let dim = x.size().last().copied().unwrap_or(1).max(1);
             // ||x||_2 accumulated in f32 straight from x; squaring it back costs at most an
-            // f32 rounding or two in rstd.
+            // f32 rounding or two in rstd. The Frobenius norm of each row as a [dim, 1] matrix
+            // is libtorch's vector 2-norm over the row (`norm(2, -1)`'s reduction) without a
+            // Scalar operand (crate::scalar says why).
             let rstd = x
-                .f_norm_scalaropt_dim_dtype(2.0, [-1i64].as_slice(), true, Kind::Float)?
+                .f_unsqueeze(-1)?
+                .f_linalg_norm_ord_str("fro", [-2i64, -1].as_slice(), true, Kind::Float)?
+                .f_squeeze_dim(-1)?
                 .f_square_()?
-                .f_div_scalar_(dim as f64)?
-                .f_add_scalar_(self.eps)?
+                .f_div_(&scalar::float(dim as f64)?)?
+                .f_add_(&scalar::float(self.eps)?)?
                 .f_rsqrt_()?;
             // x (compute dtype) * rstd (f32) is computed in f32 and rounded once as it is
             // stored: transformers' `(x32 * rstd).to(dtype)` without the f32 copy of x.
@@ -95,9 +100,9 @@ impl RmsNorm {
         }
         let x32 = x.f_to_kind(Kind::Float)?;
         let rstd = x32
-            .f_pow_tensor_scalar(2)?
+            .f_square()?
             .f_mean_dim(-1, true, None)?
-            .f_add_scalar_(self.eps)?
+            .f_add_(&scalar::float(self.eps)?)?
             .f_rsqrt_()?;
         // transformers' `(x32 * rstd).to(dtype)` as one kernel: the product is computed in f32
         // and rounded to `dtype` as it is stored, the same bits without the f32 intermediate.
@@ -121,13 +126,16 @@ impl Rotary {
         let d = head_dim as i64;
         // Computed on the CPU, as transformers does when it builds the model: CUDA's division
         // and pow differ from the CPU's in the last bit, and that shifts every angle.
-        let exponent = Tensor::f_arange_start_step(0, d, 2, (Kind::Int64, Device::Cpu))?
+        // (Scalar operands as 0-dim tensors: crate::scalar.)
+        let f = scalar::float;
+        let exponent = scalar::arange((d + 1) / 2, Kind::Int64, Device::Cpu)? // 0, 2, 4, ..
+            .f_mul(&scalar::int(2)?)?
             .f_to_kind(Kind::Float)?
-            .f_div_scalar(d as f64)?;
-        let inv_freq = Tensor::f_pow_scalar(rope.theta, &exponent)?.f_reciprocal()?;
+            .f_div(&f(d as f64)?)?;
+        let inv_freq = f(rope.theta)?.f_pow(&exponent)?.f_reciprocal()?;
         let inv_freq = match rope.scaling {
             RopeScaling::None => inv_freq,
-            RopeScaling::Linear { factor } => inv_freq.f_div_scalar(factor)?,
+            RopeScaling::Linear { factor } => inv_freq.f_div(&f(factor)?)?,
             RopeScaling::Llama3 {
                 factor,
                 low_freq_factor,
@@ -140,24 +148,25 @@ impl Rotary {
                 let high_wavelen = old / high_freq_factor;
                 let wavelen = inv_freq
                     .f_reciprocal()?
-                    .f_mul_scalar(2.0 * std::f64::consts::PI)?;
-                let scaled = inv_freq.f_div_scalar(factor)?;
-                let llama = scaled.f_where_self(&wavelen.f_gt(low_wavelen)?, &inv_freq)?;
+                    .f_mul(&f(2.0 * std::f64::consts::PI)?)?;
+                let scaled = inv_freq.f_div(&f(factor)?)?;
+                let long = wavelen.f_gt_tensor(&f(low_wavelen)?)?;
+                let llama = scaled.f_where_self(&long, &inv_freq)?;
                 let smooth = wavelen
                     .f_reciprocal()?
-                    .f_mul_scalar(old)?
-                    .f_sub_scalar(low_freq_factor)?
-                    .f_div_scalar(high_freq_factor - low_freq_factor)?;
+                    .f_mul(&f(old)?)?
+                    .f_sub(&f(low_freq_factor)?)?
+                    .f_div(&f(high_freq_factor - low_freq_factor)?)?;
                 let smoothed = smooth
                     .f_neg()?
-                    .f_add_scalar(1.0)?
+                    .f_add(&f(1.0)?)?
                     .f_mul(&llama)?
-                    .f_div_scalar(factor)?
+                    .f_div(&f(factor)?)?
                     .f_add(&smooth.f_mul(&llama)?)?;
                 let medium = wavelen
-                    .f_lt(high_wavelen)?
+                    .f_lt_tensor(&f(high_wavelen)?)?
                     .f_logical_not()?
-                    .f_logical_and(&wavelen.f_gt(low_wavelen)?.f_logical_not()?)?;
+                    .f_logical_and(&long.f_logical_not()?)?;
                 smoothed.f_where_self(&medium, &llama)?
             }
             RopeScaling::Yarn {
@@ -170,8 +179,8 @@ impl Rotary {
             } => {
                 // transformers' _compute_yarn_parameters, step for step: `pos_freqs` is
                 // theta^(2i/d), extrapolation its reciprocal, interpolation 1 / (factor * it).
-                let pos_freqs = Tensor::f_pow_scalar(rope.theta, &exponent)?;
-                let interpolation = pos_freqs.f_mul_scalar(factor)?.f_reciprocal()?;
+                let pos_freqs = f(rope.theta)?.f_pow(&exponent)?;
+                let interpolation = pos_freqs.f_mul(&f(factor)?)?.f_reciprocal()?;
                 let (low, high) = yarn_correction_range(
                     head_dim as f64,
                     rope.theta,
@@ -181,12 +190,12 @@ impl Rotary {
                     truncate,
                 );
                 let high = if low == high { high + 0.001 } else { high };
-                let ramp = Tensor::f_arange(d / 2, (Kind::Float, Device::Cpu))?
-                    .f_sub_scalar(low)?
-                    .f_div_scalar(high - low)?
-                    .f_clamp(0.0, 1.0)?;
-                let extrapolation_factor = ramp.f_neg()?.f_add_scalar(1.0)?;
-                let kept = extrapolation_factor.f_neg()?.f_add_scalar(1.0)?;
+                let ramp = scalar::arange(d / 2, Kind::Float, Device::Cpu)?
+                    .f_sub(&f(low)?)?
+                    .f_div(&f(high - low)?)?
+                    .f_clamp_tensor(Some(&f(0.0)?), Some(&f(1.0)?))?;
+                let extrapolation_factor = ramp.f_neg()?.f_add(&f(1.0)?)?;
+                let kept = extrapolation_factor.f_neg()?.f_add(&f(1.0)?)?;
                 interpolation
                     .f_mul(&kept)?
                     .f_add(&inv_freq.f_mul(&extrapolation_factor)?)?
@@ -206,7 +215,7 @@ impl Rotary {
 
     /// cos and sin in `kind` for positions `0..t`, computed once per forward.
     pub fn tables(&self, t: i64, kind: Kind) -> Result<RopeTables> {
-        let pos = Tensor::f_arange(t, (Kind::Float, self.inv_freq.device()))?;
+        let pos = scalar::arange(t, Kind::Float, self.inv_freq.device())?;
         // [t, 1] * [1, d/2] -> [t, d/2] angles; duplicated -> [t, d].
         let freqs = pos.f_unsqueeze(1)?.f_mul(&self.inv_freq.f_unsqueeze(0)?)?;
         RopeTables::new(
@@ -257,7 +266,7 @@ impl RopeTables {
             Ok(if factor == 1.0 {
                 x
             } else {
-                x.f_mul_scalar(factor)?
+                x.f_mul(&scalar::float(factor)?)?
             })
         };
         // [1, t, 1, d] broadcasts over the heads of a `[b, t, heads, d]` projection output.
@@ -432,6 +441,127 @@ mod tests {
         assert_eq!((low > 0.0, high), (true, 7.0));
     }
 
+    /// `Rotary::new`'s inverse frequencies transcribed with libtorch's Scalar operands, as they
+    /// were computed before crate::scalar (and as transformers computes them).
+    fn reference_inv_freq(head_dim: i64, rope: &Rope) -> Tensor {
+        let d = head_dim;
+        let exponent = Tensor::arange_start_step(0, d, 2, (Kind::Int64, Device::Cpu))
+            .to_kind(Kind::Float)
+            .g_div_scalar(d as f64);
+        let inv_freq = Tensor::pow_scalar(rope.theta, &exponent).reciprocal();
+        match rope.scaling {
+            RopeScaling::None => inv_freq,
+            RopeScaling::Linear { factor } => inv_freq.g_div_scalar(factor),
+            RopeScaling::Llama3 {
+                factor,
+                low_freq_factor: lf,
+                high_freq_factor: hf,
+                original_max_position_embeddings: old,
+            } => {
+                let wavelen = inv_freq
+                    .reciprocal()
+                    .g_mul_scalar(2.0 * std::f64::consts::PI);
+                let llama = inv_freq
+                    .g_div_scalar(factor)
+                    .where_self(&wavelen.gt(old / lf), &inv_freq);
+                let smooth = wavelen
+                    .reciprocal()
+                    .g_mul_scalar(old)
+                    .g_sub_scalar(lf)
+                    .g_div_scalar(hf - lf);
+                let smoothed = (smooth.neg().g_add_scalar(1.0) * &llama).g_div_scalar(factor)
+                    + smooth * &llama;
+                let medium = wavelen
+                    .lt(old / hf)
+                    .logical_not()
+                    .logical_and(&wavelen.gt(old / lf).logical_not());
+                smoothed.where_self(&medium, &llama)
+            }
+            RopeScaling::Yarn {
+                factor,
+                original_max_position_embeddings,
+                beta_fast,
+                beta_slow,
+                truncate,
+                ..
+            } => {
+                let interpolation = Tensor::pow_scalar(rope.theta, &exponent)
+                    .g_mul_scalar(factor)
+                    .reciprocal();
+                let (low, high) = yarn_correction_range(
+                    d as f64,
+                    rope.theta,
+                    original_max_position_embeddings,
+                    beta_fast,
+                    beta_slow,
+                    truncate,
+                );
+                let ramp = Tensor::arange(d / 2, (Kind::Float, Device::Cpu))
+                    .g_sub_scalar(low)
+                    .g_div_scalar(high - low)
+                    .clamp(0.0, 1.0);
+                let extrapolation = ramp.neg().g_add_scalar(1.0);
+                let kept = extrapolation.neg().g_add_scalar(1.0);
+                interpolation * kept + &inv_freq * extrapolation
+            }
+        }
+    }
+
+    #[test]
+    fn inverse_frequencies_of_every_scaling_equal_the_scalar_formulas_bit_for_bit() {
+        let yarn = |truncate| RopeScaling::Yarn {
+            factor: 40.0,
+            original_max_position_embeddings: 4096.0,
+            beta_fast: 32.0,
+            beta_slow: 1.0,
+            attention_factor: 1.0,
+            truncate,
+            mscale_all_dim: 0.0,
+        };
+        let scalings = [
+            RopeScaling::None,
+            RopeScaling::Linear { factor: 3.0 },
+            RopeScaling::Llama3 {
+                factor: 8.0,
+                low_freq_factor: 1.0,
+                high_freq_factor: 4.0,
+                original_max_position_embeddings: 8192.0,
+            },
+            yarn(true),
+            yarn(false),
+        ];
+        for scaling in scalings {
+            for (head_dim, theta) in [(64, 10000.0), (128, 500000.0), (6, 1e6)] {
+                let rope = Rope {
+                    theta,
+                    scaling: scaling.clone(),
+                };
+                let got = Rotary::new(head_dim as usize, &rope, Device::Cpu).unwrap();
+                let want = reference_inv_freq(head_dim, &rope);
+                assert_eq!(got.inv_freq.kind(), Kind::Float);
+                assert!(got.inv_freq.equal(&want), "{rope:?}, head_dim {head_dim}");
+            }
+        }
+    }
+
+    #[test]
+    fn rope_tables_for_more_positions_than_memory_holds_are_an_out_of_memory_error() {
+        let rope = Rope {
+            theta: 10000.0,
+            scaling: RopeScaling::None,
+        };
+        let rotary = Rotary::new(16, &rope, Device::Cpu).unwrap();
+        let tables = rotary.tables(5, Kind::BFloat16).unwrap();
+        assert_eq!(tables.cos.size(), [1, 5, 1, 16]);
+        // 2^50 positions: libtorch refuses the allocation, and that is an error, not a panic
+        // (with a Scalar operand, tch panicked on it).
+        let err = rotary.tables(1 << 50, Kind::BFloat16).err().unwrap();
+        assert!(
+            matches!(err, crate::error::CaptureError::OutOfMemory { .. }),
+            "{err}"
+        );
+    }
+
     fn norm(weight: Tensor) -> RmsNorm {
         RmsNorm {
             weight,
@@ -454,6 +584,29 @@ mod tests {
             assert!(got.equal(&expected), "{kind:?}");
             assert!(x.equal(&before), "{kind:?}: the input was written");
         }
+    }
+
+    #[test]
+    fn fast_rms_norm_is_the_vector_norm_formula_bit_for_bit() {
+        // The Frobenius norm of [dim, 1] rows against libtorch's `norm(2, -1)`, with which the
+        // fast path was written and measured.
+        let x = bf16(&[4, 16, 64], 5).narrow(2, 0, 48);
+        let w = bf16(&[48], 6);
+        let fast = RmsNorm {
+            weight: w.shallow_clone(),
+            eps: 1e-6,
+            fast: true,
+        }
+        .forward(&x)
+        .unwrap();
+        let rstd = x
+            .norm_scalaropt_dim_dtype(2.0, [-1i64].as_slice(), true, Kind::Float)
+            .square()
+            .g_div_scalar(48.0)
+            .g_add_scalar(1e-6)
+            .rsqrt();
+        let expected = (x.to_kind(Kind::Float) * rstd).to_kind(Kind::BFloat16) * w;
+        assert!(fast.equal(&expected));
     }
 
     #[test]

@@ -14,6 +14,7 @@ use crate::models::moe::{FeedForward, MoeLayers};
 use crate::models::tp::{
     check_split, ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding,
 };
+use crate::scalar;
 
 /// Llama's validated runtime config. Mistral, Qwen2 and Qwen3 are Llama-shaped: they read
 /// their configs into the same fields and name their own model.
@@ -432,10 +433,10 @@ impl<A: SelfAttention> LayeredModel for Stack<A> {
 /// The boolean `[t, t]` mask of a sliding attention window of `window` positions: each
 /// position attends to itself and the `window - 1` before it.
 pub(crate) fn sliding_mask(t: i64, window: i64, device: Device) -> Result<Tensor> {
-    let i = Tensor::f_arange(t, (Kind::Int64, device))?.f_unsqueeze(1)?; // [t, 1]
-    let j = Tensor::f_arange(t, (Kind::Int64, device))?.f_unsqueeze(0)?; // [1, t]
+    let i = scalar::arange(t, Kind::Int64, device)?.f_unsqueeze(1)?; // [t, 1]
+    let j = i.f_view([1, t])?; // [1, t]
     let causal = j.f_le_tensor(&i)?;
-    let in_window = j.f_gt_tensor(&i.f_sub_scalar(window)?)?;
+    let in_window = j.f_gt_tensor(&i.f_sub(&scalar::int(window)?)?)?;
     Ok(causal.f_logical_and(&in_window)?)
 }
 

@@ -11,6 +11,7 @@ use crate::gpu::comm::Communicator;
 use crate::kernels::TpReduce;
 use crate::load::LoadCtx;
 use crate::quant::weight::Weight;
+use crate::scalar;
 
 /// Checks that `tp` ranks can split every one of `counts` (name, size) evenly; the error names
 /// them all and the sizes that would work.
@@ -259,7 +260,10 @@ impl VocabParallelEmbedding {
         if self.comm.world_size() == 1 {
             return Ok(Tensor::f_embedding(&self.weight, ids, -1, false, false)?);
         }
-        let owned = ids.f_ge(self.start)?.f_logical_and(&ids.f_lt(self.end)?)?;
+        let (start, end) = (scalar::int(self.start)?, scalar::int(self.end)?);
+        let owned = ids
+            .f_ge_tensor(&start)?
+            .f_logical_and(&ids.f_lt_tensor(&end)?)?;
         let rows = self.end - self.start;
         if rows == 0 {
             // More ranks than rows: this rank contributes nothing but must still join the sum.
@@ -269,7 +273,10 @@ impl VocabParallelEmbedding {
             self.comm.all_reduce_sum(&mut out)?;
             return Ok(out);
         }
-        let local = ids.f_sub_scalar(self.start)?.f_clamp(0, rows - 1)?;
+        let (first, last) = (scalar::int(0)?, scalar::int(rows - 1)?);
+        let local = ids
+            .f_sub(&start)?
+            .f_clamp_tensor(Some(&first), Some(&last))?;
         let mut out = Tensor::f_embedding(&self.weight, &local, -1, false, false)?
             .f_mul(&owned.f_unsqueeze(-1)?.f_to_kind(self.weight.kind())?)?;
         self.comm.all_reduce_sum(&mut out)?;

@@ -7,6 +7,7 @@ use tch::{Kind, Tensor};
 use super::fused;
 use crate::error::Result;
 use crate::kernels::DequantKernel;
+use crate::scalar;
 
 /// How a quantized weight's scales apply to its values.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -141,11 +142,11 @@ fn dequantize_int4(packed: &Tensor, scale: &Tensor, group: i64, product: &Tensor
     // and 2b + 1 in its high one (code k of a word is bits 4k..4k+4).
     let bytes = packed.f_contiguous()?.f_view_dtype(Kind::Uint8)?;
     let codes = Tensor::f_empty([out, inp / 2, 2], (Kind::Uint8, packed.device()))?;
-    let _ = bytes.f_bitwise_and_scalar_out(&codes.f_select(-1, 0)?, 15)?;
-    let _ = bytes.f_bitwise_right_shift_tensor_scalar_out(&codes.f_select(-1, 1)?, 4)?;
+    let _ = bytes.f_bitwise_and_tensor_out(&codes.f_select(-1, 0)?, &scalar::int(15)?)?;
+    let _ = bytes.f_bitwise_right_shift_tensor_out(&codes.f_select(-1, 1)?, &scalar::int(4)?)?;
     // code - 8 wraps modulo 256 in uint8, which read as int8 is the signed value.
     let mut codes = codes.f_view([out, inp / group, group])?;
-    let _ = codes.f_sub_scalar_(8)?;
+    let _ = codes.f_sub_(&scalar::int(8)?)?;
     let codes = codes.f_view_dtype(Kind::Int8)?;
     let _ = codes.f_mul_out(
         &product.f_view([out, inp / group, group])?,

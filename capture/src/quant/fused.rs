@@ -14,7 +14,7 @@ use std::sync::OnceLock;
 
 use tch::{Device, Kind, Tensor};
 
-use crate::error::Result;
+use crate::error::{CaptureError, Result};
 use crate::gpu::cuda::{self, Kernel};
 use crate::gpu::nvrtc;
 
@@ -178,7 +178,9 @@ fn load(device: usize) -> Result<Kernels> {
         OUTPUTS
             .iter()
             .map(|(_, out)| {
-                library.kernel(&CString::new(format!("{family}_{out}")).expect("no NUL"))
+                let name = CString::new(format!("{family}_{out}"))
+                    .map_err(|_| CaptureError::Cuda("a kernel name holds a NUL".into()))?;
+                library.kernel(&name)
             })
             .collect()
     };

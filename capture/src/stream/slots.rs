@@ -146,13 +146,14 @@ impl Slots {
 
     /// Queues the rest of the pending layer and marks it copied.
     pub fn finish(&mut self) -> Result<()> {
-        let Some(p) = &self.pending else {
+        let Some(total) = self.pending.as_ref().map(|p| p.total) else {
             return Ok(());
         };
-        self.queue_upto(p.total)?;
-        let p = self.pending.take().expect("pending");
-        if let (Some(stream), Some(e)) = (&self.stream, &self.slots[p.slot].copied) {
-            stream.record(e)?;
+        self.queue_upto(total)?;
+        if let Some(p) = self.pending.take() {
+            if let (Some(stream), Some(e)) = (&self.stream, &self.slots[p.slot].copied) {
+                stream.record(e)?;
+            }
         }
         Ok(())
     }

@@ -18,6 +18,7 @@ use crate::gpu::group;
 use crate::gpu::nccl::{self, NcclComm};
 use crate::load::LoadCtx;
 use crate::models::ModelConfig;
+use crate::scalar;
 
 /// What [`nccl_check`] found.
 #[derive(Debug, Clone)]
@@ -203,7 +204,7 @@ fn run_rank(
         hold_dequantized: false,
     };
     let model = config.load(&ctx)?;
-    sync(device);
+    sync(device)?;
     let load_secs = t.elapsed().as_secs_f64();
     let ids = Tensor::f_from_slice(ids)?
         .f_view([opts.batch, opts.seq])?
@@ -224,36 +225,40 @@ fn run_rank(
         }
     }
     if let Some(t) = &timed {
-        t.reset();
+        t.reset()?;
     }
-    sync(device);
+    sync(device)?;
     let mut copy_secs = 0.0;
     let t = Instant::now();
     for _ in 0..opts.iters {
         let states = model.forward(&ids, &opts.points)?;
         if let (Some(c), Some(timed)) = (&copy_out, &timed) {
-            timed.lap();
+            timed.lap()?;
             let started = Instant::now();
             c.start(states, &buffers)?.wait()?;
             copy_secs += started.elapsed().as_secs_f64();
             timed.skip();
         }
     }
-    sync(device);
+    sync(device)?;
     let secs = t.elapsed().as_secs_f64();
-    Ok(RankRun {
-        load_secs,
-        secs,
-        profile: timed.map(|t| {
-            let times = t.times();
-            RankProfile {
+    let profile = match timed {
+        Some(t) => {
+            let times = t.times()?;
+            Some(RankProfile {
                 rank,
                 compute_secs: times.compute.as_secs_f64(),
                 all_reduce_secs: times.all_reduce.as_secs_f64(),
                 all_reduces: times.calls,
                 copy_out_secs: copy_secs,
-            }
-        }),
+            })
+        }
+        None => None,
+    };
+    Ok(RankRun {
+        load_secs,
+        secs,
+        profile,
     })
 }
 
@@ -357,13 +362,16 @@ pub fn dequant_check(iters: usize) -> Result<Vec<DequantCase>> {
         let codes =
             Tensor::f_randint_low(0, 256, shape, (Kind::Int, dev))?.f_to_kind(Kind::Uint8)?;
         // NaN codes (S.1111.111) would compare unequal to themselves; every other code is kept.
-        let nan = codes.f_bitwise_and(0x7f)?.f_eq(0x7f)?;
+        let low7 = scalar::int(0x7f)?;
+        let nan = codes.f_bitwise_and_tensor(&low7)?.f_eq_tensor(&low7)?;
         Ok(codes
-            .f_masked_fill(&nan, 0)?
+            .f_masked_fill_tensor(&nan, &scalar::int(0)?)?
             .f_view_dtype(Kind::Float8e4m3fn)?)
     };
     let scales = |shape: &[i64]| -> Result<Tensor> {
-        Ok((Tensor::f_rand(shape, (Kind::Float, dev))? + 0.5) * 1e-2)
+        Ok(Tensor::f_rand(shape, (Kind::Float, dev))?
+            .f_add(&scalar::float(0.5)?)?
+            .f_mul(&scalar::float(1e-2)?)?)
     };
     let mut cases = vec![];
     for kind in [Kind::BFloat16, Kind::Half, Kind::Float] {
@@ -427,12 +435,12 @@ pub fn dequant_check(iters: usize) -> Result<Vec<DequantCase>> {
             drop((a, b));
             let time = |w: &Weight| -> Result<f64> {
                 drop(w.matrix()?);
-                sync(dev);
+                sync(dev)?;
                 let t = Instant::now();
                 for _ in 0..iters {
                     drop(w.matrix()?);
                 }
-                sync(dev);
+                sync(dev)?;
                 Ok(t.elapsed().as_secs_f64() * 1e3 / iters as f64)
             };
             let (fused_ms, torch_ms) = (time(&fused)?, time(&torch)?);
@@ -479,8 +487,11 @@ pub fn split_check(iters: usize) -> Result<SplitReport> {
     let (rows, cols, hidden) = (8i64, 2048i64, 7168i64);
     let lens = [2048usize, 1000, 1, 0, 2047, 1536, 7, 2048];
     // Activation-like values: normal, times a per-channel scale spread over two decades.
-    let scale = (Tensor::f_randn([hidden], (Kind::Float, dev))? * 1.2).f_exp()?;
-    let states = (Tensor::f_randn([rows, cols, hidden], (Kind::Float, dev))? * scale)
+    let scale = Tensor::f_randn([hidden], (Kind::Float, dev))?
+        .f_mul(&scalar::float(1.2)?)?
+        .f_exp()?;
+    let states = Tensor::f_randn([rows, cols, hidden], (Kind::Float, dev))?
+        .f_mul(&scale)?
         .f_to_kind(Kind::BFloat16)?;
     let flat = states.f_view([-1])?;
     for (at, v) in [
@@ -490,7 +501,9 @@ pub fn split_check(iters: usize) -> Result<SplitReport> {
         (7 * hidden * cols + 11, 3.0e38),
         (7 * hidden * cols + 12, -3.0e38),
     ] {
-        let _ = flat.f_narrow(0, at, 1)?.f_fill_(v)?;
+        let _ = flat
+            .f_narrow(0, at, 1)?
+            .f_fill_tensor_(&scalar::float(v)?)?;
     }
     let layout = SplitLayout {
         rows: rows as usize,
@@ -523,12 +536,12 @@ pub fn split_check(iters: usize) -> Result<SplitReport> {
         }
     }
     drop(split(&states, &lens)?);
-    sync(dev);
+    sync(dev)?;
     let t = Instant::now();
     for _ in 0..iters {
         drop(split(&states, &lens)?);
     }
-    sync(dev);
+    sync(dev)?;
     let ms = t.elapsed().as_secs_f64() * 1e3 / iters.max(1) as f64;
     let tokens: usize = lens.iter().sum();
     let moved = tokens * hidden as usize * 4 + tokens * ROW_STATS;

@@ -86,7 +86,7 @@ pub(super) fn prefill_streamed(
     };
     let stack = config.load_stack(&ctx)?;
     let mut slots = Slots::new(checkpoint.clone(), plan.layouts.clone(), device)?;
-    sync(device);
+    sync(device)?;
     let load_secs = t.elapsed().as_secs_f64();
     let batch_tokens = (shape.batch * shape.seq) as u64;
     let batches = (plan.pass_tokens / batch_tokens).max(1) as usize;
@@ -106,7 +106,7 @@ pub(super) fn prefill_streamed(
     };
     // One warm-up pass, untimed.
     one_pass()?;
-    sync(device);
+    sync(device)?;
     let mut total = PassStats::default();
     let t = Instant::now();
     for _ in 0..shape.iters {
@@ -118,7 +118,7 @@ pub(super) fn prefill_streamed(
         total.copies.bytes += s.copies.bytes;
         total.copies.secs += s.copies.secs;
     }
-    sync(device);
+    sync(device)?;
     let secs = t.elapsed().as_secs_f64().max(1e-9);
     Ok(StreamedRun {
         load_secs,

@@ -1,6 +1,9 @@
 //! `hslake-gpu`: the commands of `hslake` that link libtorch (capture, the capture daemon and
 //! the hidden GPU checks). `hslake` runs it for them (src/gpu_binary.rs), so its help and
 //! errors speak as `hslake`. Built with the `capture` feature.
+// A libtorch or CUDA failure (out of memory, say) is an error to report, never a panic; tests
+// may unwrap (clippy.toml). capture's tch calls are checked in that crate (clippy.toml).
+#![warn(clippy::unwrap_used, clippy::expect_used)]
 use clap::{Parser, Subcommand};
 use hslake_cli::gpu_binary;
 

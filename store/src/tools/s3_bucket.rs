@@ -1,6 +1,8 @@
 //! Test tool: create a bucket on the loopback S3 server that scripts/s3_server.sh starts. The
 //! request is signed (a presigned URL), so it works on servers that check credentials
-//! (SeaweedFS) as well as on those that take anything (moto).
+//! (SeaweedFS) as well as on those that take anything (moto). Every call makes a bucket of its
+//! own: SeaweedFS answered `404 NoSuchBucket` to some of 13 tests that created one shared name
+//! at the same time, so tests that run at once never share a bucket.
 use std::io::{Error, ErrorKind, Read, Result, Write};
 use std::time::Duration;
 
@@ -8,9 +10,26 @@ use object_store::aws::AmazonS3Builder;
 use object_store::path::Path;
 use object_store::signer::Signer;
 
-/// Creates `bucket` on the plain-HTTP S3 server at `endpoint`, signed with the credentials in
-/// `AWS_ACCESS_KEY_ID` / `AWS_SECRET_ACCESS_KEY`; a bucket that already exists is not an error.
-pub fn create_bucket(endpoint: &str, bucket: &str) -> Result<()> {
+/// Creates a new bucket named `<prefix>-<32 random hex digits>` on the plain-HTTP S3 server at
+/// `endpoint`, signed with the credentials in `AWS_ACCESS_KEY_ID` / `AWS_SECRET_ACCESS_KEY`, and
+/// returns its name. `prefix` is 1 to 30 lowercase letters, digits or hyphens, starting with a
+/// letter or digit (S3's bucket naming, with room for the suffix).
+pub fn create_bucket(endpoint: &str, prefix: &str) -> Result<String> {
+    let valid = (1..=30).contains(&prefix.len())
+        && prefix.starts_with(|c: char| c.is_ascii_lowercase() || c.is_ascii_digit())
+        && prefix
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-');
+    if !valid {
+        return Err(Error::new(
+            ErrorKind::InvalidInput,
+            format!(
+                "bucket prefix {prefix:?}: expected 1 to 30 lowercase letters, digits or \
+                 hyphens, starting with a letter or digit"
+            ),
+        ));
+    }
+    let bucket = format!("{prefix}-{}", uuid::Uuid::new_v4().simple());
     let var = |name: &str| {
         std::env::var(name).map_err(|_| {
             Error::new(
@@ -22,7 +41,7 @@ pub fn create_bucket(endpoint: &str, bucket: &str) -> Result<()> {
     let store = AmazonS3Builder::new()
         .with_endpoint(endpoint)
         .with_allow_http(true)
-        .with_bucket_name(bucket)
+        .with_bucket_name(&bucket)
         .with_region(var("AWS_REGION").unwrap_or_else(|_| "us-east-1".into()))
         .with_access_key_id(var("AWS_ACCESS_KEY_ID")?)
         .with_secret_access_key(var("AWS_SECRET_ACCESS_KEY")?)
@@ -58,13 +77,51 @@ pub fn create_bucket(endpoint: &str, bucket: &str) -> Result<()> {
     )?;
     let mut response = String::new();
     conn.read_to_string(&mut response)?;
-    // BucketAlreadyOwnedByYou or, from moto, BucketAlreadyExists: it is there, as wanted.
-    if response.starts_with("HTTP/1.1 200") || response.contains("BucketAlready") {
-        Ok(())
+    if response.starts_with("HTTP/1.1 200") {
+        Ok(bucket)
     } else {
         Err(Error::other(format!(
             "{endpoint}: creating bucket {bucket} refused: {}",
             response.trim()
         )))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn refuses_a_prefix_that_would_make_an_invalid_bucket_name() {
+        for prefix in ["", "Upper", "-lead", "under_score", &"x".repeat(31)] {
+            let err = create_bucket("http://127.0.0.1:1", prefix).unwrap_err();
+            assert_eq!(err.kind(), ErrorKind::InvalidInput, "{prefix:?}: {err}");
+            assert!(err.to_string().contains("bucket prefix"), "{err}");
+        }
+    }
+
+    #[test]
+    fn tests_that_start_at_once_each_get_a_new_bucket() {
+        let Ok(endpoint) = std::env::var("HSLAKE_TEST_S3_ENDPOINT") else {
+            eprintln!(
+                "skipped: HSLAKE_TEST_S3_ENDPOINT is not set (scripts/test.sh starts an S3 server)"
+            );
+            return;
+        };
+        // As tests/fault_proxy's 13 S3 tests start: one prefix, all at once.
+        let names: Vec<String> = std::thread::scope(|s| {
+            let calls: Vec<_> = (0..13)
+                .map(|_| s.spawn(|| create_bucket(&endpoint, "hslake-at-once")))
+                .collect();
+            calls
+                .into_iter()
+                .map(|c| c.join().unwrap().expect("test bucket"))
+                .collect()
+        });
+        let distinct: std::collections::HashSet<&String> = names.iter().collect();
+        assert_eq!(distinct.len(), names.len(), "{names:?}");
+        assert!(names
+            .iter()
+            .all(|n| n.starts_with("hslake-at-once-") && n.len() == 47));
     }
 }

@@ -18,12 +18,12 @@ use object_store::{
 };
 use support::RawConn;
 
-const BUCKET: &str = "hslake-fault-proxy";
-
-/// A proxy in front of moto and an S3 client pointed at it, with keys of its own.
+/// A proxy in front of moto and an S3 client pointed at it, with keys and a bucket of its own.
 struct Setup {
     proxy: FaultProxy,
     upstream: String,
+    /// This test's bucket: tests run at once, and never create one bucket together.
+    bucket: String,
     prefix: String,
 }
 
@@ -35,22 +35,23 @@ impl Setup {
             );
             return None;
         };
-        create_bucket(&upstream, BUCKET).expect("test bucket");
+        let bucket = create_bucket(&upstream, "hslake-fault-proxy").expect("test bucket");
         Some(Setup {
             proxy: FaultProxy::start(&upstream).unwrap(),
             upstream,
+            bucket,
             prefix: uuid::Uuid::new_v4().simple().to_string(),
         })
     }
 
     /// A client of the proxy with `retries` retries and a per-request `timeout`.
     fn client(&self, retries: usize, timeout: Duration) -> AmazonS3 {
-        client(&self.proxy.endpoint(), retries, timeout)
+        client(&self.proxy.endpoint(), &self.bucket, retries, timeout)
     }
 
     /// A client that talks to moto directly, to see what really landed.
     fn direct(&self) -> AmazonS3 {
-        client(&self.upstream, 0, Duration::from_secs(30))
+        client(&self.upstream, &self.bucket, 0, Duration::from_secs(30))
     }
 
     fn path(&self, name: &str) -> Path {
@@ -66,10 +67,10 @@ impl Setup {
     }
 }
 
-fn client(endpoint: &str, retries: usize, timeout: Duration) -> AmazonS3 {
+fn client(endpoint: &str, bucket: &str, retries: usize, timeout: Duration) -> AmazonS3 {
     AmazonS3Builder::new()
         .with_endpoint(endpoint)
-        .with_bucket_name(BUCKET)
+        .with_bucket_name(bucket)
         .with_region("us-east-1")
         .with_access_key_id("testing")
         .with_secret_access_key("testing")
@@ -446,14 +447,15 @@ async fn survives_clients_that_leave_mid_body() {
     // An upload that stops after 1 MiB of 8 announced, and a download dropped after its head.
     let addr = t.addr();
     let half_put = t.path("half.bin");
-    let target = format!("/{BUCKET}/{half_put}");
+    let target = format!("/{}/{half_put}", t.bucket);
+    let big_target = format!("/{}/{big}", t.bucket);
     tokio::task::spawn_blocking(move || {
         let mut conn = RawConn::connect(&addr);
         conn.send_head("PUT", &target, 8 << 20, "");
         conn.stream().write_all(&[7u8; 1 << 20]).unwrap();
         drop(conn);
         let mut conn = RawConn::connect(&addr);
-        conn.send_head("GET", &format!("/{BUCKET}/{big}"), 0, "");
+        conn.send_head("GET", &big_target, 0, "");
         let _ = conn
             .stream()
             .set_read_timeout(Some(Duration::from_millis(200)));

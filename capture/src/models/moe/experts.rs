@@ -9,6 +9,7 @@ use crate::kernels::MoeKernel;
 use crate::load::LoadCtx;
 use crate::models::tp::check_split;
 use crate::quant::weight::Weight;
+use crate::scalar;
 
 /// One routed expert: SwiGLU with gate and up stacked into one weight (quantized experts stay
 /// quantized until the expert runs).
@@ -171,7 +172,7 @@ impl Experts {
         // 1. Assignments [n * k] sorted by expert: their tokens and weights.
         let flat = ids.f_reshape([-1])?;
         let order = flat.f_argsort_stable(true, 0, false)?;
-        let tokens = order.f_floor_divide_scalar(k)?;
+        let tokens = order.f_floor_divide(&scalar::int(k)?)?;
         let slot_weights = weights.f_reshape([-1])?.f_index_select(0, &order)?;
         // 2. How many assignments each expert has: one small copy to the host per layer.
         let counts = flat
@@ -223,16 +224,19 @@ impl Experts {
         let (n, k, hidden) = (ids.size()[0], ids.size()[1], x.size()[1]);
         let local = self.local.len() as i64;
         // 1. Each assignment's local expert, or `local` (past every group) for another rank's.
-        let rel = ids.f_reshape([-1])?.f_sub_scalar(self.first as i64)?;
-        let mine = rel.f_ge(0)?.f_logical_and(&rel.f_lt(local)?)?;
-        let key = rel.f_where_scalarother(&mine, local)?;
+        let (first, local_t) = (scalar::int(self.first as i64)?, scalar::int(local)?);
+        let rel = ids.f_reshape([-1])?.f_sub(&first)?;
+        let mine = rel
+            .f_ge_tensor(&scalar::int(0)?)?
+            .f_logical_and(&rel.f_lt_tensor(&local_t)?)?;
+        let key = rel.f_where_self(&mine, &local_t)?;
         let (_, perm) = key.f_sort_stable(true, 0, false)?;
         // 2. Group ends: the running count of assignments per local expert, as int32.
         let ends = key
             .f_bincount::<Tensor>(None, local + 1)?
             .f_narrow(0, 0, local)?
             .f_cumsum(0, Kind::Int)?;
-        let xs = x.f_index_select(0, &perm.f_floor_divide_scalar(k)?)?;
+        let xs = x.f_index_select(0, &perm.f_floor_divide(&scalar::int(k)?)?)?;
         // A quantized stack's matrices exist from here to their GEMM.
         let gate_up = xs.f_internal_grouped_mm(
             &s.gate_up.matrix()?.f_transpose(-2, -1)?,
@@ -254,13 +258,13 @@ impl Experts {
         // 3. Weighted; rows past the last group are left unwritten by the kernel, so they are
         //    replaced (not multiplied) by zero.
         let sorted_weights = weights.f_reshape([-1])?.f_index_select(0, &perm)?;
-        let y = y.f_mul(&sorted_weights.f_unsqueeze(1)?)?.f_masked_fill(
-            &mine
-                .f_index_select(0, &perm)?
-                .f_logical_not()?
-                .f_unsqueeze(1)?,
-            0.0,
-        )?;
+        let others = mine
+            .f_index_select(0, &perm)?
+            .f_logical_not()?
+            .f_unsqueeze(1)?;
+        let y = y
+            .f_mul(&sorted_weights.f_unsqueeze(1)?)?
+            .f_masked_fill_tensor(&others, &scalar::float(0.0)?)?;
         // 4. Back in assignment order, summed over each token's top-k.
         let inverse = perm.f_argsort(0, false)?;
         Ok(y.f_index_select(0, &inverse)?

@@ -5,6 +5,7 @@ use tch::{Kind, Tensor};
 use super::spec::{MoeSpec, Routing};
 use crate::error::{CaptureError, Result};
 use crate::load::LoadCtx;
+use crate::scalar;
 
 /// Chooses each token's experts; replicated on every rank.
 pub(super) struct Router {
@@ -118,23 +119,26 @@ fn grouped_sigmoid_top_k(
         .f_sum_dim_intlist([-1i64].as_slice(), false, None)?;
     let group_idx = group_scores.f_topk(p.topk_group, -1, true, false)?.1;
     let mut group_mask = group_scores.f_zeros_like()?;
-    let _ = group_mask.f_scatter_value_(1, &group_idx, 1.0)?;
+    let ones = Tensor::f_ones(group_idx.size(), (group_mask.kind(), group_mask.device()))?;
+    let _ = group_mask.f_scatter_(1, &group_idx, &ones)?;
     let expert_mask = group_mask
         .f_unsqueeze(-1)?
         .f_expand([n, p.n_group, per_group], false)?
         .f_reshape([n, e])?
         .f_to_kind(Kind::Bool)?;
-    let choice = choice.f_masked_fill(&expert_mask.f_logical_not()?, f64::NEG_INFINITY)?;
+    let hidden = expert_mask.f_logical_not()?;
+    let choice = choice.f_masked_fill_tensor(&hidden, &scalar::float(f64::NEG_INFINITY)?)?;
     // 3. The top-k experts among those; their weights are the unbiased scores.
     let ids = choice.f_topk(p.top_k, -1, true, false)?.1;
     let mut weights = scores.f_gather(1, &ids, false)?;
     if p.norm_topk_prob {
         let denominator = weights
             .f_sum_dim_intlist([-1i64].as_slice(), true, None)?
-            .f_add_scalar(1e-20)?;
+            .f_add(&scalar::float(1e-20)?)?;
         weights = weights.f_div(&denominator)?;
     }
-    Ok((weights.f_mul_scalar(p.routed_scaling_factor)?, ids))
+    let scale = scalar::float(p.routed_scaling_factor)?;
+    Ok((weights.f_mul(&scale)?, ids))
 }
 
 #[cfg(test)]
