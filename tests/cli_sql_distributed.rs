@@ -128,6 +128,21 @@ fn synth(dir: &std::path::Path, args: &[&str]) -> String {
     url
 }
 
+/// A dataset of 8 small samples under `dir`, made with `extra` synth flags too: its URL.
+fn small_dataset(dir: &Path, extra: &[&str]) -> String {
+    let args = [
+        "--samples",
+        "8",
+        "--seq-len",
+        "3:5",
+        "--hidden",
+        "8",
+        "--layers",
+        "2",
+    ];
+    synth(dir, &[&args[..], extra].concat())
+}
+
 #[test]
 fn the_sql_corpus_gives_the_same_results_on_two_workers_as_on_one_node() {
     let tmp = tempfile::tempdir().unwrap();
@@ -198,19 +213,7 @@ fn the_sql_corpus_gives_the_same_results_on_two_workers_as_on_one_node() {
 #[test]
 fn an_unreachable_worker_is_named_in_the_error() {
     let tmp = tempfile::tempdir().unwrap();
-    let url = synth(
-        tmp.path(),
-        &[
-            "--samples",
-            "8",
-            "--seq-len",
-            "3:5",
-            "--hidden",
-            "8",
-            "--layers",
-            "2",
-        ],
-    );
+    let url = small_dataset(tmp.path(), &[]);
     let token = tmp.path().join("token");
     std::fs::write(&token, "t\n").unwrap();
     // A port nothing listens on: bound, then closed.
@@ -277,21 +280,7 @@ fn a_worker_reads_only_datasets_under_its_allowed_roots() {
     let allowed = tmp.path().join("allowed");
     std::fs::create_dir(&allowed).unwrap();
     // One shard per sample, so that the scan is split over both workers.
-    let url = synth(
-        &tmp.path().join("other"),
-        &[
-            "--commit-every",
-            "1",
-            "--samples",
-            "8",
-            "--seq-len",
-            "3:5",
-            "--hidden",
-            "8",
-            "--layers",
-            "2",
-        ],
-    );
+    let url = small_dataset(&tmp.path().join("other"), &["--commit-every", "1"]);
     let token = tmp.path().join("token");
     std::fs::write(&token, "t\n").unwrap();
     let workers = [
