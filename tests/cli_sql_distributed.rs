@@ -1,7 +1,8 @@
 //! End-to-end: distributed SQL with the `hslake` binary. Two `hslake serve-sql --worker`
 //! processes on 127.0.0.1, `hslake sql --workers` as the coordinator: the SQL corpus of the
 //! query crate (`query/tests/sql/{bf16,fp8}_*.slt`) gives the same results as `hslake sql`
-//! alone, and a worker that cannot be reached is named in the error.
+//! alone, a worker that cannot be reached is named in the error, and a worker refuses a dataset
+//! outside its `--allowed-root`.
 #![cfg(feature = "sql")]
 
 mod common;
@@ -25,8 +26,9 @@ impl Drop for Worker {
     }
 }
 
-/// Start `hslake serve-sql --worker` on a free loopback port; its address is read from its log.
-fn start_worker(token_file: &Path) -> Worker {
+/// Start `hslake serve-sql --worker` on a free loopback port, reading datasets under `root`;
+/// its address is read from its log.
+fn start_worker(token_file: &Path, root: &Path) -> Worker {
     let mut child = Command::new(env!("CARGO_BIN_EXE_hslake"))
         .args([
             "serve-sql",
@@ -36,6 +38,8 @@ fn start_worker(token_file: &Path) -> Worker {
             "--token-file",
         ])
         .arg(token_file)
+        .arg("--allowed-root")
+        .arg(root)
         .env("HSLAKE_LOG", "info")
         .env("NO_COLOR", "1")
         .stdout(Stdio::null())
@@ -124,13 +128,31 @@ fn synth(dir: &std::path::Path, args: &[&str]) -> String {
     url
 }
 
+/// A dataset of 8 small samples under `dir`, made with `extra` synth flags too: its URL.
+fn small_dataset(dir: &Path, extra: &[&str]) -> String {
+    let args = [
+        "--samples",
+        "8",
+        "--seq-len",
+        "3:5",
+        "--hidden",
+        "8",
+        "--layers",
+        "2",
+    ];
+    synth(dir, &[&args[..], extra].concat())
+}
+
 #[test]
 fn the_sql_corpus_gives_the_same_results_on_two_workers_as_on_one_node() {
     let tmp = tempfile::tempdir().unwrap();
     let token = tmp.path().join("token");
     std::fs::write(&token, "worker-secret\n").unwrap();
     let token = token.to_str().unwrap();
-    let workers = [start_worker(token.as_ref()), start_worker(token.as_ref())];
+    let workers = [
+        start_worker(token.as_ref(), tmp.path()),
+        start_worker(token.as_ref(), tmp.path()),
+    ];
     let list = format!("{},{}", workers[0].url, workers[1].url);
 
     // fp8 too: its scales and `dequantize`'s results travel to the workers with the calls.
@@ -191,19 +213,7 @@ fn the_sql_corpus_gives_the_same_results_on_two_workers_as_on_one_node() {
 #[test]
 fn an_unreachable_worker_is_named_in_the_error() {
     let tmp = tempfile::tempdir().unwrap();
-    let url = synth(
-        tmp.path(),
-        &[
-            "--samples",
-            "8",
-            "--seq-len",
-            "3:5",
-            "--hidden",
-            "8",
-            "--layers",
-            "2",
-        ],
-    );
+    let url = small_dataset(tmp.path(), &[]);
     let token = tmp.path().join("token");
     std::fs::write(&token, "t\n").unwrap();
     // A port nothing listens on: bound, then closed.
@@ -262,4 +272,51 @@ fn a_worker_refuses_datasets_and_needs_its_token_file() {
     let err = String::from_utf8_lossy(&o.stderr);
     assert_eq!(o.status.code(), Some(2), "{err}");
     assert!(err.contains("--worker-token-file"), "{err}");
+}
+
+#[test]
+fn a_worker_reads_only_datasets_under_its_allowed_roots() {
+    let tmp = tempfile::tempdir().unwrap();
+    let allowed = tmp.path().join("allowed");
+    std::fs::create_dir(&allowed).unwrap();
+    // One shard per sample, so that the scan is split over both workers.
+    let url = small_dataset(&tmp.path().join("other"), &["--commit-every", "1"]);
+    let token = tmp.path().join("token");
+    std::fs::write(&token, "t\n").unwrap();
+    let workers = [
+        start_worker(&token, &allowed),
+        start_worker(&token, &allowed),
+    ];
+    let list = format!("{},{}", workers[0].url, workers[1].url);
+    let o = hslake(&[
+        "sql",
+        &url,
+        "SELECT sum(seq_len) FROM samples",
+        "--workers",
+        &list,
+        "--worker-token-file",
+        token.to_str().unwrap(),
+        "--scan-partition-bytes",
+        "1KiB",
+    ]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    let want = format!(
+        "dataset {url} is outside this worker's --allowed-root (file://{})",
+        allowed.display()
+    );
+    assert!(err.contains(&want), "{err}");
+    // Deny by default: a worker without roots does not start.
+    let o = hslake(&[
+        "serve-sql",
+        "--worker",
+        "--token-file",
+        token.to_str().unwrap(),
+    ]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("--worker needs --allowed-root URL,..."),
+        "{err}"
+    );
 }

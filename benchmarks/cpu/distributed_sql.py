@@ -33,10 +33,10 @@ QUERIES = [
 ]
 
 
-def start_worker(token_file, memory):
+def start_worker(token_file, memory, root):
     p = subprocess.Popen(
         [HSLAKE, "serve-sql", "--worker", "--bind", "127.0.0.1:0", "--token-file", token_file,
-         "--query-memory", memory],
+         "--query-memory", memory, "--allowed-root", root],
         stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
         env={**os.environ, "HSLAKE_LOG": "info", "NO_COLOR": "1"})
     for line in p.stderr:
@@ -86,7 +86,7 @@ def main():
     size = sum(f.stat().st_size for f in (ds / "data").iterdir())
     token_file = d / "token"
     token_file.write_text("distributed-bench-token\n")
-    workers = [start_worker(str(token_file), a.query_memory) for _ in range(2)]
+    workers = [start_worker(str(token_file), a.query_memory, str(d)) for _ in range(2)]
     try:
         urls = ",".join(u for _, u in workers)
         result = {"hslake": HSLAKE, "machine": platform.node(), "cores": os.cpu_count(),

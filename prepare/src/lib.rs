@@ -36,7 +36,7 @@ pub use error::{PrepareError, RecordError, Result};
 pub use hslake_schemas::Overlong;
 pub use limits::Limits;
 pub use mask::MaskMethod;
-pub use output::{check_output, same_file, Sample, SampleWriter};
+pub use output::{Sample, SampleWriter};
 pub use pipeline::{prepare, prepare_file, PrepareOptions, Summary};
 pub use regenerate::{
     regenerate, regenerated_records, ProgressFile, RegenCounters, RegenOptions, RegenReport,

@@ -1,9 +1,6 @@
 //! Tokenized samples written as `hslake capture` reads them (`id`, `input_ids`, `loss_mask`;
-//! JSONL or Parquet), under a temporary name that becomes the output only when complete.
-//!
-//! The temporary file is locked (`flock`) while its run writes it, and the kernel drops the lock
-//! when the process ends however it ends; so a run that was killed or aborted leaves a file no
-//! process holds, and the next run writing the same output removes it.
+//! JSONL or Parquet), under a temporary name that becomes the output only when complete (the
+//! store's [`files::OutputFile`], which also removes what killed runs left).
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -11,10 +8,10 @@ use std::sync::Arc;
 use arrow_array::builder::{ListBuilder, UInt32Builder, UInt8Builder};
 use arrow_array::{ArrayRef, Int64Array, RecordBatch};
 use arrow_schema::{DataType, Field, Schema, SchemaRef};
+use hslake_store::tools::files::{self, Existing, OutputError, OutputFile};
 use parquet::arrow::ArrowWriter;
 use parquet::basic::{Compression, ZstdLevel};
 use parquet::file::properties::WriterProperties;
-use tempfile::NamedTempFile;
 
 use crate::error::{PrepareError, Result};
 use crate::source::FileFormat;
@@ -86,7 +83,7 @@ enum Sink {
 /// renames it into place, and dropping it unfinished removes it.
 pub struct SampleWriter {
     path: PathBuf,
-    tmp: NamedTempFile,
+    out: OutputFile,
     sink: Sink,
 }
 
@@ -120,145 +117,27 @@ fn batch(samples: &[Sample]) -> std::result::Result<RecordBatch, arrow_schema::A
     )
 }
 
-// The folder an output goes into.
-fn folder_of(path: &Path) -> PathBuf {
-    match path.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
-        _ => PathBuf::from("."),
-    }
-}
-
-/// Whether two paths name the same file: the same device and inode where both exist (through
-/// symbolic and hard links), else the same name in the same folder.
-pub fn same_file(a: &Path, b: &Path) -> bool {
-    use std::os::unix::fs::MetadataExt;
-    match (std::fs::metadata(a), std::fs::metadata(b)) {
-        (Ok(x), Ok(y)) => x.dev() == y.dev() && x.ino() == y.ino(),
-        _ => {
-            let folder = |p: &Path| folder_of(p).canonicalize().ok();
-            a.file_name().is_some() && a.file_name() == b.file_name() && {
-                let fa = folder(a);
-                fa.is_some() && fa == folder(b)
-            }
-        }
-    }
-}
-
-/// Refuses an output path that a finished file cannot replace, or that names one of `inputs`:
-/// a directory, a symbolic link (renaming into place would replace the link, not write its
-/// target), a device, pipe or socket (it would be replaced by a regular file), a folder that does
-/// not exist, or an input (the samples would replace what they are made from).
-pub fn check_output(path: &Path, inputs: &[&Path]) -> Result<()> {
-    let refuse = |message: String| {
-        Err(PrepareError::Output {
-            path: path.to_path_buf(),
-            message,
-        })
-    };
-    if path.file_name().is_none() || path.as_os_str().to_string_lossy().ends_with('/') {
-        return refuse("names a directory; expected a file path".into());
-    }
-    match std::fs::symlink_metadata(path) {
-        Ok(m) if m.is_dir() => return refuse("is a directory; expected a file path".into()),
-        Ok(m) if m.file_type().is_symlink() => {
-            let target = std::fs::read_link(path)
-                .map(|t| format!(" (to {})", t.display()))
-                .unwrap_or_default();
-            return refuse(format!(
-                "is a symbolic link{target}; the output is written under a temporary name and \
-                 renamed into place, which would replace the link and leave its target as it \
-                 was; give the target's path or a new name"
-            ));
-        }
-        Ok(m) if !m.is_file() => {
-            return refuse(
-                "is not a regular file (a device, pipe or socket); the output is written under \
-                 a temporary name and renamed into place, which would replace it; expected a \
-                 file path"
-                    .into(),
-            )
-        }
-        Ok(_) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => return refuse(format!("cannot inspect: {e}")),
-    }
-    let dir = folder_of(path);
-    if !dir.is_dir() {
-        return refuse(format!("the folder {} does not exist", dir.display()));
-    }
-    if let Some(input) = inputs.iter().find(|i| same_file(path, i)) {
-        return refuse(format!(
-            "is the input {}; the samples would replace the conversations they are made from; \
-             expected another path",
-            input.display()
-        ));
-    }
-    Ok(())
-}
-
-// What every temporary file of `name` starts with; `.tmp` ends it.
-fn temporary_prefix(name: &str) -> String {
-    format!(".{name}.hslake-")
-}
-
-// Removes the temporary files of `name` in `dir` that no process holds locked: left by runs that
-// were killed or aborted before they could remove them.
-fn remove_abandoned(dir: &Path, name: &str) {
-    let prefix = temporary_prefix(name);
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return;
-    };
-    for entry in entries.flatten() {
-        let file_name = entry.file_name();
-        let file_name = file_name.to_string_lossy();
-        if !file_name.starts_with(&prefix)
-            || !file_name.ends_with(".tmp")
-            || !entry.file_type().is_ok_and(|t| t.is_file())
-        {
-            continue;
-        }
-        let path = entry.path();
-        let Ok(file) = std::fs::File::open(&path) else {
-            continue;
-        };
-        // A run writing it now holds the lock.
-        if file.try_lock().is_ok() && std::fs::remove_file(&path).is_ok() {
-            tracing::info!(file = %path.display(), "removed a temporary file left by an earlier run that did not finish");
+impl From<OutputError> for PrepareError {
+    fn from(e: OutputError) -> Self {
+        PrepareError::Output {
+            path: e.path,
+            message: e.reason,
         }
     }
 }
 
 impl SampleWriter {
     /// Starts writing `path` in `format`, after removing temporary files that earlier runs
-    /// writing `path` left behind.
+    /// writing `path` left behind. An existing file at `path` is replaced when the samples are
+    /// finished.
     pub fn create(path: &Path, format: FileFormat) -> Result<Self> {
-        check_output(path, &[])?;
+        let target = files::check_output(path, &[], Existing::Replace)?;
         let out_err = |message: String| PrepareError::Output {
             path: path.to_path_buf(),
             message,
         };
-        let dir = folder_of(path);
-        let name = path
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_default();
-        remove_abandoned(&dir, &name);
-        let tmp = tempfile::Builder::new()
-            .prefix(&temporary_prefix(&name))
-            .suffix(".tmp")
-            .tempfile_in(&dir)
-            .map_err(|e| {
-                out_err(format!(
-                    "cannot create a temporary file in {}: {e}",
-                    dir.display()
-                ))
-            })?;
-        // Held until the file is renamed into place or removed; another run that opens it in
-        // the moment before it is taken may remove it, and this run then fails to rename it.
-        tmp.as_file()
-            .lock()
-            .map_err(|e| out_err(format!("cannot lock the temporary file: {e}")))?;
-        let file = tmp.reopen().map_err(|e| out_err(e.to_string()))?;
+        let out = OutputFile::create(&target)?;
+        let file = out.file()?;
         let sink = match format {
             FileFormat::Jsonl => Sink::Jsonl {
                 file: BufWriter::with_capacity(1 << 20, file),
@@ -278,7 +157,7 @@ impl SampleWriter {
         };
         Ok(SampleWriter {
             path: path.to_path_buf(),
-            tmp,
+            out,
             sink,
         })
     }
@@ -312,7 +191,7 @@ impl SampleWriter {
 
     /// Flushes, syncs and renames the temporary file to the output path.
     pub fn finish(self) -> Result<()> {
-        let SampleWriter { path, tmp, sink } = self;
+        let SampleWriter { path, out, sink } = self;
         let out_err = |message: String| PrepareError::Output {
             path: path.clone(),
             message,
@@ -330,10 +209,7 @@ impl SampleWriter {
                 writer.into_inner().map_err(|e| out_err(e.to_string()))?
             }
         };
-        file.sync_all().map_err(|e| out_err(e.to_string()))?;
-        tmp.persist(&path)
-            .map_err(|e| out_err(format!("cannot rename into place: {}", e.error)))?;
-        Ok(())
+        Ok(out.finish(file, Existing::Replace)?)
     }
 }
 
@@ -401,62 +277,6 @@ mod tests {
         w.write(sample(1)).unwrap();
         drop(w);
         assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
-    }
-
-    #[test]
-    fn refuses_outputs_a_finished_file_cannot_replace() {
-        let dir = tempfile::tempdir().unwrap();
-        let err = |p: &Path, inputs: &[&Path]| check_output(p, inputs).unwrap_err().to_string();
-        assert!(err(dir.path(), &[]).ends_with("is a directory; expected a file path"));
-        let target = dir.path().join("t.jsonl");
-        std::fs::write(&target, "x").unwrap();
-        let link = dir.path().join("l.jsonl");
-        std::os::unix::fs::symlink(&target, &link).unwrap();
-        let e = err(&link, &[]);
-        assert!(e.contains("is a symbolic link (to "), "{e}");
-        let e = err(&dir.path().join("missing/o.jsonl"), &[]);
-        assert!(e.ends_with("missing does not exist"), "{e}");
-        let e = err(&target, &[&link]);
-        assert!(e.contains("is the input"), "{e}");
-        let e = err(Path::new("/dev/null"), &[]);
-        assert!(e.contains("is not a regular file"), "{e}");
-        check_output(&dir.path().join("new.jsonl"), &[&target]).unwrap();
-        check_output(&target, &[]).unwrap();
-    }
-
-    #[test]
-    fn same_file_follows_links_and_compares_names_of_files_not_yet_written() {
-        let dir = tempfile::tempdir().unwrap();
-        let a = dir.path().join("a");
-        std::fs::write(&a, "x").unwrap();
-        let hard = dir.path().join("h");
-        std::fs::hard_link(&a, &hard).unwrap();
-        assert!(same_file(&a, &hard));
-        let new = dir.path().join("n");
-        let sub = dir.path().join("sub");
-        std::fs::create_dir(&sub).unwrap();
-        assert!(same_file(&new, &sub.join("../n")));
-        assert!(!same_file(&new, &a));
-    }
-
-    #[test]
-    fn removes_temporary_files_no_running_writer_holds() {
-        let dir = tempfile::tempdir().unwrap();
-        let out = dir.path().join("s.jsonl");
-        let running = SampleWriter::create(&out, FileFormat::Jsonl).unwrap();
-        // What a killed run leaves: its file, no lock.
-        let abandoned = dir.path().join(".s.jsonl.hslake-dead00.tmp");
-        std::fs::write(&abandoned, "partial").unwrap();
-        let mut second = SampleWriter::create(&out, FileFormat::Jsonl).unwrap();
-        assert!(!abandoned.exists());
-        assert!(
-            running.tmp.path().exists(),
-            "a running writer's file is kept"
-        );
-        second.write(sample(1)).unwrap();
-        second.finish().unwrap();
-        drop(running);
-        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
     }
 
     #[test]

@@ -56,6 +56,25 @@ pub enum QueryError {
         /// What is wrong.
         reason: String,
     },
+    /// A worker's `--allowed-root` list is not one.
+    #[error("--allowed-root {root}: {reason}")]
+    BadRoot {
+        /// The list given.
+        root: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// A plan sent to a worker names a dataset or store outside the worker's allowed roots.
+    #[error(
+        "{what} is outside this worker's --allowed-root ({roots}); a worker reads only the \
+         shard files of datasets under them"
+    )]
+    OutsideRoots {
+        /// What the plan names, e.g. `dataset file:///home/me/other`.
+        what: String,
+        /// The worker's roots, comma-separated.
+        roots: String,
+    },
     /// Writing results failed.
     #[error("writing {format} output: {detail}")]
     Output {
@@ -97,6 +116,12 @@ impl From<DataFusionError> for QueryError {
             match inner.downcast_ref::<QueryError>() {
                 Some(QueryError::BadValue(b)) => return QueryError::BadValue(b.clone()),
                 Some(QueryError::Cancelled) => return QueryError::Cancelled,
+                Some(QueryError::OutsideRoots { what, roots }) => {
+                    return QueryError::OutsideRoots {
+                        what: what.clone(),
+                        roots: roots.clone(),
+                    }
+                }
                 Some(QueryError::Worker { url, reason }) => {
                     return QueryError::Worker {
                         url: url.clone(),

@@ -57,30 +57,15 @@ pub struct ShardFile {
 }
 
 /// Where a scan's shard files are: the dataset's URL and the object-store URL the session
-/// registered the dataset's store under. A worker of a distributed query (see
-/// [`crate::distributed`]) opens the dataset's store from the URL and registers it under the
-/// same name, so the scan's file paths mean the same there.
+/// registered the dataset's store under. The name carries the URL ([`store_name`]), from which
+/// a worker of a distributed query opens the store when a plan names it
+/// ([`crate::distributed::roots`]), so the scan's file paths mean the same there.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ScanSource {
     /// The dataset's canonical URL.
     pub dataset_url: String,
     /// The store's name in the session (`hslake://ds<N>`).
     pub store_url: ObjectStoreUrl,
-}
-
-impl ScanSource {
-    /// Make sure `ctx`'s runtime has the dataset's store under the session's name: a session
-    /// registered it when it added the dataset; a worker of a distributed query, running a task
-    /// a coordinator sent, has not, and opens it here from the dataset's URL.
-    fn ensure_store(&self, ctx: &TaskContext) -> Result<()> {
-        let runtime = ctx.runtime_env();
-        if runtime.object_store(&self.store_url).is_err() {
-            let location = hslake_store::io::location::parse_dataset(&self.dataset_url)
-                .map_err(|e| DataFusionError::External(Box::new(QueryError::Store(e))))?;
-            runtime.register_object_store(self.store_url.as_ref(), location.store);
-        }
-        Ok(())
-    }
 }
 
 /// A table over a fixed list of Parquet shard files with a known schema.
@@ -442,7 +427,6 @@ impl ExecutionPlan for ShardScanExec {
         partition: usize,
         context: Arc<TaskContext>,
     ) -> Result<SendableRecordBatchStream> {
-        self.source.ensure_store(&context)?;
         let scanned = unpanicking(self.input.execute(partition, context)?);
         if !self.check_tokens {
             return Ok(scanned);

@@ -8,12 +8,12 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use clap::Parser;
 use hslake_prepare::{
-    check_output, fetch_input, local_input_path, prepare, read_conversations, regenerate,
-    regenerated_records, same_file, ChatTokenizer, ConversationRecord, FileFormat, Limits, LossOn,
-    Overlong, PrepareOptions, ProgressFile, RegenCounters, RegenOptions, SampleWriter, Summary,
-    TemplateKwargs,
+    fetch_input, local_input_path, prepare, read_conversations, regenerate, regenerated_records,
+    ChatTokenizer, ConversationRecord, FileFormat, Limits, LossOn, Overlong, PrepareOptions,
+    ProgressFile, RegenCounters, RegenOptions, SampleWriter, Summary, TemplateKwargs,
 };
 use hslake_schemas::units::{DurationRange, SizeRange};
+use hslake_store::tools::files::{check_output, same_file, Existing};
 use indicatif::{ProgressBar, ProgressStyle};
 
 /// `--max-record-bytes`: up to 1 TiB (0 is refused by name with the other zero bounds).
@@ -189,7 +189,7 @@ fn check_arguments(a: &Args) -> Result<Checked> {
         }
     }
     let inputs: Vec<&Path> = input.as_deref().into_iter().collect();
-    check_output(&a.output, &inputs)?;
+    check_output(&a.output, &inputs, Existing::Replace)?;
     let mut written = vec![("--output", a.output.clone())];
     if a.regenerate {
         written.push(("--progress-file", progress_path(a)));

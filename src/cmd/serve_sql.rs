@@ -5,7 +5,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
-use hslake_query::distributed::WorkerSessions;
+use hslake_query::distributed::{AllowedRoots, WorkerSessions};
 use hslake_query::executor::{ExecutorLimits, QueryExecutor};
 use hslake_query::flight::HslakeFlightSql;
 use hslake_query::QueryLimits;
@@ -42,9 +42,14 @@ pub struct Args {
     pub token_file: PathBuf,
     /// Serve as a worker of distributed queries instead: run the parts of queries that
     /// coordinators (`hslake sql --workers`, `serve-sql --workers`) send, reading the datasets
-    /// they name; no Flight SQL, no --dataset. --query-memory bounds each query's tasks on this worker together.
+    /// they name under --allowed-root; no Flight SQL, no --dataset. --query-memory bounds each query's tasks on this worker together.
     #[arg(long)]
     pub worker: bool,
+    /// Where a worker's datasets are, comma-separated folders or S3 locations (e.g.
+    /// /data,s3://bucket/runs); required with --worker. A plan that names a dataset outside
+    /// them, or anything of a dataset but its shard files, is refused by name.
+    #[arg(long, value_name = "URL,...", requires = "worker")]
+    pub allowed_root: Option<String>,
     #[command(flatten)]
     pub workers: WorkerArgs,
     /// Queries executing at once; more wait for a slot (default: two per core, at least 4).
@@ -152,10 +157,19 @@ async fn serve_worker(args: &Args, token: &str, limits: QueryLimits) -> Result<E
     if args.workers.workers.is_some() {
         bail!("--worker with --workers: a worker runs the tasks it is sent and has no workers");
     }
+    // Deny by default: plans travel as plain gRPC, and the token alone does not say that a
+    // plan was not rewritten on its way.
+    let Some(list) = &args.allowed_root else {
+        bail!(
+            "--worker needs --allowed-root URL,...: the folders or S3 locations of the datasets \
+             this worker may read (it reads nothing else, whatever a plan names)"
+        );
+    };
+    let roots = AllowedRoots::parse(list)?;
     let listener = super::listen::bind(args.bind)?;
     log_limits(&limits);
-    tracing::info!(addr = %listener.local_addr()?, "distributed SQL worker listening (coordinator token required)");
-    let routes = WorkerSessions::new(token, limits).into_routes();
+    tracing::info!(allowed_roots = roots.urls().join(","), addr = %listener.local_addr()?, "distributed SQL worker listening (coordinator token required)");
+    let routes = WorkerSessions::new(token, limits, roots).into_routes();
     // No cap on streams per connection: a coordinator runs all of a query's tasks on a worker
     // over one connection, and every request carries its token.
     grpc_server(&args.conn)

@@ -1,6 +1,6 @@
 //! `hslake sql`: run SQL over one dataset version, or an interactive prompt.
 use std::io::{BufRead, IsTerminal, Write};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -8,6 +8,7 @@ use anyhow::{bail, Context, Result};
 use futures::TryStreamExt;
 use hslake_query::distributed::Workers;
 use hslake_query::{write_batches, OutputFormat, QueryLimits, QuerySession};
+use hslake_store::tools::files::{check_output, Existing, OutputError, OutputFile};
 
 use hslake_schemas::units::{DurationRange, SizeRange};
 
@@ -35,9 +36,15 @@ pub struct Args {
     /// Version to query (default: the newest).
     #[arg(long)]
     pub version: Option<u64>,
-    /// Write results to this file instead of stdout.
+    /// Write results to this file instead of stdout: a new file, outside every dataset, not a
+    /// symbolic link; written under a temporary name beside it and renamed into place when
+    /// complete.
     #[arg(long, short)]
     pub output: Option<PathBuf>,
+    /// Replace the file --output names if it exists (a regular file; links and paths inside a
+    /// dataset are still refused).
+    #[arg(long, requires = "output")]
+    pub force: bool,
     #[command(flatten)]
     pub limits: LimitArgs,
     #[command(flatten)]
@@ -135,6 +142,11 @@ pub fn log_limits(limits: &QueryLimits) {
 /// Run the command.
 pub async fn run(args: Args) -> Result<ExitCode> {
     let format: OutputFormat = args.format.parse()?;
+    // Before the dataset is opened or a query runs: a refused output costs nothing.
+    let mut output = match &args.output {
+        Some(path) => Some(Output::check(path, args.force)?),
+        None => None,
+    };
     let mut session = args.workers.session()?;
     let ds = hslake_store::Dataset::open(&args.url)
         .await
@@ -151,10 +163,58 @@ pub async fn run(args: Args) -> Result<ExitCode> {
     log_limits(&limits);
     match args.query {
         Some(q) => {
-            run_one(&session, &q, format, args.output.as_ref()).await?;
+            run_one(&session, &q, format, &mut output).await?;
             Ok(ExitCode::SUCCESS)
         }
-        None => interactive(&session, format, args.output.as_ref()).await,
+        None => interactive(&session, format, &mut output).await,
+    }
+}
+
+/// Where `--output` writes: the path the checks gave (the output's folder with its links
+/// resolved), and what may happen to a file found there.
+struct Output {
+    given: PathBuf,
+    target: PathBuf,
+    existing: Existing,
+}
+
+impl Output {
+    /// `path` checked: refused inside any dataset (the one read included), as a link, as
+    /// anything but a regular file, and where a file exists, without `force`.
+    fn check(path: &Path, force: bool) -> Result<Self> {
+        let existing = match force {
+            true => Existing::Replace,
+            false => Existing::RefuseWithout("--force"),
+        };
+        let target =
+            check_output(path, &[], existing).map_err(|e| anyhow::anyhow!("--output {e}"))?;
+        Ok(Output {
+            given: path.to_path_buf(),
+            target,
+            existing,
+        })
+    }
+
+    /// Writes one result, under a temporary name renamed into place when it is complete.
+    fn write(
+        &mut self,
+        format: OutputFormat,
+        schema: arrow::datatypes::SchemaRef,
+        batches: &[arrow_array::RecordBatch],
+    ) -> Result<()> {
+        let given = self.given.display();
+        let flagged = |e: OutputError| anyhow::anyhow!("--output {given}: {}", e.reason);
+        let out = OutputFile::create(&self.target).map_err(flagged)?;
+        let mut w = std::io::BufWriter::new(out.file().map_err(flagged)?);
+        write_batches(format, schema, batches, &mut w)?;
+        let file = w
+            .into_inner()
+            .map_err(|e| e.into_error())
+            .with_context(|| format!("--output {given}: cannot write"))?;
+        out.finish(file, self.existing).map_err(flagged)?;
+        // Each later statement at the prompt replaces the result this one wrote.
+        self.existing = Existing::Replace;
+        Ok(())
     }
 }
 
@@ -162,7 +222,7 @@ async fn run_one(
     session: &QuerySession,
     sql: &str,
     format: OutputFormat,
-    output: Option<&PathBuf>,
+    output: &mut Option<Output>,
 ) -> Result<()> {
     let start = std::time::Instant::now();
     session.reset_counters();
@@ -174,11 +234,7 @@ async fn run_one(
         .map_err(hslake_query::QueryError::from)?;
     let rows: usize = batches.iter().map(|b| b.num_rows()).sum();
     match output {
-        Some(path) => {
-            let f = std::fs::File::create(path)
-                .with_context(|| format!("creating {}", path.display()))?;
-            write_batches(format, schema, &batches, std::io::BufWriter::new(f))?;
-        }
+        Some(out) => out.write(format, schema, &batches)?,
         None => {
             if format == OutputFormat::Parquet && std::io::stdout().is_terminal() {
                 bail!("--format parquet writes binary data: give --output FILE or redirect stdout");
@@ -201,7 +257,7 @@ async fn run_one(
 async fn interactive(
     session: &QuerySession,
     format: OutputFormat,
-    output: Option<&PathBuf>,
+    output: &mut Option<Output>,
 ) -> Result<ExitCode> {
     let tty = std::io::stdin().is_terminal();
     let prompt = |continued: bool| {

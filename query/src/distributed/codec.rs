@@ -3,10 +3,11 @@
 //! DataFusion's protobuf form carries everything of a plan but the nodes it does not know; the
 //! one node of ours is the scan of a dataset's shards, `ShardScanExec`, whose child (the Parquet
 //! scan) DataFusion encodes itself. What the node adds is where the files are: the dataset's
-//! URL and the name the coordinator registered its store under. On the worker the scan opens
-//! the dataset's store from the URL when it starts and registers it under that name in the
-//! task's runtime (one per task, so two coordinators' names never meet), so the Parquet scan's
-//! paths resolve there.
+//! URL and the name the coordinator registered its store under, which carries the URL too. On
+//! the worker, the task's registry (one per task, so two coordinators' names never meet) opens
+//! the store from that name when the Parquet scan asks for it, only for a dataset under the
+//! worker's allowed roots and only to read its shards ([`super::roots`]): nothing decoded here
+//! is trusted to say what may be read.
 //! Functions need nothing here: plans name them, and a worker's session has them all.
 use std::sync::Arc;
 

@@ -11,9 +11,11 @@
 //! as every other session. A worker opens each dataset's store itself from its URL, so workers
 //! must reach the datasets at the URLs the coordinator names (a local folder all of them read,
 //! or S3). Every request to a worker carries the coordinator's bearer token; a worker runs no
-//! plan without it.
+//! plan without it, and reads only the shard files of datasets under its allowed roots
+//! ([`roots`]), whatever a plan names.
 mod channels;
 pub mod codec;
+pub mod roots;
 pub mod worker;
 
 use datafusion::error::DataFusionError;
@@ -24,6 +26,7 @@ use datafusion_distributed::{DistributedExt, SessionStateBuilderExt, WorkerResol
 use http::{header::AUTHORIZATION, HeaderMap, HeaderValue};
 use url::Url;
 
+pub use roots::AllowedRoots;
 pub use worker::WorkerSessions;
 
 use crate::{QueryError, Result};

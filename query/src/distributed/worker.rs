@@ -5,33 +5,31 @@ use std::sync::{Arc, Mutex, PoisonError, Weak};
 use async_trait::async_trait;
 use datafusion::error::DataFusionError;
 use datafusion::execution::memory_pool::MemoryPool;
-use datafusion::execution::object_store::{DefaultObjectStoreRegistry, ObjectStoreRegistry};
 use datafusion::execution::runtime_env::RuntimeEnvBuilder;
 use datafusion::execution::SessionState;
 use datafusion_distributed::{DistributedExt, Worker, WorkerQueryContext, WorkerSessionBuilder};
 use http::header::AUTHORIZATION;
-use object_store::ObjectStore;
 use tonic::service::interceptor::InterceptedService;
 use tonic::service::{Interceptor, Routes};
 
 use super::codec::HslakeCodec;
+use super::roots::{AllowedRoots, DatasetStores};
 use super::{bearer, QUERY_HEADER};
 use crate::budget::QueryBudget;
 use crate::flight::check_bearer;
 use crate::limits::{Cancel, QueryLimits};
 use crate::session::hslake_context;
-use crate::table::dataset_of_store;
-use crate::QueryError;
 
 /// Builds the session of each task a coordinator sends: hslake's session setup (the same as
 /// every session's) under this worker's limits. The tasks of one query on this worker share a
 /// memory pool of `--query-memory` (the coordinator names the query in a header); each task
-/// gets a runtime of its own with that pool and the stores of the datasets it scans, which its
-/// plan's scans register ([`super::codec`]).
+/// gets a runtime of its own with that pool and a registry that opens only the datasets under
+/// the worker's allowed roots, and in them reads only shards ([`super::roots`]).
 #[derive(Clone)]
 pub struct WorkerSessions {
     token: Arc<str>,
     limits: QueryLimits,
+    roots: Arc<AllowedRoots>,
     /// The pool of each query that has a task running here.
     pools: Arc<Mutex<HashMap<String, Weak<dyn MemoryPool>>>>,
 }
@@ -40,16 +38,19 @@ impl std::fmt::Debug for WorkerSessions {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("WorkerSessions")
             .field("limits", &self.limits)
+            .field("roots", &self.roots)
             .finish_non_exhaustive()
     }
 }
 
 impl WorkerSessions {
-    /// Sessions for coordinators presenting `token`, each task under `limits`.
-    pub fn new(token: &str, limits: QueryLimits) -> Self {
+    /// Sessions for coordinators presenting `token`, each task under `limits`, reading the
+    /// shards of datasets under `roots` only.
+    pub fn new(token: &str, limits: QueryLimits, roots: AllowedRoots) -> Self {
         WorkerSessions {
             token: token.into(),
             limits,
+            roots: Arc::new(roots),
             pools: Arc::default(),
         }
     }
@@ -115,7 +116,7 @@ impl WorkerSessionBuilder for WorkerSessions {
         let pool = self.pool_of(query);
         let runtime = RuntimeEnvBuilder::new()
             .with_memory_pool(pool.clone())
-            .with_object_store_registry(Arc::new(DatasetStores::default()))
+            .with_object_store_registry(Arc::new(DatasetStores::new(self.roots.clone())))
             .build_arc()?;
         let builder = ctx
             .builder
@@ -131,46 +132,22 @@ impl WorkerSessionBuilder for WorkerSessions {
     }
 }
 
-/// A worker task's stores: DataFusion's registry, and for an `hslake://` name of
-/// [`crate::table::store_name`] the dataset's store opened from the URL in it.
-#[derive(Debug, Default)]
-struct DatasetStores {
-    known: DefaultObjectStoreRegistry,
-}
-
-impl ObjectStoreRegistry for DatasetStores {
-    fn register_store(
-        &self,
-        url: &url::Url,
-        store: Arc<dyn ObjectStore>,
-    ) -> Option<Arc<dyn ObjectStore>> {
-        self.known.register_store(url, store)
-    }
-
-    fn get_store(&self, url: &url::Url) -> datafusion::error::Result<Arc<dyn ObjectStore>> {
-        if let Ok(s) = self.known.get_store(url) {
-            return Ok(s);
-        }
-        let dataset = dataset_of_store(url);
-        let Some(dataset) = dataset else {
-            return self.known.get_store(url);
-        };
-        let location = hslake_store::io::location::parse_dataset(&dataset)
-            .map_err(|e| DataFusionError::External(Box::new(QueryError::Store(e))))?;
-        self.known.register_store(url, location.store.clone());
-        Ok(location.store)
-    }
+/// The roots of test workers: the folder test datasets are made in (`tempfile`'s).
+#[cfg(test)]
+pub(crate) fn test_roots() -> AllowedRoots {
+    AllowedRoots::parse(&std::env::temp_dir().display().to_string()).unwrap()
 }
 
 /// Workers in this process for tests: each a tonic server of [`WorkerSessions`] on its own
-/// loopback port, as `hslake serve-sql --worker` serves it. They stop with the test's runtime.
+/// loopback port, as `hslake serve-sql --worker` serves it, reading datasets under
+/// [`test_roots`]. They stop with the test's runtime.
 #[cfg(test)]
 pub(crate) async fn spawn_test_workers(
     n: usize,
     token: &str,
     limits: QueryLimits,
 ) -> Vec<url::Url> {
-    serve_test_workers(n, &WorkerSessions::new(token, limits)).await
+    serve_test_workers(n, &WorkerSessions::new(token, limits, test_roots())).await
 }
 
 /// [`spawn_test_workers`] with clones of `sessions`, which share its pools.
@@ -240,13 +217,34 @@ mod tests {
         assert!(err.contains("invalid bearer token"), "{err}");
     }
 
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn refuses_a_dataset_outside_its_allowed_roots_by_name() {
+        let allowed = tempfile::tempdir().unwrap();
+        let roots = AllowedRoots::parse(allowed.path().to_str().unwrap()).unwrap();
+        let sessions = WorkerSessions::new("t", QueryLimits::default(), roots);
+        let urls = serve_test_workers(2, &sessions).await;
+        // The coordinator's dataset lies in another folder.
+        let (dir, session) = over_test_data(&urls, "t").await;
+        let err = session
+            .query("SELECT count(*), sum(seq_len) FROM samples")
+            .await
+            .unwrap_err()
+            .to_string();
+        let want = format!(
+            "dataset file://{} is outside this worker's --allowed-root (file://{})",
+            dir.path().display(),
+            allowed.path().display()
+        );
+        assert!(err.contains(&want), "{err}");
+    }
+
     #[test]
     fn tasks_of_one_query_share_its_pool_while_one_runs() {
         let limits = QueryLimits {
             memory_per_query: Some(1 << 20),
             ..QueryLimits::default()
         };
-        let sessions = WorkerSessions::new("t", limits);
+        let sessions = WorkerSessions::new("t", limits, test_roots());
         let a = sessions.pool_of(Some("q1"));
         let same = sessions.pool_of(Some("q1"));
         let other = sessions.pool_of(Some("q2"));
@@ -262,7 +260,7 @@ mod tests {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_query_names_itself_to_its_workers() {
-        let sessions = WorkerSessions::new("t", QueryLimits::default());
+        let sessions = WorkerSessions::new("t", QueryLimits::default(), test_roots());
         let urls = serve_test_workers(2, &sessions).await;
         let (_dir, session) = over_test_data(&urls, "t").await;
         session

@@ -256,6 +256,14 @@ pub fn parse(url: &str) -> Result<Location> {
     }
 }
 
+/// The canonical URL of the location `url` names (a bare path is a local folder), without
+/// opening its store: the same for every spelling of the same location (`.`, `..` and
+/// percent-escaped dots resolved, `s3a://` as `s3://`), which is the one a store for it is
+/// opened from. Roots of a filesystem or bucket are allowed here, unlike [`dataset_url`].
+pub fn canonical_url(url: &str) -> Result<String> {
+    Ok(resolve(url)?.url())
+}
+
 /// The canonical URL of the dataset at `url`, without opening its store: what every command,
 /// the capture daemon and its clients call the dataset. The root of a filesystem or bucket is
 /// refused ([`StoreError::InvalidUrl`]).
