@@ -20,6 +20,10 @@ use crate::{LoaderError, Preset};
 /// nothing, and tens of thousands fail to spawn.
 pub const DECODE_THREADS: OptionRange = count(1, 1024);
 
+/// Seconds a single storage call may take (`timeout`; `hslake.Dataset`'s and Ray's
+/// `read_hslake`'s `timeout` take the same range).
+pub const IO_TIMEOUT: OptionRange = millis(1, 86_400_000);
+
 /// How samples are grouped into batches.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -168,7 +172,7 @@ declare_options! {
         /// End a followed pass after this many seconds without a new version. None: never.
         pub follow_idle_timeout: Option<f64> = None, in millis(0, 365 * 86_400_000),
         /// Seconds any single storage call may take, retries included.
-        pub timeout: f64 = 60.0, in millis(1, 86_400_000),
+        pub timeout: f64 = 60.0, in IO_TIMEOUT,
     }
 }
 

@@ -57,7 +57,7 @@ mod stream;
 pub use batch::{Batch, ElemType, HostTensor};
 pub use config::{
     Batching, CorruptPolicy, Follow, Layout, LoaderConfig, Remainder, Resolved, ShuffleMode,
-    DECODE_THREADS,
+    DECODE_THREADS, IO_TIMEOUT,
 };
 pub use declare::{InRange, OptionDoc, OptionRange};
 pub use error::LoaderError;

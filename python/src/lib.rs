@@ -7,7 +7,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use hslake_loader::{
-    BatchStream, HostTensor, Loader, LoaderConfig, LoaderError, LoaderState, Preset, DECODE_THREADS,
+    BatchStream, HostTensor, Loader, LoaderConfig, LoaderError, LoaderState, Preset,
+    DECODE_THREADS, IO_TIMEOUT,
 };
 use hslake_store::format::guard::guarded;
 use hslake_store::{Dataset, StoreError};
@@ -44,6 +45,15 @@ pub(crate) fn to_py(e: LoaderError) -> PyErr {
         | LoaderError::Store(StoreError::InvalidUrl { .. }) => ConfigError::new_err(e.to_string()),
         other => HslakeError::new_err(other.to_string()),
     }
+}
+
+/// `timeout` seconds of `hslake.Dataset` or Ray's reader, checked against the loader's
+/// `timeout` range (a number past it, or NaN, is a named error, not a panic converting it).
+pub(crate) fn io_timeout(timeout: f64) -> PyResult<Duration> {
+    IO_TIMEOUT
+        .check_seconds("timeout", timeout)
+        .map_err(|e| to_py(LoaderError::Option(e)))?;
+    Ok(Duration::from_secs_f64(timeout))
 }
 
 /// The I/O runtime of `threads` worker threads (the loader's `decode_threads`, checked against
@@ -135,8 +145,8 @@ impl NativeDataset {
     #[new]
     #[pyo3(signature = (url, timeout=60.0))]
     fn new(py: Python<'_>, url: String, timeout: f64) -> PyResult<Self> {
+        let limit = io_timeout(timeout)?;
         let rt = runtime(1)?;
-        let limit = Duration::from_secs_f64(timeout.max(0.001));
         let ds = py.detach(|| {
             rt.block_on(async { tokio::time::timeout(limit, Dataset::open(&url)).await })
         });

@@ -286,6 +286,14 @@ def test_options_past_their_range_are_refused_by_name_without_an_abort(local_ds,
             hslake.Loader(url_of(local_ds), **given)
     with pytest.raises(hslake.ConfigError, match='timeout "1e308": out of range'):
         hslake.Loader(url_of(local_ds), batch_size=2, timeout=1e308)
+    # The Dataset's and the native reader's (Ray's) timeout take the same range: before, 1e308
+    # and NaN panicked converting them to a duration.
+    from hslake._hslake import NativeReader
+    for bad in (1e308, float("nan"), 0.0):
+        with pytest.raises(hslake.ConfigError, match='timeout ".*": (out of range|not a number)'):
+            hslake.Dataset(url_of(local_ds), timeout=bad)
+        with pytest.raises(hslake.ConfigError, match='timeout ".*": (out of range|not a number)'):
+            NativeReader(url_of(local_ds), None, None, None, bad)
     with pytest.raises(hslake.ConfigError, match='decode_threads "100000": out of range'):
         hslake.export_trainer_files(url_of(local_ds), "speculators", str(tmp_path / "out"), decode_threads=10**5)
     docs = {name: doc for name, _, doc in hslake.loader_options()}
