@@ -18,7 +18,7 @@ use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use crate::format::decode::{with_file_metadata, TensorColumn};
 use crate::format::guard::{decoder_failure, guarded};
 use crate::format::lengths::RowLengths;
-use crate::format::shard::check_footer;
+use crate::format::shard::{check_footer, check_row_groups};
 use crate::format::tokens::TokenRows;
 use crate::table::manifest::{manifest_path, ShardEntry};
 use crate::table::sample_ids::SHOWN_DUPLICATES;
@@ -319,20 +319,8 @@ fn check_contents(
         ),
         Err(e) => problem(None, e.to_string()),
     }
-    let rgs: Vec<u64> = builder
-        .metadata()
-        .row_groups()
-        .iter()
-        .map(|r| r.num_rows() as u64)
-        .collect();
-    if rgs != entry.row_groups {
-        problem(
-            None,
-            format!(
-                "row groups hold {rgs:?} rows, the manifest says {:?}",
-                entry.row_groups
-            ),
-        );
+    if let Err(reason) = check_row_groups(builder.metadata(), &entry.row_groups) {
+        problem(None, reason);
     }
     let file_meta = builder.schema().metadata().clone();
     let reader = match builder.with_batch_size(1024).build() {
