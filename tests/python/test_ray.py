@@ -277,6 +277,17 @@ def test_read_tasks_hold_the_manifests_row_groups_to_the_file(cluster, ds_dir, t
     assert entry["path"] in str(e.value) and re.search(named, str(e.value)), str(e.value)
 
 
+def test_claims_no_file_could_hold_are_refused_before_any_read_task(ds_dir, tmp_path):
+    def claim(s: dict) -> None:
+        s["row_groups"] = [1] * 200_000
+        s["rows"] = 200_000
+        s["bytes"] = 200_000 * 64 - 1
+
+    bad, _ = planted(ds_dir, tmp_path / "bad", claim)
+    with pytest.raises(hslake.HslakeError, match="200000 row groups cannot fit in a file of 12799999 bytes"):
+        hray.read_hslake(bad)
+
+
 def sql(d: Path, query: str) -> dict:
     out = subprocess.run([str(BIN), "sql", url(d), "--format", "json", query],
                          check=True, capture_output=True, text=True, timeout=120)
