@@ -913,6 +913,12 @@ async fn verify_names_a_missing_shard_and_repair_drops_it(b: Backend) {
 }
 
 /// Put `m` as its version's manifest, as a hand edit or a foreign tool would.
+/// The problems `verify` reports on the newest version, as text.
+async fn problems(ds: &Dataset) -> Vec<String> {
+    let report = verify(ds, None, |_| {}).await.unwrap();
+    report.problems.iter().map(|p| p.to_string()).collect()
+}
+
 async fn plant(ds: &Dataset, json: &serde_json::Value) {
     let v = json["version"].as_u64().unwrap();
     ds.object_store()
@@ -1047,13 +1053,7 @@ async fn a_manifest_naming_a_shard_twice_is_refused_and_repair_drops_the_repeats
     assert_eq!(ds.latest_version().await.unwrap(), m.version + 1);
 
     // verify names it; repair keeps each shard once, losing nothing.
-    let text: Vec<String> = verify(&ds, None, |_| {})
-        .await
-        .unwrap()
-        .problems
-        .iter()
-        .map(|p| p.to_string())
-        .collect();
+    let text = problems(&ds).await;
     assert!(
         text.iter()
             .any(|p| p.contains(&format!("shard {first} is named 4 times"))),
@@ -1152,13 +1152,7 @@ async fn reads_hold_the_manifests_row_groups_to_the_file(b: Backend) {
         let r = DatasetReader::open(&ds, None).await.unwrap();
         let e = r.read_row_group(0, 0, None).await.unwrap_err().to_string();
         assert!(e.contains(&path) && e.contains(named), "{e}");
-        let problems: Vec<String> = verify(&ds, None, |_| {})
-            .await
-            .unwrap()
-            .problems
-            .iter()
-            .map(|p| p.to_string())
-            .collect();
+        let problems = problems(&ds).await;
         assert!(
             problems
                 .iter()
