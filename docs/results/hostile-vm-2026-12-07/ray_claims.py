@@ -19,7 +19,9 @@ try:
     n = hslake.ray.read_hslake(sys.argv[1], points=[1], columns=["sample_id"]).materialize().count()
     print(f"returned {n} rows, no error", end="")
 except Exception as e:
-    print(f"{type(e).__name__}: {str(e).splitlines()[-1][:240]}", end="")
+    lines = str(e).splitlines()
+    named = [l for l in lines if "HslakeError:" in l] or lines[-1:]
+    print(f"{type(e).__name__}: {named[-1].strip()[:300]}", end="")
 print(f" ({time.time() - t:.1f} s)")
 """
 work = tempfile.mkdtemp()
