@@ -37,7 +37,7 @@ enum Command {
     Verify(cmd::verify::Args),
     /// Delete files that no manifest names (after a grace period).
     Vacuum(cmd::vacuum::Args),
-    /// Commit a version without the shards that are no longer in storage.
+    /// Commit a version without the shards no longer in storage, or without repeated entries.
     Repair(cmd::repair::Args),
     /// Copy a dataset version to another store, checking checksums.
     Cp(cmd::cp::Args),

@@ -663,6 +663,107 @@ fn verify_names_a_missing_shard_and_repair_commits_a_version_without_it() {
 }
 
 #[test]
+fn a_manifest_repeating_a_shard_is_refused_by_readers_and_commits_and_repair_drops_the_repeats() {
+    // Issue 44: a manifest naming one shard 10^5 times made `count(*)` count it 10^5 times, and
+    // `repair` found nothing to repair.
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("ds");
+    let url = format!("file://{}", dir.display());
+    assert!(synth_run(&url, 0, 4, 0).status.success());
+    let head = versions(&url).len() as u64 - 1;
+    let path = |v: u64| dir.join(format!("_hslake/versions/{v:020}.json"));
+    let mut m: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(path(head)).unwrap()).unwrap();
+    let first = m["shards"][0].clone();
+    let repeated = first["path"].as_str().unwrap().to_string();
+    let shards = m["shards"].as_array_mut().unwrap();
+    shards.extend(std::iter::repeat_n(first, 99_999));
+    m["version"] = (head + 1).into();
+    std::fs::write(path(head + 1), serde_json::to_vec(&m).unwrap()).unwrap();
+    let named = format!("shard {repeated} is named 100000 times");
+
+    let count = &[
+        "sql",
+        &url,
+        "--format",
+        "csv",
+        "SELECT count(*) AS n FROM samples",
+    ][..];
+    for args in [
+        &["info", &url][..],
+        count,
+        &[
+            "export",
+            &url,
+            "--format",
+            "speculators",
+            "--dir",
+            &tmp.path().join("x").display().to_string(),
+        ],
+    ] {
+        let o = hslake(args);
+        fails_naming(&o, &named);
+        assert!(stderr(&o).contains("--drop-repeats"), "{}", stderr(&o));
+    }
+    // A commit on top is refused, and verify names the repeats.
+    let o = synth_run(&url, 100, 1, 0);
+    fails_naming(&o, &named);
+    let o = hslake(&["verify", &url]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&o.stdout).contains(&named),
+        "{}",
+        String::from_utf8_lossy(&o.stdout)
+    );
+    // repair (here a dry run of --drop-missing, which HEADs every shard) keeps each shard once.
+    let o = hslake(&["repair", &url, "--drop-missing", "--dry-run"]);
+    let out = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(
+        out.contains(&format!(
+            "would drop 99999 repeated entries of {repeated} (named 100000 times; kept once, no \
+             sample lost)"
+        )),
+        "{out}"
+    );
+    assert!(!out.contains("nothing to repair"), "{out}");
+    assert_eq!(versions(&url).len() as u64, head + 2);
+    let o = hslake(&["repair", &url, "--drop-repeats"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert!(
+        out.contains(&format!(
+            "committed version {}: version {} without the 99999 repeated entries",
+            head + 2,
+            head + 1
+        )),
+        "{out}"
+    );
+    let o = hslake(&["verify", &url]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stdout));
+    let o = hslake(count);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(String::from_utf8_lossy(&o.stdout).trim(), "n\n4");
+    assert_eq!(sample_ids(&url), [0, 1, 2, 3]);
+}
+
+#[test]
+fn a_manifest_larger_than_the_bound_is_refused_before_it_is_read() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("ds");
+    let url = format!("file://{}", dir.display());
+    assert!(synth_run(&url, 0, 2, 0).status.success());
+    let next = versions(&url).len();
+    // Sparse: 1 GiB and one byte of nothing on disk.
+    let big = std::fs::File::create(dir.join(format!("_hslake/versions/{next:020}.json"))).unwrap();
+    big.set_len((1 << 30) + 1).unwrap();
+    fails_naming(
+        &hslake(&["info", &url]),
+        "the manifest is 1073741825 bytes, more than the 1073741824 bytes a manifest may have",
+    );
+}
+
+#[test]
 fn the_root_of_a_filesystem_is_named_and_refused_as_a_dataset() {
     for root in ["/", "file:///", "/tmp/.."] {
         for cmd in [

@@ -1,8 +1,9 @@
 //! The loader's options, declared once: [`LoaderConfig`] holds each option's doc, type and
 //! default, named as `hslake.Loader` takes its keyword arguments. Rust code fills it in
 //! directly, serde reads it from the JSON of the keywords a Python user gave, and Python lists
-//! it (`LoaderConfig::OPTIONS`); [`LoaderConfig::check`] refuses what cannot work and gives the
-//! values several options make together ([`Resolved`]).
+//! it (`LoaderConfig::OPTIONS`); [`LoaderConfig::check`] refuses a value outside its option's
+//! declared range or what cannot work together, and gives the values several options make
+//! together ([`Resolved`]).
 use std::fmt;
 use std::time::Duration;
 
@@ -11,8 +12,17 @@ use serde::de::{self, Deserializer, Visitor};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::declare::declare_options;
+use crate::declare::{any_value, bytes, count, declare_options, millis, OptionRange, ANY};
 use crate::{LoaderError, Preset};
+
+/// Threads that assemble batches (`decode_threads`; the Python module's I/O runtime and
+/// `hslake export --decode-threads` take as many): more than a machine has cores gains
+/// nothing, and tens of thousands fail to spawn.
+pub const DECODE_THREADS: OptionRange = count(1, 1024);
+
+/// Seconds a single storage call may take (`timeout`; `hslake.Dataset`'s and Ray's
+/// `read_hslake`'s `timeout` take the same range).
+pub const IO_TIMEOUT: OptionRange = millis(1, 86_400_000);
 
 /// How samples are grouped into batches.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -82,78 +92,87 @@ pub struct Follow {
     pub idle_timeout: Option<Duration>,
 }
 
+any_value!(
+    bool,
+    ShuffleMode,
+    CorruptPolicy,
+    Preset,
+    CapturePoint,
+    Vec<CapturePoint>
+);
+
 declare_options! {
     /// Everything that shapes what a loader yields, named as `hslake.Loader` takes it. A JSON
     /// key left out takes the default; an unknown key is refused.
     pub struct LoaderConfig {
         /// Samples per batch (give this or `max_tokens`).
-        pub batch_size: Option<usize> = None,
+        pub batch_size: Option<usize> = None, in count(1, 1 << 20),
         /// Token budget per batch: `B × T` padded, `ΣT` packed (give this or `batch_size`);
         /// samples are also truncated to it.
-        pub max_tokens: Option<usize> = None,
+        pub max_tokens: Option<usize> = None, in count(1, 1 << 24),
         /// One packed row with `cu_seqlens` instead of padded rows.
-        pub packed: bool = false,
+        pub packed: bool = false, in ANY,
         /// Truncate every sample to at most this many tokens.
-        pub max_seq_len: Option<usize> = None,
+        pub max_seq_len: Option<usize> = None, in count(1, 1 << 24),
         /// Round the padded length up to a multiple of this.
-        pub pad_to_multiple_of: Option<usize> = None,
+        pub pad_to_multiple_of: Option<usize> = None, in count(1, 1 << 16),
         /// Token id written into padding.
-        pub pad_token_id: i64 = 0,
+        pub pad_token_id: i64 = 0, in ANY,
         /// This process's rank.
-        pub rank: usize = 0,
+        pub rank: usize = 0, in count(0, (1 << 20) - 1),
         /// Number of ranks.
-        pub world_size: usize = 1,
+        pub world_size: usize = 1, in count(1, 1 << 20),
         /// Sub-partition of this rank (a torch DataLoader worker).
-        pub worker: usize = 0,
+        pub worker: usize = 0, in count(0, 4095),
         /// Sub-partitions per rank.
-        pub num_workers: usize = 1,
+        pub num_workers: usize = 1, in count(1, 4096),
         /// Shuffle seed; with the epoch it fixes the order on every machine.
-        pub seed: u64 = 0,
+        pub seed: u64 = 0, in ANY,
         /// Shuffle at all.
-        pub shuffle: bool = true,
+        pub shuffle: bool = true, in ANY,
         /// Row groups whose samples are shuffled together (`shuffle_mode="window"`); memory
         /// holds about this many row groups.
-        pub shuffle_window: usize = 16,
+        pub shuffle_window: usize = 16, in count(1, 1 << 16),
         /// `window` (row groups permuted, samples permuted within windows of `shuffle_window`
         /// row groups; the faster) or `sample` (a full per-sample permutation of the epoch).
-        pub shuffle_mode: ShuffleMode = ShuffleMode::Window,
+        pub shuffle_mode: ShuffleMode = ShuffleMode::Window, in ANY,
         /// With `shuffle_mode="sample"`: raw tensor bytes (estimated from the manifest) of the
         /// samples read ahead together; memory holds about this much decoded, and a row group
         /// is read once per lookahead it has samples in.
-        pub lookahead_bytes: u64 = 256 << 20,
+        pub lookahead_bytes: u64 = 256 << 20, in bytes(1, 256 << 30),
         /// Leave out the samples that do not divide among ranks instead of repeating some.
-        pub drop_last: bool = false,
+        pub drop_last: bool = false, in ANY,
         /// Leave out a last batch smaller than the batch size or budget.
-        pub drop_last_batch: bool = false,
+        pub drop_last_batch: bool = false, in ANY,
         /// Auxiliary points, concatenated in this order: layer indices or names (`30`,
         /// `"layer_30"`). None: every point but the target.
         #[serde(deserialize_with = "points")]
-        pub aux_layers: Option<Vec<CapturePoint>> = None,
+        pub aux_layers: Option<Vec<CapturePoint>> = None, in ANY,
         /// The target point. None: `final_norm` if captured, else the last point.
         #[serde(deserialize_with = "point")]
-        pub target: Option<CapturePoint> = None,
+        pub target: Option<CapturePoint> = None, in ANY,
         /// A trainer's convention (`"speculators"`, `"specforge"`) choosing `aux_layers` and
         /// `target` from the dataset's layer count; give it or those two, not both.
-        pub preset: Option<Preset> = None,
+        pub preset: Option<Preset> = None, in ANY,
         /// Dataset version to read. None: the newest at open.
-        pub version: Option<u64> = None,
+        pub version: Option<u64> = None, in ANY,
         /// Row groups read ahead of use.
-        pub prefetch_row_groups: usize = 4,
+        pub prefetch_row_groups: usize = 4, in count(1, 4096),
         /// Assembled batches held ready.
-        pub prefetch_batches: usize = 4,
+        pub prefetch_batches: usize = 4, in count(1, 4096),
         /// Threads that assemble batches.
-        pub decode_threads: usize = 2,
+        pub decode_threads: usize = 2, in DECODE_THREADS,
         /// `error` (stop, naming the file) or `skip` (leave its samples out, count them) for an
         /// unreadable row group.
-        pub on_corrupt: CorruptPolicy = CorruptPolicy::Error,
+        pub on_corrupt: CorruptPolicy = CorruptPolicy::Error, in ANY,
         /// Keep reading the shards each newly committed version adds.
-        pub follow: bool = false,
+        pub follow: bool = false, in ANY,
         /// Seconds between looks for a new version when following.
-        pub poll_interval: f64 = 1.0,
+        pub poll_interval: f64 = 1.0, in millis(1, 3_600_000),
         /// End a followed pass after this many seconds without a new version. None: never.
-        pub follow_idle_timeout: Option<f64> = None,
+        pub follow_idle_timeout: Option<f64> = None, in millis(0, 365 * 86_400_000),
         /// Seconds any single storage call may take, retries included.
-        pub timeout: f64 = 60.0,
+        pub timeout: f64 = 60.0, in IO_TIMEOUT,
     }
 }
 
@@ -222,28 +241,12 @@ impl LoaderConfig {
         }
     }
 
-    fn follow_settings(&self) -> Result<Option<Follow>, LoaderError> {
-        if !self.follow {
-            return Ok(None);
-        }
-        Ok(Some(Follow {
-            poll_interval: seconds("poll_interval", self.poll_interval)?,
-            idle_timeout: self
-                .follow_idle_timeout
-                .map(|t| seconds("follow_idle_timeout", t))
-                .transpose()?,
-        }))
-    }
-
-    /// Check the values that do not need the dataset, and resolve those that combine.
+    /// Check the values that do not need the dataset (each against its declared range, then
+    /// those that must agree), and resolve those that combine.
     pub fn check(&self) -> Result<Resolved, LoaderError> {
+        self.check_ranges().map_err(LoaderError::Option)?;
         let batching = self.batching()?;
-        let follow = self.follow_settings()?;
-        let io_timeout = seconds("timeout", self.timeout)?;
         let bad = |m: String| Err(LoaderError::Config(m));
-        if self.world_size == 0 {
-            return bad("world_size must be at least 1".into());
-        }
         if self.rank >= self.world_size {
             return bad(format!(
                 "rank {} is out of range for world_size {}: ranks are 0..={}",
@@ -251,9 +254,6 @@ impl LoaderConfig {
                 self.world_size,
                 self.world_size - 1
             ));
-        }
-        if self.num_workers == 0 {
-            return bad("num_workers must be at least 1".into());
         }
         if self.worker >= self.num_workers {
             return bad(format!(
@@ -263,33 +263,6 @@ impl LoaderConfig {
                 self.num_workers - 1
             ));
         }
-        match batching {
-            Batching::Samples(0) => return bad("batch_size must be at least 1".into()),
-            Batching::Tokens(0) => return bad("max_tokens must be at least 1".into()),
-            _ => {}
-        }
-        if self.max_seq_len == Some(0) {
-            return bad("max_seq_len must be at least 1".into());
-        }
-        if self.pad_to_multiple_of == Some(0) {
-            return bad("pad_to_multiple_of must be at least 1".into());
-        }
-        if self.shuffle_window == 0 {
-            return bad("shuffle_window must be at least 1 row group".into());
-        }
-        if self.lookahead_bytes == 0 {
-            return bad(
-                "lookahead_bytes must be at least 1 (a lookahead always holds at least one \
-                 sample)"
-                    .into(),
-            );
-        }
-        if self.prefetch_row_groups == 0 || self.prefetch_batches == 0 || self.decode_threads == 0 {
-            return bad(
-                "prefetch_row_groups, prefetch_batches and decode_threads must be at least 1"
-                    .into(),
-            );
-        }
         if let Some(p) = self.preset {
             if self.aux_layers.is_some() || self.target.is_some() {
                 return bad(format!(
@@ -298,18 +271,14 @@ impl LoaderConfig {
                 ));
             }
         }
-        if io_timeout.is_zero() {
-            return bad("io_timeout must be positive".into());
-        }
-        if let Some(f) = follow {
-            if f.poll_interval.is_zero() {
-                return bad("follow poll_interval must be positive".into());
-            }
-        }
+        let follow = self.follow.then(|| Follow {
+            poll_interval: seconds(self.poll_interval),
+            idle_timeout: self.follow_idle_timeout.map(seconds),
+        });
         Ok(Resolved {
             batching,
             follow,
-            io_timeout,
+            io_timeout: seconds(self.timeout),
         })
     }
 
@@ -327,13 +296,9 @@ impl LoaderConfig {
     }
 }
 
-/// `v` seconds as a duration, or the error naming the option.
-fn seconds(name: &str, v: f64) -> Result<Duration, LoaderError> {
-    Duration::try_from_secs_f64(v).map_err(|_| {
-        LoaderError::Config(format!(
-            "{name} must be a non-negative number of seconds, got {v}"
-        ))
-    })
+/// `v` seconds, already checked against its option's range, as a duration.
+fn seconds(v: f64) -> Duration {
+    Duration::try_from_secs_f64(v).unwrap_or(Duration::MAX)
 }
 
 /// A capture point as users name it: a layer index (`30`) or a name (`"layer_30"`,
@@ -483,7 +448,7 @@ mod tests {
         let err = resolve(r#"{"batch_size": 2, "lookahead_bytes": -1}"#).unwrap_err();
         assert!(err.contains("lookahead_bytes=-1"), "{err}");
         let err = resolve(r#"{"batch_size": 2, "lookahead_bytes": 0}"#).unwrap_err();
-        assert!(err.contains("lookahead_bytes must be at least 1"), "{err}");
+        assert!(err.contains("lookahead_bytes \"0\": out of range"), "{err}");
     }
 
     #[test]
@@ -502,8 +467,81 @@ mod tests {
         }
         let err = resolve(r#"{"batch_size": 2, "timeout": -1}"#).unwrap_err();
         assert!(
-            err.contains("timeout must be a non-negative number of seconds"),
+            err.contains("timeout \"-1\": out of range; expected a duration from 1ms to 1d"),
             "{err}"
+        );
+    }
+
+    /// A value just past an option's range, or `None` for a range every value is in.
+    fn past(range: OptionRange) -> Option<Vec<Value>> {
+        Some(match range {
+            OptionRange::Count { min, max } | OptionRange::Bytes { min, max } => {
+                let mut v = vec![Value::from(max + 1)];
+                if min > 0 {
+                    v.push(Value::from(min - 1));
+                }
+                v
+            }
+            OptionRange::Seconds { min, max } => {
+                let mut v = vec![Value::from(max.as_secs_f64() * 2.0), Value::from(-1.0)];
+                if !min.is_zero() {
+                    v.push(Value::from(0.0));
+                }
+                v
+            }
+            OptionRange::Any => return None,
+        })
+    }
+
+    #[test]
+    fn every_option_past_its_range_is_refused_naming_the_option_value_and_range() {
+        let mut ranged = 0;
+        for o in LoaderConfig::OPTIONS {
+            let Some(values) = past(o.range) else {
+                continue;
+            };
+            ranged += 1;
+            for v in values {
+                let mut json = serde_json::json!({ "batch_size": 1, "follow": true });
+                json[o.name] = v.clone();
+                if o.name == "max_tokens" {
+                    json["batch_size"] = Value::Null;
+                }
+                let err = resolve(&json.to_string()).unwrap_err();
+                assert!(
+                    err.starts_with(&format!("invalid loader option: {} ", o.name))
+                        && err.contains("out of range"),
+                    "{}={v}: {err}",
+                    o.name
+                );
+                let shown = o.range.to_string();
+                let bounds = shown.trim_end_matches(" (seconds)");
+                assert!(err.contains(bounds), "{}={v}: {err} lacks {bounds}", o.name);
+            }
+        }
+        assert!(ranged >= 15, "the numeric options each have a range");
+        // The attacks: padding of 2^40 tokens, 10^5 and 10^6 threads.
+        for (name, v) in [
+            ("pad_to_multiple_of", 1u64 << 40),
+            ("decode_threads", 100_000),
+            ("decode_threads", 1_000_000),
+        ] {
+            let err = resolve(&format!(r#"{{"batch_size": 1, "{name}": {v}}}"#)).unwrap_err();
+            assert!(
+                err.contains(&format!("{name} \"{v}\": out of range")),
+                "{err}"
+            );
+        }
+        // Each default lies in its range, and the listing states it.
+        assert!(LoaderConfig::default().check_ranges().is_ok());
+        let threads = LoaderConfig::OPTIONS
+            .iter()
+            .find(|o| o.name == "decode_threads")
+            .unwrap();
+        assert!(
+            threads.text().ends_with("Range: 1 to 1024."),
+            "{}",
+            threads.text()
         );
     }
 

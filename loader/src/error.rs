@@ -8,6 +8,10 @@ pub enum LoaderError {
     /// A configuration value that cannot work (e.g. rank 2 of world size 2).
     #[error("invalid loader configuration: {0}")]
     Config(String),
+    /// An option's value outside its declared range (`LoaderConfig::OPTIONS`), naming the
+    /// option, the value and the range.
+    #[error("invalid loader option: {0}")]
+    Option(hslake_schemas::SchemaError),
     /// A capture point asked for that the dataset does not hold.
     #[error("dataset {url} has no {wanted} (asked for as {role}); it holds {available}")]
     MissingPoint {

@@ -57,8 +57,9 @@ mod stream;
 pub use batch::{Batch, ElemType, HostTensor};
 pub use config::{
     Batching, CorruptPolicy, Follow, Layout, LoaderConfig, Remainder, Resolved, ShuffleMode,
+    DECODE_THREADS, IO_TIMEOUT,
 };
-pub use declare::OptionDoc;
+pub use declare::{InRange, OptionDoc, OptionRange};
 pub use error::LoaderError;
 pub use loader::Loader;
 pub use preset::{Preset, PresetPoints};

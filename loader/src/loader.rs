@@ -503,17 +503,8 @@ impl Inner {
             self.config.on_corrupt == CorruptPolicy::Skip,
             rows.as_deref(),
         )?;
-        let want = rows.as_ref().map_or(unit.rows, |r| r.len() as u64);
-        if data.rows() as u64 != want {
-            return Err(LoaderError::Shard {
-                path,
-                row_group: unit.row_group,
-                message: match rows {
-                    None => format!("{} rows, but the manifest says {}", data.rows(), unit.rows),
-                    Some(_) => format!("{} rows read of the {want} selected", data.rows()),
-                },
-            });
-        }
+        // The store held the file's row groups to the manifest's and the rows decoded to the
+        // footer's (`check_row_groups`), so the row group has the rows its unit was planned with.
         Ok(data)
     }
 }

@@ -32,11 +32,6 @@ impl RowGroupData {
         self.offsets[r + 1] - self.offsets[r]
     }
 
-    /// Rows in the row group.
-    pub(crate) fn rows(&self) -> usize {
-        self.sample_ids.len()
-    }
-
     /// Why row `r` cannot be used, if it cannot (its values did not decode).
     pub(crate) fn refusal(&self, r: usize) -> Option<&StoreError> {
         self.bad_rows.get(&r)

@@ -17,6 +17,7 @@ bfloat16 widened to float32 (exactly), fp8 times its per-token scale in float32.
 """
 from __future__ import annotations
 
+import functools
 import heapq
 from typing import Any, Optional, Sequence, Union
 
@@ -147,18 +148,13 @@ class HslakeDatasource(Datasource):
                for p in reader.points])
         self._hidden = reader.hidden
         _READERS.setdefault(self._key, reader)
+        # Pickled into every read task, so it holds nothing that grows with the dataset.
+        self._reads = _Reads(self._key, self._where, self._filter_columns, self._schema)
 
     @property
     def version(self) -> int:
         """The pinned version every read task reads."""
         return self._key[1]
-
-    def _reader(self) -> NativeReader:
-        reader = _READERS.get(self._key)
-        if reader is None:
-            url, version, columns, points, timeout = self._key
-            reader = _READERS[self._key] = NativeReader(url, version, list(columns), list(points), timeout)
-        return reader
 
     def get_name(self) -> str:
         return "Hslake"
@@ -186,28 +182,48 @@ class HslakeDatasource(Datasource):
                 input_files=None,
                 exec_stats=None,
             )
-            tasks.append(ReadTask(lambda pieces=pieces: self._read(pieces), meta, schema=self._schema,
+            # The task carries its pieces and the small `_Reads`, never the datasource: a
+            # closure over `self` pickled every row group of the version into every task.
+            tasks.append(ReadTask(functools.partial(self._reads.read, pieces), meta, schema=self._schema,
                                   per_task_row_limit=per_task_row_limit))
         return tasks
 
-    def _read(self, pieces: list[Piece]) -> list[pa.Table]:
-        tables = [self._read_piece(p) for p in pieces]
+
+class _Reads:
+    """What a read task needs to read its pieces: the key its reader is opened with, the
+    predicate and the output schema. Each task reads through the native reader, whose first
+    read of a shard holds the file's footer to the manifest's row groups (the store's
+    ``check_row_groups``, as for the loader): a claim the file does not bear out raises
+    ``hslake.HslakeError`` naming the file, never rows silently lost or added."""
+
+    def __init__(self, key: tuple, where: Optional[pc.Expression], filter_columns: list[str], schema: pa.Schema):
+        self.key, self.where, self.filter_columns, self.schema = key, where, filter_columns, schema
+
+    def reader(self) -> NativeReader:
+        reader = _READERS.get(self.key)
+        if reader is None:
+            url, version, columns, points, timeout = self.key
+            reader = _READERS[self.key] = NativeReader(url, version, list(columns), list(points), timeout)
+        return reader
+
+    def read(self, pieces: list[Piece]) -> list[pa.Table]:
+        tables = [self.read_piece(p) for p in pieces]
         return [tables[0] if len(tables) == 1 else pa.concat_tables(tables)]
 
-    def _read_piece(self, piece: Piece) -> pa.Table:
-        reader = self._reader()
+    def read_piece(self, piece: Piece) -> pa.Table:
+        reader = self.reader()
         shard, rg, a, b, n = piece
         rows: Optional[list[int]] = None if (a, b) == (0, n) else list(range(a, b))
-        if self._where is not None:
-            meta = _table(reader.read(shard, rg, rows, self._filter_columns, False)[0])
+        if self.where is not None:
+            meta = _table(reader.read(shard, rg, rows, self.filter_columns, False)[0])
             meta = meta.append_column("__hslake_row", pa.array(range(a, b), pa.int64()))
-            rows = meta.filter(self._where).column("__hslake_row").to_pylist()
+            rows = meta.filter(self.where).column("__hslake_row").to_pylist()
             if not rows:
-                return self._schema.empty_table()
-        ipc, tensors = reader.read(shard, rg, rows, list(self._key[2]), True)
+                return self.schema.empty_table()
+        ipc, tensors = reader.read(shard, rg, rows, list(self.key[2]), True)
         table = _table(ipc)
         for name, dtype, hidden, buf, offsets in tensors:
-            table = table.append_column(self._schema.field(name), [_tensor_column(buf, dtype, hidden, offsets)])
+            table = table.append_column(self.schema.field(name), [_tensor_column(buf, dtype, hidden, offsets)])
         return table
 
 

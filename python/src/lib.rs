@@ -8,7 +8,9 @@ use std::time::Duration;
 
 use hslake_loader::{
     BatchStream, HostTensor, Loader, LoaderConfig, LoaderError, LoaderState, Preset,
+    DECODE_THREADS, IO_TIMEOUT,
 };
+use hslake_store::format::guard::guarded;
 use hslake_store::{Dataset, StoreError};
 use pyo3::create_exception;
 use pyo3::exceptions::PyException;
@@ -34,6 +36,7 @@ create_exception!(
 pub(crate) fn to_py(e: LoaderError) -> PyErr {
     match e {
         LoaderError::Config(_)
+        | LoaderError::Option(_)
         | LoaderError::MissingPoint { .. }
         | LoaderError::PresetMismatch { .. }
         | LoaderError::StateMismatch { .. }
@@ -44,14 +47,39 @@ pub(crate) fn to_py(e: LoaderError) -> PyErr {
     }
 }
 
+/// `timeout` seconds of `hslake.Dataset` or Ray's reader, checked against the loader's
+/// `timeout` range (a number past it, or NaN, is a named error, not a panic converting it).
+pub(crate) fn io_timeout(timeout: f64) -> PyResult<Duration> {
+    IO_TIMEOUT
+        .check_seconds("timeout", timeout)
+        .map_err(|e| to_py(LoaderError::Option(e)))?;
+    Ok(Duration::from_secs_f64(timeout))
+}
+
+/// The I/O runtime of `threads` worker threads (the loader's `decode_threads`, checked against
+/// its declared range first); a thread the OS refuses is a named error, not a panic.
 pub(crate) fn runtime(threads: usize) -> PyResult<Arc<Runtime>> {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(threads.max(1))
-        .thread_name("hslake-io")
-        .enable_all()
-        .build()
-        .map(Arc::new)
-        .map_err(|e| HslakeError::new_err(format!("cannot start the I/O runtime: {e}")))
+    DECODE_THREADS
+        .check_whole("decode_threads", threads as u64)
+        .map_err(|e| to_py(LoaderError::Option(e)))?;
+    // tokio panics where the OS refuses its first thread ("OS can't spawn worker thread").
+    let built = guarded(|| {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(threads.max(1))
+            .thread_name("hslake-io")
+            .enable_all()
+            .build()
+    });
+    match built {
+        Ok(Ok(rt)) => Ok(Arc::new(rt)),
+        Ok(Err(e)) => Err(e.to_string()),
+        Err(panic) => Err(panic),
+    }
+    .map_err(|e| {
+        HslakeError::new_err(format!(
+            "cannot start the I/O runtime of {threads} threads (decode_threads): {e}"
+        ))
+    })
 }
 
 /// A dense host buffer exported through the buffer protocol (writable, 64-byte aligned),
@@ -117,8 +145,8 @@ impl NativeDataset {
     #[new]
     #[pyo3(signature = (url, timeout=60.0))]
     fn new(py: Python<'_>, url: String, timeout: f64) -> PyResult<Self> {
+        let limit = io_timeout(timeout)?;
         let rt = runtime(1)?;
-        let limit = Duration::from_secs_f64(timeout.max(0.001));
         let ds = py.detach(|| {
             rt.block_on(async { tokio::time::timeout(limit, Dataset::open(&url)).await })
         });
@@ -178,6 +206,8 @@ impl NativeLoader {
     #[new]
     fn new(py: Python<'_>, url: String, options_json: &str) -> PyResult<Self> {
         let config = LoaderConfig::from_json(options_json).map_err(to_py)?;
+        // Every option checked before any thread is started for them.
+        config.check().map_err(to_py)?;
         let rt = runtime(config.decode_threads)?;
         let loader = py
             .detach(|| rt.block_on(Loader::open(&url, config)))

@@ -4,7 +4,6 @@
 //! host buffers of a numpy dtype: f16 and f32 as stored, bf16 widened to f32 (exact), fp8
 //! multiplied by its per-token scale in f32, as the loader and the SQL functions apply it.
 use std::sync::Arc;
-use std::time::Duration;
 
 use arrow_array::cast::AsArray;
 use arrow_array::types::UInt32Type;
@@ -18,7 +17,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 use tokio::runtime::Runtime;
 
-use crate::{buffer, runtime, to_py, Buffer, ConfigError, HslakeError};
+use crate::{buffer, io_timeout, runtime, to_py, Buffer, ConfigError, HslakeError};
 
 /// One decoded tensor column of a read: (column, numpy dtype name, hidden, values, token offsets
 /// of each row: row `r` is `values[offsets[r]..offsets[r + 1]]` as `[tokens, hidden]`).
@@ -88,8 +87,8 @@ impl NativeReader {
         points: Option<Vec<String>>,
         timeout: f64,
     ) -> PyResult<Self> {
+        let limit = io_timeout(timeout)?;
         let rt = runtime(1)?;
-        let limit = Duration::from_secs_f64(timeout.max(0.001));
         let opened = py.detach(|| {
             rt.block_on(async {
                 tokio::time::timeout(limit, async {

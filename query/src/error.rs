@@ -6,7 +6,7 @@ use hslake_store::format::decode::describe_site;
 #[non_exhaustive]
 pub enum QueryError {
     /// Opening a dataset or reading its manifests failed.
-    #[error("{0}")]
+    #[error(transparent)]
     Store(#[from] hslake_store::StoreError),
     /// Planning or running a query failed (bad SQL, unknown column, wrong argument type, ...).
     #[error("{0}")]

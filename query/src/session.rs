@@ -490,11 +490,26 @@ fn shards_batch(m: &Manifest) -> Result<RecordBatch> {
     Ok(RecordBatch::try_new(shards_schema(), cols)?)
 }
 
+/// A version's manifest without its shards, and its shard, sample, token, byte and raw byte
+/// counts.
+type VersionRow = (Manifest, [u64; 5]);
+
 /// One row per committed version; `pinned` marks the version the session reads.
 async fn versions_batch(ds: &Dataset, pinned: u64) -> Result<RecordBatch> {
-    let mut manifests = Vec::new();
+    // The history as stored (a version before a repair may name a shard twice: counted once),
+    // each version's shards dropped once counted, so that memory holds one manifest at a time.
+    let mut manifests: Vec<VersionRow> = Vec::new();
     for v in ds.versions().await? {
-        manifests.push(ds.manifest(Some(v)).await?);
+        let mut m = ds.manifest_as_stored(Some(v)).await?;
+        let counts = [
+            m.shards.len() as u64,
+            m.num_samples(),
+            m.num_tokens(),
+            m.bytes(),
+            m.raw_bytes(),
+        ];
+        m.shards = Vec::new();
+        manifests.push((m, counts));
     }
     let schema = Arc::new(Schema::new(vec![
         Field::new("version", DataType::UInt64, false),
@@ -507,22 +522,24 @@ async fn versions_batch(ds: &Dataset, pinned: u64) -> Result<RecordBatch> {
         Field::new("raw_bytes", DataType::UInt64, false),
         Field::new("pinned", DataType::Boolean, false),
     ]));
-    let u64s = |f: &dyn Fn(&Manifest) -> u64| {
+    let u64s = |f: &dyn Fn(&VersionRow) -> u64| {
         Arc::new(UInt64Array::from_iter_values(manifests.iter().map(f))) as ArrayRef
     };
     let cols: Vec<ArrayRef> = vec![
-        u64s(&|m| m.version),
-        Arc::new(UInt64Array::from_iter(manifests.iter().map(|m| m.parent))),
-        Arc::new(StringArray::from_iter_values(
-            manifests.iter().map(|m| m.committed_at.as_str()),
+        u64s(&|(m, _)| m.version),
+        Arc::new(UInt64Array::from_iter(
+            manifests.iter().map(|(m, _)| m.parent),
         )),
-        u64s(&|m| m.shards.len() as u64),
-        u64s(&|m| m.num_samples()),
-        u64s(&|m| m.num_tokens()),
-        u64s(&|m| m.bytes()),
-        u64s(&|m| m.raw_bytes()),
+        Arc::new(StringArray::from_iter_values(
+            manifests.iter().map(|(m, _)| m.committed_at.as_str()),
+        )),
+        u64s(&|(_, c)| c[0]),
+        u64s(&|(_, c)| c[1]),
+        u64s(&|(_, c)| c[2]),
+        u64s(&|(_, c)| c[3]),
+        u64s(&|(_, c)| c[4]),
         Arc::new(BooleanArray::from_iter(
-            manifests.iter().map(|m| Some(m.version == pinned)),
+            manifests.iter().map(|(m, _)| Some(m.version == pinned)),
         )),
     ];
     Ok(RecordBatch::try_new(schema, cols)?)

@@ -169,7 +169,7 @@ impl TableProvider for ShardTable {
         &self,
         state: &dyn Session,
         projection: Option<&Vec<usize>>,
-        _filters: &[Expr],
+        filters: &[Expr],
         limit: Option<usize>,
     ) -> Result<Arc<dyn ExecutionPlan>> {
         if self.files.is_empty() {
@@ -179,16 +179,27 @@ impl TableProvider for ShardTable {
             };
             return Ok(Arc::new(EmptyExec::new(schema)));
         }
-        let files: Vec<PartitionedFile> = self
-            .files
-            .iter()
-            .map(|f| {
-                PartitionedFile::new(f.path.to_string(), f.bytes)
-                    .with_statistics(Arc::new(self.file_statistics(f)))
-            })
-            .collect();
+        // A file's statistics hold a column vector each (about 3 KB a shard at 15 columns: 3 GB
+        // for 10^6 shards), and all they add to the table's is pruning shards by sample id: they
+        // are attached where a filter names it.
+        let by_id = filters.iter().any(|f| {
+            f.column_refs()
+                .iter()
+                .any(|c| c.name.as_str() == "sample_id")
+        });
+        let files_with = |extra: &dyn Fn(Statistics) -> Statistics| -> Vec<PartitionedFile> {
+            self.files
+                .iter()
+                .map(|f| {
+                    let file = PartitionedFile::new(f.path.to_string(), f.bytes);
+                    match by_id {
+                        true => file.with_statistics(Arc::new(extra(self.file_statistics(f)))),
+                        false => file,
+                    }
+                })
+                .collect()
+        };
         let partitions = state.config().target_partitions().max(1);
-        let groups = FileGroup::new(files).split_files(partitions);
         let mut options = state.table_options().parquet.clone();
         // DataFusion's default is to fetch the last 512 KiB of a file hoping to get the footer
         // in one request; on shards of a few MiB that alone reads tensor bytes. Fetching the
@@ -204,6 +215,7 @@ impl TableProvider for ShardTable {
             )
         });
         if !reads_tokens {
+            let groups = FileGroup::new(files_with(&|st| st)).split_files(partitions);
             let source = format.file_source(TableSchema::from(self.schema.clone()));
             let config = FileScanConfigBuilder::new(self.source.store_url.clone(), source)
                 .with_file_groups(groups)
@@ -241,15 +253,7 @@ impl TableProvider for ShardTable {
             st.column_statistics.push(ColumnStatistics::new_unknown());
             st
         };
-        let files: Vec<PartitionedFile> = self
-            .files
-            .iter()
-            .map(|f| {
-                PartitionedFile::new(f.path.to_string(), f.bytes)
-                    .with_statistics(Arc::new(with_checksum(self.file_statistics(f))))
-            })
-            .collect();
-        let groups = FileGroup::new(files).split_files(partitions);
+        let groups = FileGroup::new(files_with(&with_checksum)).split_files(partitions);
         let source = format.file_source(TableSchema::from(scan_schema));
         let config = FileScanConfigBuilder::new(self.source.store_url.clone(), source)
             .with_file_groups(groups)
@@ -614,6 +618,49 @@ mod tests {
             want,
             "every layer_30 chunk is read"
         );
+    }
+
+    #[tokio::test]
+    async fn a_filter_on_sample_id_still_skips_the_shards_that_cannot_hold_it() {
+        // Per-file statistics are attached only for such filters (a column vector per shard
+        // otherwise: gigabytes at 10^6 shards); with one, the other shards are not opened.
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("file://{}", dir.path().display());
+        testdata::write(&url, DType::F32, 40, 4).await;
+        let session = QuerySession::open(&url, None).await.unwrap();
+        let m = &session.datasets()[0].manifest;
+        assert_eq!(m.shards.len(), 4);
+        let holder = m
+            .shards
+            .iter()
+            .find(|s| (s.min_sample_id..=s.max_sample_id).contains(&17))
+            .unwrap();
+        let counter = session.datasets()[0].counter.clone();
+        counter.record_ranges();
+        let b = session
+            .query("SELECT seq_len FROM samples WHERE sample_id = 17")
+            .await
+            .unwrap();
+        assert_eq!(b.iter().map(|b| b.num_rows()).sum::<usize>(), 1);
+        let files: std::collections::BTreeSet<String> = counter
+            .ranges()
+            .iter()
+            .map(|(p, _)| p.to_string())
+            .collect();
+        assert_eq!(files.len(), 1, "{files:?}");
+        assert!(files.iter().all(|f| f.ends_with(&holder.path)), "{files:?}");
+        // Without such a filter every shard is read, from the table's statistics alone.
+        counter.record_ranges();
+        session
+            .query("SELECT max(seq_len) FROM samples WHERE seq_len > 0")
+            .await
+            .unwrap();
+        let all: std::collections::BTreeSet<String> = counter
+            .ranges()
+            .iter()
+            .map(|(p, _)| p.to_string())
+            .collect();
+        assert_eq!(all.len(), 4, "{all:?}");
     }
 
     #[tokio::test]

@@ -122,7 +122,7 @@ pub enum SchemaError {
     /// Arrow field metadata that cannot be read back into a schema.
     #[error("arrow schema is not an hslake dataset schema: {0}")]
     Arrow(String),
-    /// A duration or byte size that does not parse or lies outside its named range.
+    /// A duration, byte size or count that does not parse or lies outside its named range.
     #[error("{name} {value:?}: {problem}; expected {expected}")]
     Quantity {
         /// The flag, field or variable, e.g. `--commit-interval`.

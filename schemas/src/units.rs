@@ -1,8 +1,9 @@
-//! Durations and byte sizes as flags, job fields and environment variables spell them
-//! (`30s`, `1.5m`, `250ms`, `24GiB`, `500MB`), each checked against a named range. Every such
-//! value goes through [`DurationRange::parse`] / [`DurationRange::from_number`] or
-//! [`SizeRange::parse`], so an extreme one (`1e308`, `-1`, `2^70` bytes) is refused with its
-//! range instead of overflowing a conversion further on.
+//! Durations, byte sizes and counts as flags, job fields, options and environment variables
+//! spell them (`30s`, `1.5m`, `250ms`, `24GiB`, `500MB`, `16`), each checked against a named
+//! range. Every such value goes through [`DurationRange::parse`] /
+//! [`DurationRange::from_number`], [`SizeRange::parse`] or [`CountRange::check`], so an
+//! extreme one (`1e308`, `-1`, `2^70` bytes, `10^6` threads) is refused with its range instead
+//! of overflowing a conversion, an allocation or the thread limit further on.
 //!
 //! ```
 //! use std::time::Duration;
@@ -295,6 +296,64 @@ impl SizeRange {
     }
 }
 
+/// The range a count flag or field takes (threads, row groups, samples), with the name errors
+/// call it by: the same checks and error as [`SizeRange`], for numbers without a unit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CountRange {
+    /// The flag or field, e.g. `decode_threads`.
+    pub name: &'static str,
+    /// Smallest value taken.
+    pub min: u64,
+    /// Largest value taken.
+    pub max: u64,
+}
+
+impl CountRange {
+    /// Counts from `min` to `max`.
+    pub const fn new(name: &'static str, min: u64, max: u64) -> Self {
+        CountRange { name, min, max }
+    }
+
+    /// Parses a whole number and checks the range.
+    pub fn parse(&self, text: &str) -> Result<u64, SchemaError> {
+        let t = text.trim();
+        match t.parse::<u64>() {
+            Ok(n) => self.check_text(text, n),
+            // Digits alone that do not fit a u64 are a count past any range.
+            Err(_) if !t.is_empty() && t.bytes().all(|b| b.is_ascii_digit()) => {
+                Err(self.error(text, "out of range"))
+            }
+            Err(_) => Err(self.error(text, "not a whole number")),
+        }
+    }
+
+    /// Checks a count already in hand.
+    pub fn check(&self, n: u64) -> Result<u64, SchemaError> {
+        self.check_text(&n.to_string(), n)
+    }
+
+    /// A clap value parser for this range.
+    pub fn parser(self) -> impl Fn(&str) -> Result<u64, SchemaError> + Clone + Send + Sync {
+        move |s| self.parse(s)
+    }
+
+    fn check_text(&self, text: &str, n: u64) -> Result<u64, SchemaError> {
+        if n < self.min || n > self.max {
+            return Err(self.error(text, "out of range"));
+        }
+        Ok(n)
+    }
+
+    fn error(&self, value: &str, problem: &str) -> SchemaError {
+        SchemaError::Quantity {
+            name: self.name.to_string(),
+            value: value.trim().to_string(),
+            problem: problem.to_string(),
+            expected: format!("a whole number from {} to {}", self.min, self.max),
+        }
+    }
+}
+
 /// `text` cut where its number ends: `("1.5", "GiB")`; the unit trimmed, the number as given.
 fn split_number(text: &str) -> (&str, &str) {
     let t = text.trim();
@@ -488,5 +547,33 @@ mod tests {
         assert_eq!(show_size(24 << 30), "24GiB");
         assert_eq!(show_size(1536 << 10), "1536KiB");
         assert_eq!(show_size(7), "7B");
+    }
+
+    #[test]
+    fn counts_past_their_range_are_refused_naming_it() {
+        const THREADS: CountRange = CountRange::new("decode_threads", 1, 1024);
+        assert_eq!(THREADS.parse(" 16 ").unwrap(), 16);
+        assert_eq!(THREADS.check(1024).unwrap(), 1024);
+        for text in [
+            "0",
+            "1025",
+            "100000",
+            "18446744073709551616",
+            "-1",
+            "2.5",
+            "",
+            "x",
+        ] {
+            let e = THREADS.parse(text).unwrap_err().to_string();
+            assert!(
+                e.starts_with("decode_threads") && e.contains("a whole number from 1 to 1024"),
+                "{text}: {e}"
+            );
+        }
+        let e = THREADS.check(1 << 40).unwrap_err().to_string();
+        assert_eq!(
+            e,
+            "decode_threads \"1099511627776\": out of range; expected a whole number from 1 to 1024"
+        );
     }
 }

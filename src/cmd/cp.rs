@@ -16,7 +16,7 @@ pub async fn run(a: Args) -> Result<std::process::ExitCode> {
     let src = Dataset::open(&a.src).await?;
     let mut total = 0;
     for v in src.versions().await? {
-        total = total.max(src.manifest(Some(v)).await?.bytes());
+        total = total.max(src.manifest_as_stored(Some(v)).await?.bytes());
     }
     let pb = super::byte_progress(total);
     pb.set_message("copy");

@@ -40,12 +40,20 @@ fn note(m: &hslake_store::Manifest, previous: Option<&hslake_store::Manifest>) -
     if let Some(v) = m.vacuum.filter(|_| m.is_vacuum()) {
         return format!("vacuum (cutoff {})", v.cutoff);
     }
+    if !m.repeated.is_empty() {
+        return format!(
+            "names {} shard(s) more than once (readers refuse it)",
+            m.repeated.len()
+        );
+    }
     let dropped = previous
         .filter(|p| m.parent == Some(p.version))
         .map_or(0, |p| {
+            let kept: std::collections::HashSet<&str> =
+                m.shards.iter().map(|t| t.path.as_str()).collect();
             p.shards
                 .iter()
-                .filter(|s| !m.shards.iter().any(|t| t.path == s.path))
+                .filter(|s| !kept.contains(s.path.as_str()))
                 .count()
         });
     if dropped > 0 {
@@ -67,7 +75,9 @@ pub async fn run(a: Args) -> Result<std::process::ExitCode> {
             println!("version\tcommitted_at\tshards\tsamples\tbytes\tnote");
             let mut parent: Option<hslake_store::Manifest> = None;
             for v in ds.versions().await?.into_iter().take(limit) {
-                let m = ds.manifest(Some(v)).await?;
+                // The history as stored: a version that named a shard twice (read with the
+                // shard once) is listed like any other, `repaired` after it.
+                let m = ds.manifest_as_stored(Some(v)).await?;
                 println!(
                     "{}\t{}\t{}\t{}\t{}\t{}",
                     v,

@@ -112,9 +112,16 @@ impl Dataset {
         versions::latest(&self.loc).await
     }
 
-    /// The manifest of a version (`None`: the newest).
+    /// The manifest of a version (`None`: the newest), for reading its data: one that names a
+    /// shard more than once is refused ([`StoreError::RepeatedShard`]).
     pub async fn manifest(&self, version: Option<u64>) -> Result<Manifest> {
         versions::read_or_latest(&self.loc, version).await
+    }
+
+    /// The manifest of a version (`None`: the newest) as stored, a shard named more than once
+    /// kept once and recorded in [`Manifest::repeated`]: for reports and repairs (`verify`).
+    pub async fn manifest_as_stored(&self, version: Option<u64>) -> Result<Manifest> {
+        versions::read_or_latest_as_stored(&self.loc, version).await
     }
 
     /// Commit `shards` on top of the newest version as version N+1 (see [`Committer`]).
@@ -130,6 +137,7 @@ impl Dataset {
                 shards,
                 properties,
                 removed: &[],
+                drop_repeats: false,
             })
             .await
     }

@@ -111,6 +111,35 @@ pub enum StoreError {
         /// The version that names it (`None`: the commit names it twice).
         version: Option<u64>,
     },
+    /// A manifest that names one shard more than once: every reader would read and count its
+    /// rows that many times, so readers and commits refuse it.
+    #[error("{manifest}: shard {path} is named {times} times{}; a manifest names each shard once \
+        (`hslake repair {url} --drop-repeats` commits a version without the repeats)",
+        match .others { 0 => String::new(), n => format!(" ({n} more shards are named more than once)") })]
+    RepeatedShard {
+        /// The dataset URL.
+        url: String,
+        /// The manifest file.
+        manifest: String,
+        /// The first shard named more than once.
+        path: String,
+        /// How many times the manifest names it.
+        times: u64,
+        /// How many other shards it names more than once.
+        others: usize,
+    },
+    /// A manifest larger than any reader takes (`MAX_MANIFEST_BYTES`), refused before it is read.
+    #[error(
+        "{path}: the manifest is {bytes} bytes, more than the {limit} bytes a manifest may have"
+    )]
+    ManifestTooLarge {
+        /// The manifest file.
+        path: String,
+        /// Its size.
+        bytes: u64,
+        /// The most a manifest may have.
+        limit: u64,
+    },
     /// A commit naming a shard that is not in storage as its entry describes.
     #[error("{url}/{path}: commit refused: {reason}; nothing was committed")]
     ShardMissing {

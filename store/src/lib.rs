@@ -48,9 +48,10 @@ pub use dataset::Dataset;
 pub use error::{Result, StoreError};
 pub use io::location;
 pub use reader::{DatasetReader, SampleSite};
-pub use repair::{drop_missing, lost_samples, RepairReport};
+pub use repair::{lost_samples, repair, RepairOptions, RepairReport};
 pub use table::manifest::{
-    manifest_path, Manifest, Provenance, ShardEntry, VacuumMark, DATA_DIR, VERSIONS_DIR,
+    manifest_path, Manifest, Provenance, RepeatedShard, ShardEntry, VacuumMark, DATA_DIR,
+    MAX_MANIFEST_BYTES, MAX_MANIFEST_SHARDS, VERSIONS_DIR,
 };
 pub use vacuum::{vacuum, Marked, MarkedPlan, VacuumOptions, VacuumPlan, VacuumReport, MIN_GRACE};
 pub use verify::{verify, MissingShard, Problem, VerifyReport};

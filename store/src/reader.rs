@@ -17,7 +17,7 @@ use crate::format::codec::decode_samples_from;
 use crate::format::decode::with_file_metadata;
 use crate::format::guard::{decoder_failure, guarded_async};
 use crate::format::lengths::RowLengths;
-use crate::format::shard::check_footer;
+use crate::format::shard::{check_footer, check_row_groups};
 use crate::format::tokens::{TokenRows, TOKEN_CHECKSUM_COLUMN};
 use crate::io::counting::CountingStore;
 use crate::io::ranged::ShardFile;
@@ -116,9 +116,12 @@ impl DatasetReader {
         )
         .await
         .map_err(|e| StoreError::pq(self.shown(shard), e))?;
-        check_footer(m.metadata(), self.manifest.shards[shard].bytes).map_err(|reason| {
+        let entry = &self.manifest.shards[shard];
+        check_footer(m.metadata(), entry.bytes).map_err(|reason| {
             StoreError::corrupt(self.shown(shard), format!("corrupt footer: {reason}"))
         })?;
+        check_row_groups(m.metadata(), &entry.row_groups)
+            .map_err(|reason| StoreError::corrupt(self.shown(shard), reason))?;
         if let Ok(mut f) = self.footers.lock() {
             f.insert(shard, m.clone());
         }
@@ -246,6 +249,17 @@ impl DatasetReader {
                 arrow_select_concat(&schema, &batches, &shown)
             }
         }?;
+        // What the footer (checked against the manifest) promised is what was decoded.
+        let want = rows.map_or(rg_rows, <[usize]>::len);
+        if batch.num_rows() != want {
+            return Err(StoreError::corrupt(
+                &shown,
+                format!(
+                    "row group {row_group} yielded {} rows, {want} expected",
+                    batch.num_rows()
+                ),
+            ));
+        }
         let batch = with_file_metadata(batch, &file_meta);
         // Errors name rows of the row group, also where the batch holds only some of them.
         let each_row = |check: &dyn Fn(usize) -> Result<()>| match rows {

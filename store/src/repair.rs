@@ -1,6 +1,8 @@
 //! Repairing a dataset whose newest version names shards that are no longer in storage (deleted
-//! by hand, or by a vacuum of an hslake that predates vacuum versions): a new version without
-//! them, committed like any other. Their samples are lost; the dataset reads and verifies again.
+//! by hand, or by a vacuum of an hslake that predates vacuum versions), or names one shard more
+//! than once (a hand edit or a foreign writer): a new version without them, committed like any
+//! other. The samples of missing shards are lost; repeats lose nothing. The dataset reads and
+//! verifies again.
 use std::collections::BTreeMap;
 
 use futures::{StreamExt, TryStreamExt};
@@ -8,20 +10,34 @@ use object_store::ObjectStoreExt;
 
 use crate::io::location::Location;
 use crate::table::commit::{Change, Committer};
-use crate::table::manifest::ShardEntry;
+use crate::table::manifest::{RepeatedShard, ShardEntry};
+use crate::table::versions;
 use crate::{Dataset, Result, StoreError};
 
 /// Shard HEAD requests a repair runs at once.
 const PARALLEL_HEADS: usize = 16;
 
-/// What `drop_missing` found and did.
+/// What a repair looks for besides repeated entries, which it always drops (each shard is
+/// kept once; nothing is lost).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RepairOptions {
+    /// Also drop the shards that are not in storage (a HEAD each; their samples are lost).
+    pub drop_missing: bool,
+    /// Only report what would be dropped; commit nothing.
+    pub dry_run: bool,
+}
+
+/// What `repair` found and did.
 #[derive(Debug, Clone, Default)]
 pub struct RepairReport {
     /// The version whose shards were checked.
     pub checked: u64,
-    /// Its shards that are not in storage: what is lost with them.
+    /// Its shards that are not in storage (looked for only with `drop_missing`): what is lost
+    /// with them.
     pub dropped: Vec<ShardEntry>,
-    /// The version committed without them (`None`: nothing missing, or a dry run).
+    /// Its shards named more than once, with how often: each is kept once.
+    pub repeated: Vec<RepeatedShard>,
+    /// The version committed without what was dropped (`None`: nothing to drop, or a dry run).
     pub version: Option<u64>,
 }
 
@@ -50,26 +66,24 @@ pub fn lost_samples(s: &ShardEntry) -> String {
     }
 }
 
-/// Check every shard of the newest version with a HEAD and, unless `dry_run`, commit a version
-/// without those that are not in storage. A shard that is there but damaged is not dropped
-/// (`verify` names it); a storage error other than "not found" stops the repair.
-pub async fn drop_missing(ds: &Dataset, dry_run: bool) -> Result<RepairReport> {
+/// Read the newest version as stored, find its repeated entries and, with `drop_missing`, its
+/// shards that are not in storage (a HEAD each); unless `dry_run`, commit a version without
+/// them. A shard that is there but damaged is not dropped (`verify` names it); a storage error
+/// other than "not found" stops the repair.
+pub async fn repair(ds: &Dataset, opts: RepairOptions) -> Result<RepairReport> {
     let loc = ds.location();
-    let head = ds.manifest(None).await?;
-    // Futures made up front: a stream mapping borrowed entries through a closure trips rustc's
-    // higher-ranked `Send` check in spawned callers.
-    let heads: Vec<_> = head.shards.iter().map(|s| missing(loc, s)).collect();
-    let found: Vec<Option<ShardEntry>> = futures::stream::iter(heads)
-        .buffered(PARALLEL_HEADS)
-        .try_collect()
-        .await?;
-    let dropped: Vec<ShardEntry> = found.into_iter().flatten().collect();
+    let head = versions::read_or_latest_as_stored(loc, None).await?;
+    let dropped = match opts.drop_missing {
+        true => missing_shards(loc, &head.shards).await?,
+        false => vec![],
+    };
     let mut report = RepairReport {
         checked: head.version,
         dropped,
+        repeated: head.repeated.clone(),
         version: None,
     };
-    if report.dropped.is_empty() || dry_run {
+    if (report.dropped.is_empty() && report.repeated.is_empty()) || opts.dry_run {
         return Ok(report);
     }
     let removed: Vec<String> = report.dropped.iter().map(|s| s.path.clone()).collect();
@@ -79,13 +93,29 @@ pub async fn drop_missing(ds: &Dataset, dry_run: bool) -> Result<RepairReport> {
             shards: &[],
             properties: &BTreeMap::new(),
             removed: &removed,
+            drop_repeats: true,
         })
         .await?;
     for s in &report.dropped {
         tracing::warn!(url = %loc.url, shard = %s.path, lost = %lost_samples(s), version, "repair: dropped a missing shard");
     }
+    for r in &report.repeated {
+        tracing::info!(url = %loc.url, shard = %r.path, times = r.times, version, "repair: kept a repeated shard once");
+    }
     report.version = Some(version);
     Ok(report)
+}
+
+/// The entries of `shards` whose files storage does not hold.
+async fn missing_shards(loc: &Location, shards: &[ShardEntry]) -> Result<Vec<ShardEntry>> {
+    // Futures made up front: a stream mapping borrowed entries through a closure trips rustc's
+    // higher-ranked `Send` check in spawned callers.
+    let heads: Vec<_> = shards.iter().map(|s| missing(loc, s)).collect();
+    let found: Vec<Option<ShardEntry>> = futures::stream::iter(heads)
+        .buffered(PARALLEL_HEADS)
+        .try_collect()
+        .await?;
+    Ok(found.into_iter().flatten().collect())
 }
 
 /// `s` where storage does not hold its file.

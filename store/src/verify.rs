@@ -18,7 +18,7 @@ use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use crate::format::decode::{with_file_metadata, TensorColumn};
 use crate::format::guard::{decoder_failure, guarded};
 use crate::format::lengths::RowLengths;
-use crate::format::shard::check_footer;
+use crate::format::shard::{check_footer, check_row_groups};
 use crate::format::tokens::TokenRows;
 use crate::table::manifest::{manifest_path, ShardEntry};
 use crate::table::sample_ids::SHOWN_DUPLICATES;
@@ -84,7 +84,8 @@ pub async fn verify(
     version: Option<u64>,
     mut on_shard: impl FnMut(u64),
 ) -> Result<VerifyReport> {
-    let m = ds.manifest(version).await?;
+    // As stored: a shard named twice is a problem to report, not a reason to stop.
+    let m = ds.manifest_as_stored(version).await?;
     let mut report = VerifyReport {
         version: m.version,
         shards: m.shards.len(),
@@ -98,15 +99,18 @@ pub async fn verify(
             message: format!("shard path {raw:?} is not canonical (data/<name>); readers and vacuum read it as its canonical form"),
         });
     }
-    let mut seen = std::collections::HashSet::new();
-    for e in &m.shards {
-        if !seen.insert(e.path.as_str()) {
-            report.problems.push(Problem {
-                file: manifest_file.clone(),
-                row: None,
-                message: format!("shard {} is named more than once", e.path),
-            });
-        }
+    for r in &m.repeated {
+        report.problems.push(Problem {
+            file: manifest_file.clone(),
+            row: None,
+            message: format!(
+                "shard {} is named {} times; readers refuse the version (`hslake repair {} \
+                 --drop-repeats` commits one without the repeats)",
+                r.path,
+                r.times,
+                ds.url()
+            ),
+        });
     }
     // (sample id, shard index, row) of every row read, to find ids held twice.
     let mut ids: Vec<(u64, usize, u64)> = Vec::new();
@@ -319,20 +323,8 @@ fn check_contents(
         ),
         Err(e) => problem(None, e.to_string()),
     }
-    let rgs: Vec<u64> = builder
-        .metadata()
-        .row_groups()
-        .iter()
-        .map(|r| r.num_rows() as u64)
-        .collect();
-    if rgs != entry.row_groups {
-        problem(
-            None,
-            format!(
-                "row groups hold {rgs:?} rows, the manifest says {:?}",
-                entry.row_groups
-            ),
-        );
+    if let Err(reason) = check_row_groups(builder.metadata(), &entry.row_groups) {
+        problem(None, reason);
     }
     let file_meta = builder.schema().metadata().clone();
     let reader = match builder.with_batch_size(1024).build() {

@@ -8,8 +8,9 @@ use hslake_schemas::{CapturePoint, DType, DatasetSchema, FinitePolicy, Sample, T
 use hslake_store::tools::s3_bucket::create_bucket;
 use hslake_store::tools::synth::{write_dataset, SynthModel, SynthSpec};
 use hslake_store::{
-    copy_dataset, drop_missing, vacuum, verify, Appended, Dataset, DatasetReader, DatasetWriter,
-    Marked, Provenance, StoreError, VacuumOptions, VacuumPlan, WriterOptions, MIN_GRACE,
+    copy_dataset, repair, vacuum, verify, Appended, Dataset, DatasetReader, DatasetWriter, Marked,
+    Provenance, RepairOptions, RepeatedShard, StoreError, VacuumOptions, VacuumPlan, WriterOptions,
+    MIN_GRACE,
 };
 use object_store::{ObjectStoreExt, PutPayload};
 
@@ -886,10 +887,14 @@ async fn verify_names_a_missing_shard_and_repair_drops_it(b: Backend) {
                 && p.contains("missing: not in storage; versions 1..=3 name it")),
         "{text:#?}"
     );
-    let dry = drop_missing(&ds, true).await.unwrap();
+    let missing = |dry_run| RepairOptions {
+        drop_missing: true,
+        dry_run,
+    };
+    let dry = repair(&ds, missing(true)).await.unwrap();
     assert_eq!((dry.dropped.len(), dry.version), (1, None));
     assert_eq!(ds.latest_version().await.unwrap(), 3);
-    let rep = drop_missing(&ds, false).await.unwrap();
+    let rep = repair(&ds, missing(false)).await.unwrap();
     assert_eq!(rep.dropped[0].path, path);
     assert_eq!(
         hslake_store::lost_samples(&rep.dropped[0]),
@@ -903,11 +908,17 @@ async fn verify_names_a_missing_shard_and_repair_drops_it(b: Backend) {
         assert_eq!(&r.get_sample(s.sample_id).await.unwrap(), s);
     }
     // Nothing is missing any more.
-    let again = drop_missing(&ds, false).await.unwrap();
+    let again = repair(&ds, missing(false)).await.unwrap();
     assert_eq!((again.dropped.len(), again.version), (0, None));
 }
 
 /// Put `m` as its version's manifest, as a hand edit or a foreign tool would.
+/// The problems `verify` reports on the newest version, as text.
+async fn problems(ds: &Dataset) -> Vec<String> {
+    let report = verify(ds, None, |_| {}).await.unwrap();
+    report.problems.iter().map(|p| p.to_string()).collect()
+}
+
 async fn plant(ds: &Dataset, json: &serde_json::Value) {
     let v = json["version"].as_u64().unwrap();
     ds.object_store()
@@ -968,24 +979,25 @@ async fn verify_reports_duplicates_and_counts_that_disagree(b: Backend) {
         .unwrap();
     write_synth(&ds, 0..20, 1, 100).await;
     let m = ds.manifest(None).await.unwrap();
+    // A copy of the first shard under another name holds its samples again.
+    let copy = "data/copy-of-first.parquet";
+    let store = ds.object_store();
+    store
+        .copy(&ds.object_path(&m.shards[0].path), &ds.object_path(copy))
+        .await
+        .unwrap();
     let mut json: serde_json::Value = serde_json::from_slice(&m.to_json()).unwrap();
     json["version"] = (m.version + 1).into();
     let shards = json["shards"].as_array_mut().unwrap();
-    let first = shards[0].clone();
-    shards.push(first);
+    let mut again = shards[0].clone();
+    again["path"] = copy.into();
+    shards.push(again);
     shards[1]["tokens"] = (shards[1]["tokens"].as_u64().unwrap() + 1).into();
     shards[1]["raw_bytes"] = 1.into();
     plant(&ds, &json).await;
     let report = verify(&ds, None, |_| {}).await.unwrap();
     let text: Vec<String> = report.problems.iter().map(|p| p.to_string()).collect();
     let has = |what: &str| text.iter().any(|p| p.contains(what));
-    assert!(
-        has(&format!(
-            "shard {} is named more than once",
-            m.shards[0].path
-        )),
-        "{text:#?}"
-    );
     assert!(has("sample 0 is held again by"), "{text:#?}");
     assert!(
         has(&format!(
@@ -995,6 +1007,177 @@ async fn verify_reports_duplicates_and_counts_that_disagree(b: Backend) {
         "{text:#?}"
     );
     assert!(has("raw_bytes, the manifest says 1"), "{text:#?}");
+}
+
+async fn a_manifest_naming_a_shard_twice_is_refused_and_repair_drops_the_repeats(b: Backend) {
+    let Some(url) = fresh_url(b) else { return };
+    let ds = Dataset::create(&url, schema(DType::Bf16, 16, &[2]), Provenance::default())
+        .await
+        .unwrap();
+    let written = write_synth(&ds, 0..20, 1, 100).await;
+    let m = ds.manifest(None).await.unwrap();
+    assert!(m.shards.len() > 1, "the test needs several shards");
+    let first = m.shards[0].path.clone();
+    let mut json: serde_json::Value = serde_json::from_slice(&m.to_json()).unwrap();
+    json["version"] = (m.version + 1).into();
+    let shards = json["shards"].as_array_mut().unwrap();
+    // Named four times, once spelt otherwise: the same shard once canonical.
+    for spelling in [
+        first.clone(),
+        first.clone(),
+        first.replacen("data/", "data//", 1),
+    ] {
+        let mut e = shards[0].clone();
+        e["path"] = spelling.into();
+        shards.push(e);
+    }
+    // A writer that opened before the version landed, committing on top of it.
+    let (mut w, _) = uncommitted(&ds, 100..101).await;
+    plant(&ds, &json).await;
+    let repeated = RepeatedShard {
+        path: first.clone(),
+        times: 4,
+    };
+
+    // Every reader and every commit refuses the version by name.
+    let refused = |e: StoreError| match e {
+        StoreError::RepeatedShard { path, times, .. } => (path, times),
+        other => panic!("expected RepeatedShard, got {other}"),
+    };
+    let e = ds.manifest(None).await.unwrap_err();
+    assert!(e.to_string().contains("--drop-repeats"), "{e}");
+    assert_eq!(refused(e), (first.clone(), 4));
+    let e = DatasetReader::open(&ds, None).await.err().unwrap();
+    assert_eq!(refused(e), (first.clone(), 4));
+    assert_eq!(refused(w.commit().await.unwrap_err()), (first.clone(), 4));
+    assert_eq!(ds.latest_version().await.unwrap(), m.version + 1);
+
+    // verify names it; repair keeps each shard once, losing nothing.
+    let text = problems(&ds).await;
+    assert!(
+        text.iter()
+            .any(|p| p.contains(&format!("shard {first} is named 4 times"))),
+        "{text:#?}"
+    );
+    let repeats = |dry_run| RepairOptions {
+        drop_missing: true,
+        dry_run,
+    };
+    let dry = repair(&ds, repeats(true)).await.unwrap();
+    assert_eq!(
+        (dry.repeated.as_slice(), dry.dropped.len(), dry.version),
+        (&[repeated.clone()][..], 0, None)
+    );
+    assert_eq!(ds.latest_version().await.unwrap(), m.version + 1);
+    let rep = repair(&ds, repeats(false)).await.unwrap();
+    assert_eq!(rep.repeated, [repeated]);
+    assert_eq!(rep.version, Some(m.version + 2));
+    let fixed = ds.manifest(None).await.unwrap();
+    assert_eq!(fixed.shards, m.shards);
+    assert_eq!(fixed.num_samples(), written.len() as u64);
+    assert!(verify(&ds, None, |_| {}).await.unwrap().is_clean());
+    let r = DatasetReader::open(&ds, None).await.unwrap();
+    let mut ids = r.sample_ids().await.unwrap();
+    ids.sort_unstable();
+    assert_eq!(ids, (0..20).collect::<Vec<u64>>());
+    // The repeated version stays in the history: vacuum reads past it, deleting only the
+    // refused writer's shard.
+    let rep = vacuum(&ds, sweep(Duration::ZERO, false)).await.unwrap();
+    assert_eq!(rep.deleted.len(), 1, "{:?}", rep.deleted);
+    assert!(
+        m.shards.iter().all(|s| !rep.deleted[0].ends_with(&s.path)),
+        "{:?}",
+        rep.deleted
+    );
+    assert!(verify(&ds, None, |_| {}).await.unwrap().is_clean());
+    // Copy reads past it too, writing it with each shard once.
+    let dst = fresh_url(b).unwrap();
+    copy_dataset(&ds, &dst, |_| {}).await.unwrap();
+    let copied = Dataset::open(&dst).await.unwrap();
+    let planted = copied.manifest(Some(m.version + 1)).await.unwrap();
+    assert_eq!(planted.shards, m.shards);
+    let again = repair(&ds, repeats(false)).await.unwrap();
+    assert_eq!((again.repeated.len(), again.version), (0, None));
+}
+
+async fn reads_hold_the_manifests_row_groups_to_the_file(b: Backend) {
+    let Some(url) = fresh_url(b) else { return };
+    let ds = Dataset::create(&url, schema(DType::Bf16, 16, &[2]), Provenance::default())
+        .await
+        .unwrap();
+    let opts = WriterOptions {
+        row_group_target_bytes: 1,
+        shard_target_bytes: 1 << 30,
+        ..small_opts()
+    };
+    let gen = SynthModel::new(schema(DType::Bf16, 16, &[2]), (3, 12), 1);
+    let mut w = DatasetWriter::new(&ds, opts).await.unwrap();
+    for id in 0..6 {
+        w.append(&gen.sample(id)).await.unwrap();
+    }
+    w.commit().await.unwrap();
+    let m = ds.manifest(None).await.unwrap();
+    assert_eq!(m.shards[0].row_groups, [1; 6], "one row per row group");
+    let path = m.shards[0].path.clone();
+    // (what the entry claims, what a read and verify say), each planted as the next version.
+    type Claim = fn(&mut serde_json::Value);
+    let claims: [(Claim, &str); 3] = [
+        (
+            |e| {
+                e["row_groups"] = serde_json::json!([6]);
+            },
+            "the file has 6 row groups, the manifest says 1",
+        ),
+        (
+            |e| {
+                e["row_groups"][0] = 6.into();
+                e["rows"] = 11.into();
+            },
+            "row group 0 holds 1 rows, the manifest says 6",
+        ),
+        (
+            |e| {
+                e["row_groups"] = serde_json::json!([1, 1, 1, 1, 1, 1, 1]);
+                e["rows"] = 7.into();
+            },
+            "the file has 6 row groups, the manifest says 7",
+        ),
+    ];
+    for (claim, named) in claims {
+        let head = ds.latest_version().await.unwrap();
+        let mut json: serde_json::Value = serde_json::from_slice(&m.to_json()).unwrap();
+        json["version"] = (head + 1).into();
+        claim(&mut json["shards"][0]);
+        plant(&ds, &json).await;
+        let r = DatasetReader::open(&ds, None).await.unwrap();
+        let e = r.read_row_group(0, 0, None).await.unwrap_err().to_string();
+        assert!(e.contains(&path) && e.contains(named), "{e}");
+        let problems = problems(&ds).await;
+        assert!(
+            problems
+                .iter()
+                .any(|p| p.contains(&path) && p.contains(named)),
+            "{problems:#?}"
+        );
+    }
+    // More row groups than the file's bytes can hold: refused with the manifest, before any
+    // reader plans a read of them.
+    let head = ds.latest_version().await.unwrap();
+    let mut json: serde_json::Value = serde_json::from_slice(&m.to_json()).unwrap();
+    json["version"] = (head + 1).into();
+    let bytes = json["shards"][0]["bytes"].as_u64().unwrap();
+    let groups = bytes / 64 + 1;
+    json["shards"][0]["row_groups"] = vec![1u64; groups as usize].into();
+    json["shards"][0]["rows"] = groups.into();
+    json["shards"][0]["bytes"] = bytes.into();
+    plant(&ds, &json).await;
+    let e = ds.manifest(None).await.unwrap_err().to_string();
+    assert!(
+        e.contains(&format!(
+            "{groups} row groups cannot fit in a file of {bytes} bytes"
+        )),
+        "{e}"
+    );
 }
 
 async fn vacuum_deletes_only_the_datasets_own_debris(b: Backend) {
@@ -1334,6 +1517,8 @@ suite!(
     verify_names_a_missing_shard_and_repair_drops_it,
     non_canonical_shard_paths_read_verify_and_survive_vacuum,
     verify_reports_duplicates_and_counts_that_disagree,
+    a_manifest_naming_a_shard_twice_is_refused_and_repair_drops_the_repeats,
+    reads_hold_the_manifests_row_groups_to_the_file,
     vacuum_deletes_only_the_datasets_own_debris,
     the_root_of_a_bucket_is_refused_as_a_dataset,
     vacuum_never_follows_symbolic_links,

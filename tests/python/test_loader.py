@@ -255,7 +255,7 @@ def test_sample_shuffle_state_is_refused_by_a_window_loader(local_ds):
 def test_bad_shuffle_mode_and_lookahead_are_named(local_ds):
     with pytest.raises(hslake.ConfigError, match='shuffle_mode="global".*expected `window` or `sample`'):
         hslake.Loader(url_of(local_ds), batch_size=2, shuffle_mode="global")
-    with pytest.raises(hslake.ConfigError, match="lookahead_bytes must be at least 1"):
+    with pytest.raises(hslake.ConfigError, match="lookahead_bytes \"0\": out of range"):
         hslake.Loader(url_of(local_ds), batch_size=2, shuffle_mode="sample", lookahead_bytes=0)
 
 
@@ -273,6 +273,47 @@ def test_every_option_is_listed_with_the_default_the_loader_uses_and_unknown_one
     assert all_ids(explicit) == all_ids(implicit)
     with pytest.raises(hslake.ConfigError, match="unknown field `sead`"):
         hslake.Loader(url_of(local_ds), batch_size=5, sead=1)
+
+
+def test_options_past_their_range_are_refused_by_name_without_an_abort(local_ds, tmp_path):
+    # Before the ranges: 2**40 aborted the process (an allocation of 16 TiB of padding), 10**5
+    # threads panicked ("can't spawn worker thread") and 10**6 hung.
+    for name, value in [("pad_to_multiple_of", 2**40), ("decode_threads", 10**5),
+                        ("decode_threads", 10**6), ("prefetch_batches", 2**62), ("batch_size", 2**40)]:
+        given = {"batch_size": 2, name: value}
+        with pytest.raises(hslake.ConfigError,
+                           match=f'{name} "{value}": out of range; expected a whole number from 1 to '):
+            hslake.Loader(url_of(local_ds), **given)
+    with pytest.raises(hslake.ConfigError, match='timeout "1e308": out of range'):
+        hslake.Loader(url_of(local_ds), batch_size=2, timeout=1e308)
+    # The Dataset's and the native reader's (Ray's) timeout take the same range: before, 1e308
+    # and NaN panicked converting them to a duration.
+    from hslake._hslake import NativeReader
+    for bad in (1e308, float("nan"), 0.0):
+        with pytest.raises(hslake.ConfigError, match='timeout ".*": (out of range|not a number)'):
+            hslake.Dataset(url_of(local_ds), timeout=bad)
+        with pytest.raises(hslake.ConfigError, match='timeout ".*": (out of range|not a number)'):
+            NativeReader(url_of(local_ds), None, None, None, bad)
+    with pytest.raises(hslake.ConfigError, match='decode_threads "100000": out of range'):
+        hslake.export_trainer_files(url_of(local_ds), "speculators", str(tmp_path / "out"), decode_threads=10**5)
+    docs = {name: doc for name, _, doc in hslake.loader_options()}
+    assert docs["decode_threads"].endswith("Range: 1 to 1024."), docs["decode_threads"]
+    assert docs["pad_to_multiple_of"].endswith("Range: 1 to 65536."), docs["pad_to_multiple_of"]
+
+
+def test_a_manifest_repeating_a_shard_is_refused_by_name(local_ds, tmp_path):
+    # Before: every reader read (and counted) the repeated shard as often as it was named.
+    bad = tmp_path / "bad"
+    shutil.copytree(local_ds, bad)
+    m = latest_manifest(bad)
+    m["shards"] += [m["shards"][0]] * 2
+    m["version"] += 1
+    (bad / "_hslake" / "versions" / f"{m['version']:020}.json").write_text(json.dumps(m))
+    named = f"shard {m['shards'][0]['path']} is named 3 times"
+    with pytest.raises(hslake.HslakeError, match=named):
+        hslake.Loader(url_of(bad), batch_size=2)
+    with pytest.raises(hslake.HslakeError, match=named):
+        hslake.Dataset(url_of(bad)).counts()
 
 
 def test_rank_not_below_world_size_is_a_clear_error(local_ds):

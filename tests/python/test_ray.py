@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -223,6 +225,67 @@ def test_a_missing_dataset_is_named(tmp_path):
     with pytest.raises(hslake.HslakeError) as e:
         hray.read_hslake(url(tmp_path / "absent"))
     assert "absent" in str(e.value) and "not an hslake dataset" in str(e.value)
+
+
+def planted(src: Path, dst: Path, edit) -> tuple[str, dict]:
+    """A copy of `src` whose newest version is its latest manifest with `edit(shard)` applied to
+    the entry of its first shard of several row groups, as a hand edit or a foreign writer would
+    make it; the copy's URL and the edited entry."""
+    shutil.copytree(src, dst)
+    versions = sorted((dst / "_hslake" / "versions").iterdir())
+    m = json.loads(versions[-1].read_text())
+    entry = next(s for s in m["shards"] if len(s["row_groups"]) > 2)
+    edit(entry)
+    m["version"] += 1
+    (dst / "_hslake" / "versions" / f"{m['version']:020}.json").write_text(json.dumps(m))
+    return url(dst), entry
+
+
+def claim_one_group(s: dict) -> None:
+    s["row_groups"] = [s["rows"]]
+
+
+def claim_five_more_rows(s: dict) -> None:
+    s["row_groups"][0] += 5
+    s["rows"] += 5
+
+
+def claim_most_groups(s: dict) -> None:
+    # As many one-row groups as the manifest's own checks let the file's bytes hold (the issue's
+    # 200,000 over a larger file): only the file can refute the claim.
+    s["row_groups"] = [1] * (s["bytes"] // 64)
+    s["rows"] = len(s["row_groups"])
+
+
+@pytest.mark.parametrize("edit, named", [
+    (claim_one_group, r"the file has \d+ row groups, the manifest says 1"),
+    (claim_five_more_rows, r"row group 0 holds \d+ rows, the manifest says \d+"),
+    (claim_most_groups, r"the file has \d+ row groups, the manifest says \d+"),
+])
+def test_read_tasks_hold_the_manifests_row_groups_to_the_file(cluster, ds_dir, tmp_path, edit, named):
+    # Before: one claimed group over a shard of several returned its first group's rows, 5 extra
+    # claimed rows returned the real ones, and 200,000 claimed groups hung for minutes (every
+    # read task pickled the datasource and its every row group).
+    bad, entry = planted(ds_dir, tmp_path / "bad", edit)
+    with pytest.raises(Exception) as e:
+        hray.read_hslake(bad, points=[1], columns=["sample_id"]).materialize()
+    assert entry["path"] in str(e.value), str(e.value)
+    assert re.search(named, str(e.value)), str(e.value)
+    # The loader reads through the same check and names the same problem.
+    with pytest.raises(hslake.HslakeError) as e:
+        list(hslake.Loader(bad, batch_size=4, shuffle=False))
+    assert entry["path"] in str(e.value) and re.search(named, str(e.value)), str(e.value)
+
+
+def test_claims_no_file_could_hold_are_refused_before_any_read_task(ds_dir, tmp_path):
+    def claim(s: dict) -> None:
+        s["row_groups"] = [1] * 200_000
+        s["rows"] = 200_000
+        s["bytes"] = 200_000 * 64 - 1
+
+    bad, _ = planted(ds_dir, tmp_path / "bad", claim)
+    with pytest.raises(hslake.HslakeError, match="200000 row groups cannot fit in a file of 12799999 bytes"):
+        hray.read_hslake(bad)
 
 
 def sql(d: Path, query: str) -> dict:

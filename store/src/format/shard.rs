@@ -122,6 +122,33 @@ pub(crate) fn check_footer(
     Ok(())
 }
 
+/// Refuses a footer whose row groups are not those its manifest entry claims (`claimed`: rows
+/// of each, in file order). Readers plan their reads by the entry (the loader's units, Ray's
+/// read tasks), so the first read of a shard checks the claim against the file: a row group the
+/// file lacks, rows it does not hold, or rows it holds beyond the claim are an error naming the
+/// file, never rows silently lost or added. `verify` reports the same.
+pub fn check_row_groups(
+    meta: &ParquetMetaData,
+    claimed: &[u64],
+) -> std::result::Result<(), String> {
+    let found = meta.num_row_groups();
+    if found != claimed.len() {
+        return Err(format!(
+            "the file has {found} row groups, the manifest says {}",
+            claimed.len()
+        ));
+    }
+    for (g, (rg, &want)) in meta.row_groups().iter().zip(claimed).enumerate() {
+        let rows = rg.num_rows();
+        if u64::try_from(rows).ok() != Some(want) {
+            return Err(format!(
+                "row group {g} holds {rows} rows, the manifest says {want}"
+            ));
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use hslake_schemas::{CapturePoint, DType};

@@ -14,7 +14,7 @@
 //! The shard-presence check refuses a new shard that old, so a commit either lands before the
 //! vacuum's version (and the vacuum, conflicting, starts over and sees the shard as live) or
 //! after it (and refuses the shard by name): no commit can name a file a vacuum deletes.
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::time::Duration;
 
 use futures::{StreamExt, TryStreamExt};
@@ -85,6 +85,7 @@ pub fn initial_manifest(schema: DatasetSchema, provenance: Provenance) -> Manife
         commit_id: Some(new_commit_id()),
         vacuum: None,
         noncanonical_paths: vec![],
+        repeated: vec![],
     }
 }
 
@@ -164,6 +165,9 @@ pub struct Change<'a> {
     pub properties: &'a BTreeMap<String, String>,
     /// Shard paths to leave out of the new version (`hslake repair` drops missing shards).
     pub removed: &'a [String],
+    /// Commit on a head that names a shard more than once, keeping each shard once (`hslake
+    /// repair --drop-repeats`); otherwise such a head is refused.
+    pub drop_repeats: bool,
 }
 
 /// Commits changes to the dataset at one location.
@@ -195,7 +199,7 @@ impl<'a> Committer<'a> {
         // Versions whose put failed with an unknown outcome that the read-back could not settle.
         let mut unsettled: Vec<u64> = vec![];
         for attempt in 0..ATTEMPTS {
-            let head = versions::read_or_latest(self.loc, None).await?;
+            let head = versions::read_or_latest_as_stored(self.loc, None).await?;
             if let Some(v) = self.own_among(&mut unsettled, &head, &commit_id).await? {
                 return Ok(v);
             }
@@ -251,16 +255,21 @@ impl<'a> Committer<'a> {
     }
 
     /// The pre-commit check, run on every head an attempt builds on, so that a retry on a new
-    /// head checks again: the head's schema must be the one the shards were written with, it
-    /// must not name the change's shards already, the shards must be in storage as their
+    /// head checks again: the head must name each shard once (unless the change drops the
+    /// repeats), its schema must be the one the shards were written with, it must not name the
+    /// change's shards already, the shards must be in storage as their
     /// entries say, and no sample id of the change (`ids`, sorted) may be in the head.
     async fn check_head(&self, head: &Manifest, change: &Change<'_>, ids: &[u64]) -> Result<()> {
         let url = &self.loc.url;
+        if !change.drop_repeats {
+            head.refuse_repeats(url, &format!("{url}/{}", manifest_path(head.version)))?;
+        }
         check_schema(url, &head.schema, change.schema)?;
+        let named: HashSet<&str> = head.shards.iter().map(|h| h.path.as_str()).collect();
         if let Some(s) = change
             .shards
             .iter()
-            .find(|s| head.shards.iter().any(|h| h.path == s.path))
+            .find(|s| named.contains(s.path.as_str()))
         {
             return Err(StoreError::DuplicateShard {
                 url: url.clone(),
@@ -382,7 +391,10 @@ fn next_manifest(
     next.committed_at = committed_at;
     next.commit_id = Some(commit_id.to_string());
     next.noncanonical_paths.clear();
-    next.shards.retain(|s| !change.removed.contains(&s.path));
+    // The head as stored holds each shard once; its repeats are left behind.
+    next.repeated.clear();
+    let removed: HashSet<&String> = change.removed.iter().collect();
+    next.shards.retain(|s| !removed.contains(&s.path));
     next.shards.extend_from_slice(change.shards);
     next.properties.extend(
         change
@@ -407,6 +419,7 @@ pub fn vacuum_manifest(
         shards: &[],
         properties: &BTreeMap::new(),
         removed: &[],
+        drop_repeats: false,
     };
     let mut next = next_manifest(url, head, &keep, now(), commit_id)?;
     next.vacuum = Some(VacuumMark {
@@ -497,6 +510,7 @@ mod tests {
             shards: &[shard("data/b.parquet")],
             properties: &props,
             removed: &[],
+            drop_repeats: false,
         };
         let next = next_manifest("memory://x", &head, &change, "t".into(), "c1").unwrap();
         assert_eq!((next.version, next.parent), (5, Some(4)));
@@ -529,6 +543,7 @@ mod tests {
             shards: &[shard("data/c.parquet")],
             properties: &props,
             removed: &["data/a.parquet".to_string()],
+            drop_repeats: false,
         };
         let next = next_manifest("memory://x", &head, &change, "t".into(), "c").unwrap();
         assert_eq!(next.vacuum, Some(mark));
@@ -603,6 +618,7 @@ mod tests {
             shards: &[],
             properties: &props,
             removed: &[],
+            drop_repeats: false,
         };
         let err = next_manifest("memory://x", &head, &change, "t".into(), "c")
             .unwrap_err()

@@ -40,9 +40,35 @@ pub fn canonical_shard_path(raw: &str) -> std::result::Result<String, String> {
     Ok(parts.join("/"))
 }
 
+/// Most bytes a manifest may have, checked before it is read: a version of
+/// [`MAX_MANIFEST_SHARDS`] shards of ~30 row groups each is about 1 KB of JSON a shard.
+pub const MAX_MANIFEST_BYTES: u64 = 1 << 30;
+
+/// Most shards a manifest may name, checked as it is parsed: 10x a large real dataset (10^5
+/// shards of the writer's 256 MiB, 25 TiB). A version is read whole into memory (about 300 bytes
+/// a shard parsed, on top of its JSON), so more would need a manifest split into parts.
+pub const MAX_MANIFEST_SHARDS: usize = 1_000_000;
+
+/// Fewest bytes of a file one row group takes: each of its column chunks (a shard has at
+/// least 7 columns) has a page header in the data and an entry in the footer, tens of bytes
+/// each. A manifest claiming more row groups than its file's bytes can hold is refused when it
+/// is read, so no reader plans work (Ray's read tasks, the loader's units) for row groups that
+/// cannot exist.
+pub const MIN_ROW_GROUP_BYTES: u64 = 64;
+
 /// An entry's counts must agree with each other and with what its file can hold: every
-/// sizing from `rows` and `row_groups` (the loader's buffers) is then bounded by `bytes`.
+/// sizing from `rows` and `row_groups` (the loader's buffers, Ray's read tasks) is then
+/// bounded by `bytes`.
 fn check_counts(s: &ShardEntry) -> std::result::Result<(), String> {
+    let most = s.bytes / MIN_ROW_GROUP_BYTES;
+    if s.row_groups.len() as u64 > most {
+        return Err(format!(
+            "{} row groups cannot fit in a file of {} bytes (at most {most}: a row group takes \
+             at least {MIN_ROW_GROUP_BYTES} bytes)",
+            s.row_groups.len(),
+            s.bytes
+        ));
+    }
     let in_groups = s
         .row_groups
         .iter()
@@ -66,6 +92,18 @@ fn check_counts(s: &ShardEntry) -> std::result::Result<(), String> {
             "min_sample_id {} is above max_sample_id {}",
             s.min_sample_id, s.max_sample_id
         ));
+    }
+    Ok(())
+}
+
+/// Refuse a manifest of more than [`MAX_MANIFEST_BYTES`] before it is read or parsed.
+pub fn check_manifest_size(path: &str, bytes: u64) -> Result<()> {
+    if bytes > MAX_MANIFEST_BYTES {
+        return Err(StoreError::ManifestTooLarge {
+            path: path.to_string(),
+            bytes,
+            limit: MAX_MANIFEST_BYTES,
+        });
     }
     Ok(())
 }
@@ -168,7 +206,8 @@ pub struct Manifest {
     pub schema: DatasetSchema,
     /// Capture provenance.
     pub provenance: Provenance,
-    /// Every live shard.
+    /// Every live shard, each once (at most [`MAX_MANIFEST_SHARDS`]).
+    #[serde(deserialize_with = "bounded_shards")]
     pub shards: Vec<ShardEntry>,
     /// Free-form properties (e.g. capture progress).
     #[serde(default)]
@@ -184,6 +223,54 @@ pub struct Manifest {
     /// holds them canonical. Never stored; `verify` reports them.
     #[serde(skip)]
     pub noncanonical_paths: Vec<String>,
+    /// Shards the stored manifest named more than once (by canonical path), with how many times
+    /// each, in the order first named; `shards` holds each once. Never stored: readers and
+    /// commits refuse such a manifest ([`Manifest::refuse_repeats`]), `verify` reports it and
+    /// `repair` commits a version without the repeats.
+    #[serde(skip)]
+    pub repeated: Vec<RepeatedShard>,
+}
+
+/// A shard a manifest names more than once.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RepeatedShard {
+    /// Its canonical path.
+    pub path: String,
+    /// How many times the manifest names it (at least 2).
+    pub times: u64,
+}
+
+/// A list of at most `.0` shard entries, refused as soon as one more is parsed.
+struct Bounded(usize);
+
+impl<'de> serde::de::Visitor<'de> for Bounded {
+    type Value = Vec<ShardEntry>;
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "a list of at most {} shard entries", self.0)
+    }
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(
+        self,
+        mut seq: A,
+    ) -> std::result::Result<Self::Value, A::Error> {
+        let mut out = Vec::new();
+        while let Some(s) = seq.next_element()? {
+            if out.len() == self.0 {
+                return Err(serde::de::Error::custom(format!(
+                    "names more than {} shards, the most a manifest may name",
+                    self.0
+                )));
+            }
+            out.push(s);
+        }
+        Ok(out)
+    }
+}
+
+/// The `shards` of a manifest, refused past [`MAX_MANIFEST_SHARDS`] before more are parsed.
+fn bounded_shards<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> std::result::Result<Vec<ShardEntry>, D::Error> {
+    d.deserialize_seq(Bounded(MAX_MANIFEST_SHARDS))
 }
 
 impl Manifest {
@@ -211,8 +298,12 @@ impl Manifest {
             .try_fold(0u64, |acc, s| acc.checked_add(field(s)))
     }
 
-    /// Parse a manifest, refusing newer formats before anything else.
+    /// Parse a manifest (at most [`MAX_MANIFEST_BYTES`], checked first), refusing newer formats
+    /// before anything else. Non-canonical shard paths are read canonical
+    /// (`noncanonical_paths`), and a shard named more than once is kept once (`repeated`):
+    /// whoever reads a version for its data refuses the latter ([`Manifest::refuse_repeats`]).
     pub fn from_json(path: &str, bytes: &[u8]) -> Result<Self> {
+        check_manifest_size(path, bytes.len() as u64)?;
         #[derive(Deserialize)]
         struct Head {
             format_version: u32,
@@ -255,6 +346,7 @@ impl Manifest {
                     .push(std::mem::replace(&mut s.path, canon));
             }
         }
+        m.drop_repeats();
         for (name, field) in [
             ("rows", (|s: &ShardEntry| s.rows) as fn(&ShardEntry) -> u64),
             ("tokens", |s| s.tokens),
@@ -269,6 +361,49 @@ impl Manifest {
             }
         }
         Ok(m)
+    }
+
+    /// Keep the first entry of each shard path, recording the others in `repeated`.
+    fn drop_repeats(&mut self) {
+        let mut times: std::collections::HashMap<&str, u64> =
+            std::collections::HashMap::with_capacity(self.shards.len());
+        for s in &self.shards {
+            *times.entry(s.path.as_str()).or_default() += 1;
+        }
+        if times.len() == self.shards.len() {
+            return;
+        }
+        let mut repeated = Vec::new();
+        let mut first = vec![false; self.shards.len()];
+        for (i, s) in self.shards.iter().enumerate() {
+            if let Some(t) = times.remove(s.path.as_str()) {
+                first[i] = true;
+                if t > 1 {
+                    repeated.push(RepeatedShard {
+                        path: s.path.clone(),
+                        times: t,
+                    });
+                }
+            }
+        }
+        let mut keep = first.into_iter();
+        self.shards.retain(|_| keep.next().unwrap_or(false));
+        self.repeated = repeated;
+    }
+
+    /// Refuse a version that named a shard more than once (`repeated`): its rows would be read
+    /// and counted that many times. `url` is the dataset's, `manifest` the manifest file shown.
+    pub fn refuse_repeats(&self, url: &str, manifest: &str) -> Result<()> {
+        match self.repeated.first() {
+            None => Ok(()),
+            Some(r) => Err(StoreError::RepeatedShard {
+                url: url.to_string(),
+                manifest: manifest.to_string(),
+                path: r.path.clone(),
+                times: r.times,
+                others: self.repeated.len() - 1,
+            }),
+        }
     }
 
     /// Whether this version is a vacuum's: the same shards and properties as its parent,
@@ -343,8 +478,8 @@ mod tests {
 
     #[test]
     fn reads_non_canonical_paths_as_canonical_and_remembers_them() {
-        let a = shard_json("data//a.parquet", 100, 2, "[1, 1]");
-        let b = shard_json("data/b.parquet", 100, 2, "[2]");
+        let a = shard_json("data//a.parquet", 1000, 2, "[1, 1]");
+        let b = shard_json("data/b.parquet", 1000, 2, "[2]");
         let m = Manifest::from_json("v.json", &manifest_with(&format!("{a}, {b}"))).unwrap();
         assert_eq!(m.shards[0].path, "data/a.parquet");
         assert_eq!(m.noncanonical_paths, ["data//a.parquet"]);
@@ -385,6 +520,90 @@ mod tests {
                 .to_string();
             assert!(err.contains(want), "{err}");
         }
+    }
+
+    #[test]
+    fn a_shard_named_twice_is_kept_once_recorded_and_refused_by_readers() {
+        let entries = [
+            shard_json("data/a", 1000, 2, "[2]"),
+            shard_json("data/b", 1000, 3, "[3]"),
+            shard_json("data//a", 1000, 2, "[2]"),
+            shard_json("data/a", 1000, 2, "[2]"),
+            shard_json("data/b", 1000, 3, "[3]"),
+        ];
+        let m = Manifest::from_json("v.json", &manifest_with(&entries.join(", "))).unwrap();
+        let paths: Vec<&str> = m.shards.iter().map(|s| s.path.as_str()).collect();
+        assert_eq!(paths, ["data/a", "data/b"]);
+        assert_eq!(m.num_samples(), 5, "each shard counted once");
+        let r = |path: &str, times| RepeatedShard {
+            path: path.into(),
+            times,
+        };
+        assert_eq!(m.repeated, [r("data/a", 3), r("data/b", 2)]);
+        let err = m
+            .refuse_repeats("memory://d", "v.json")
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            err,
+            "v.json: shard data/a is named 3 times (1 more shards are named more than once); a \
+             manifest names each shard once (`hslake repair memory://d --drop-repeats` commits a \
+             version without the repeats)"
+        );
+        let once = Manifest::from_json("v.json", &manifest_with(&entries[..2].join(", "))).unwrap();
+        assert!(once.repeated.is_empty() && once.refuse_repeats("u", "v").is_ok());
+        // A commit writes what was kept, each shard once.
+        let back = Manifest::from_json("v.json", &m.to_json()).unwrap();
+        assert_eq!((back.shards.len(), back.repeated.len()), (2, 0));
+    }
+
+    #[test]
+    fn refuses_more_row_groups_than_the_file_can_hold_and_oversized_manifests() {
+        let groups = format!("[{}]", vec!["1"; 200].join(", "));
+        let err = Manifest::from_json(
+            "v.json",
+            &manifest_with(&shard_json("data/a", 200 * 64 - 1, 200, &groups)),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.contains("200 row groups cannot fit in a file of 12799 bytes (at most 199"),
+            "{err}"
+        );
+        assert!(Manifest::from_json(
+            "v.json",
+            &manifest_with(&shard_json("data/a", 200 * 64, 200, &groups))
+        )
+        .is_ok());
+        let err = check_manifest_size("v.json", MAX_MANIFEST_BYTES + 1)
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            err,
+            "v.json: the manifest is 1073741825 bytes, more than the 1073741824 bytes a manifest \
+             may have"
+        );
+        assert!(check_manifest_size("v.json", MAX_MANIFEST_BYTES).is_ok());
+    }
+
+    #[test]
+    fn a_list_of_shards_past_its_bound_is_refused_before_more_are_parsed() {
+        let three = [0, 1, 2].map(|i| shard_json(&format!("data/{i}"), 1000, 1, "[1]"));
+        let parse = |n: usize, bound: usize| {
+            let json = format!("[{}]", three[..n].join(", "));
+            serde::Deserializer::deserialize_seq(
+                &mut serde_json::Deserializer::from_str(&json),
+                Bounded(bound),
+            )
+            .map(|v| v.len())
+            .map_err(|e| e.to_string())
+        };
+        assert_eq!(parse(2, 2), Ok(2));
+        let err = parse(3, 2).unwrap_err();
+        assert!(
+            err.contains("names more than 2 shards, the most a manifest may name"),
+            "{err}"
+        );
     }
 
     #[test]
