@@ -19,6 +19,7 @@ pub mod chat_tokenizer;
 pub mod conversation;
 pub mod encode;
 pub mod error;
+mod guard;
 pub mod limits;
 pub mod mask;
 pub mod output;
