@@ -27,6 +27,7 @@ pub mod pipeline;
 pub mod regenerate;
 pub mod skeleton;
 pub mod source;
+mod syntax;
 pub mod template;
 mod template_functions;
 

@@ -220,12 +220,7 @@ impl Walk<'_> {
 
     fn args(&mut self, args: &[CallArg<'_>]) {
         for a in args {
-            match a {
-                CallArg::Pos(e)
-                | CallArg::Kwarg(_, e)
-                | CallArg::PosSplat(e)
-                | CallArg::KwargSplat(e) => self.expr(e),
-            }
+            self.expr(crate::syntax::arg_expr(a));
         }
     }
 
@@ -234,53 +229,7 @@ impl Walk<'_> {
             let range = self.range(e);
             self.wrap(range, format!("{SETTLE}(("));
         }
-        match e {
-            Expr::Var(_) | Expr::Const(_) => {}
-            Expr::Slice(s) => {
-                self.expr(&s.expr);
-                for x in [&s.start, &s.stop, &s.step].into_iter().flatten() {
-                    self.expr(x);
-                }
-            }
-            Expr::UnaryOp(u) => self.expr(&u.expr),
-            Expr::BinOp(b) => {
-                self.expr(&b.left);
-                self.expr(&b.right);
-            }
-            Expr::Compare(c) => {
-                self.expr(&c.expr);
-                c.ops.iter().for_each(|op| self.expr(&op.expr));
-            }
-            Expr::IfExpr(i) => {
-                self.expr(&i.test_expr);
-                self.expr(&i.true_expr);
-                if let Some(f) = &i.false_expr {
-                    self.expr(f);
-                }
-            }
-            Expr::Filter(f) => {
-                if let Some(x) = &f.expr {
-                    self.expr(x);
-                }
-                self.args(&f.args);
-            }
-            Expr::Test(t) => {
-                self.expr(&t.expr);
-                self.args(&t.args);
-            }
-            Expr::GetAttr(g) => self.expr(&g.expr),
-            Expr::GetItem(g) => {
-                self.expr(&g.expr);
-                self.expr(&g.subscript_expr);
-            }
-            Expr::Call(c) => {
-                self.expr(&c.expr);
-                self.args(&c.args);
-            }
-            Expr::List(l) => l.items.iter().for_each(|x| self.expr(x)),
-            Expr::Tuple(t) => t.items.iter().for_each(|x| self.expr(x)),
-            Expr::Map(m) => m.keys.iter().chain(&m.values).for_each(|x| self.expr(x)),
-        }
+        crate::syntax::each_child(e, &mut |c| self.expr(c));
     }
 
     // Encloses `range` in `open` … `))`.
@@ -347,61 +296,7 @@ fn union(e: &Expr<'_>, r: &mut Range<usize>) {
     let s = e.span();
     r.start = r.start.min(s.start_offset as usize);
     r.end = r.end.max(s.end_offset as usize);
-    let mut each = |x: &Expr<'_>| union(x, r);
-    match e {
-        Expr::Var(_) | Expr::Const(_) => {}
-        Expr::Slice(s) => {
-            each(&s.expr);
-            [&s.start, &s.stop, &s.step]
-                .into_iter()
-                .flatten()
-                .for_each(each);
-        }
-        Expr::UnaryOp(u) => each(&u.expr),
-        Expr::BinOp(b) => {
-            each(&b.left);
-            each(&b.right);
-        }
-        Expr::Compare(c) => {
-            each(&c.expr);
-            c.ops.iter().for_each(|op| each(&op.expr));
-        }
-        Expr::IfExpr(i) => {
-            each(&i.test_expr);
-            each(&i.true_expr);
-            if let Some(f) = &i.false_expr {
-                each(f);
-            }
-        }
-        Expr::Filter(f) => {
-            if let Some(x) = &f.expr {
-                each(x);
-            }
-            f.args.iter().for_each(|a| each(arg_expr(a)));
-        }
-        Expr::Test(t) => {
-            each(&t.expr);
-            t.args.iter().for_each(|a| each(arg_expr(a)));
-        }
-        Expr::GetAttr(g) => each(&g.expr),
-        Expr::GetItem(g) => {
-            each(&g.expr);
-            each(&g.subscript_expr);
-        }
-        Expr::Call(c) => {
-            each(&c.expr);
-            c.args.iter().for_each(|a| each(arg_expr(a)));
-        }
-        Expr::List(l) => l.items.iter().for_each(each),
-        Expr::Tuple(t) => t.items.iter().for_each(each),
-        Expr::Map(m) => m.keys.iter().chain(&m.values).for_each(each),
-    }
-}
-
-fn arg_expr<'a, 's>(a: &'a CallArg<'s>) -> &'a Expr<'s> {
-    match a {
-        CallArg::Pos(e) | CallArg::Kwarg(_, e) | CallArg::PosSplat(e) | CallArg::KwargSplat(e) => e,
-    }
+    crate::syntax::each_child(e, &mut |c| union(c, r));
 }
 
 // Whether an expression's value may be a container the engine builds lazily or that holds
