@@ -95,6 +95,24 @@ pub enum CaptureError {
         /// The limit.
         limit: u64,
     },
+    /// An input whose samples take more memory, once read, than the job's `max_input_bytes`.
+    #[error(
+        "{path}: the input's samples take more than {limit} bytes in memory once read \
+         ({samples} samples of {tokens} tokens so far, {} bytes a token and {} a sample); \
+         at most {limit} are taken",
+        crate::input::TOKEN_BYTES,
+        crate::input::SAMPLE_BYTES
+    )]
+    SamplesTooLarge {
+        /// The input as given.
+        path: PathBuf,
+        /// Samples read when the bound was passed.
+        samples: u64,
+        /// Their tokens.
+        tokens: u64,
+        /// The limit.
+        limit: u64,
+    },
     /// A command-line or API option is invalid.
     #[error("invalid option: {0}")]
     Option(String),

@@ -59,7 +59,10 @@ pub use engine::{
 pub use error::{CaptureError, Result, TensorProblem};
 pub use gpu::DeviceKind;
 pub use hslake_schemas::{InputShard, Overlong};
-pub use input::{read_inputs, InputLimits, InputSample, Inputs};
+pub use input::{
+    check_memory, is_parquet, read_inputs, scan_inputs, InputLimits, InputSample, Inputs,
+    KeptSamples,
+};
 pub use kernels::{DequantKernel, Kernels, MoeKernel, NormKernel, TpReduce};
 pub use models::ModelInfo;
 pub use tools::debug;

@@ -19,6 +19,7 @@ pub mod chat_tokenizer;
 pub mod conversation;
 pub mod encode;
 pub mod error;
+mod guard;
 pub mod limits;
 pub mod mask;
 pub mod output;
@@ -26,6 +27,7 @@ pub mod pipeline;
 pub mod regenerate;
 pub mod skeleton;
 pub mod source;
+mod syntax;
 pub mod template;
 mod template_functions;
 

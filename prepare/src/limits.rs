@@ -11,9 +11,11 @@
 //!   every assistant turn, so its time grows with the square of the turns.
 //! - **fuel** (`--template-fuel`): one rendering of the template may take this many steps, with
 //!   every 64 bytes it builds counted as one step (minijinja's fuel). Loops without end and
-//!   strings doubled until memory runs out stop there; the memory one rendering can allocate is
-//!   at most 64 bytes per unit of fuel, and so is the stack it can need
-//!   ([`Limits::render_stack`]).
+//!   strings doubled until memory runs out stop there. Values minijinja builds lazily or shares
+//!   (a list added to itself, `[x] * n`, `[x, x]`) and Python's string methods are held to the
+//!   same fuel by the template's guard ([`crate::guard`]), so that the memory one rendering can
+//!   allocate stays within about twice 64 bytes per unit of fuel; the stack it can need is
+//!   bounded by 64 bytes per unit of fuel ([`Limits::render_stack`]).
 use crate::conversation::Conversation;
 use crate::error::{PrepareError, RecordError, Result};
 

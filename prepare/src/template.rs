@@ -40,8 +40,18 @@ pub struct ChatTemplate {
 /// them (transformers refuses them the same way, as duplicate keyword arguments).
 pub const RESERVED_VARIABLES: [&str; 2] = ["messages", "add_generation_prompt"];
 
-/// Refuses template variables that would replace the conversation or the generation prompt.
+/// Refuses template variables that would replace the conversation, the generation prompt or
+/// the guard's functions.
 pub fn check_kwargs(extra: &serde_json::Map<String, serde_json::Value>) -> Result<()> {
+    if let Some(k) = extra.keys().find(|k| k.starts_with(crate::guard::RESERVED)) {
+        return Err(PrepareError::Argument {
+            option: "--chat-template-kwargs",
+            message: format!(
+                "sets {k:?}; names starting with {} are hslake's own",
+                crate::guard::RESERVED
+            ),
+        });
+    }
     match RESERVED_VARIABLES.iter().find(|k| extra.contains_key(**k)) {
         Some(k) => Err(PrepareError::Argument {
             option: "--chat-template-kwargs",
@@ -234,28 +244,30 @@ impl ChatTemplate {
                 message: e.to_string(),
             })?;
         env.set_syntax(syntax.clone());
-        env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
         env.add_filter("tojson", tojson);
         env.add_function("raise_exception", raise_exception);
         env.add_function("strftime_now", strftime_now);
         env.add_test("hslake_skeleton_message", |v: Value| {
             crate::skeleton::is_skeleton_message(&v)
         });
+        crate::guard::install(&mut env);
+        let syntax_err = |message: String| PrepareError::TemplateSyntax {
+            path: source.path.clone(),
+            message,
+        };
+        // The template as written first, so that a syntax error is reported as one.
+        env.add_template_owned("chat_template", text.clone())
+            .map_err(|e| syntax_err(format!("{e:#}")))?;
         // Only the turn-by-turn mask renders prefixes; generation markers need none.
         let skeleton = if has_generation {
             Err("the template has {% generation %} markers".to_string())
         } else {
             crate::skeleton::analyze(&text, syntax.clone()).and_then(|copy| {
+                let copy = crate::guard::guarded_copy(&copy, syntax.clone())?;
                 env.add_template_owned(SKELETON, copy)
                     .map_err(|e| format!("the skeleton copy does not compile: {e:#}"))
             })
         };
-        env.add_template_owned("chat_template", text).map_err(|e| {
-            PrepareError::TemplateSyntax {
-                path: source.path.clone(),
-                message: format!("{e:#}"),
-            }
-        })?;
         let not_given = {
             let tmpl =
                 env.get_template("chat_template")
@@ -277,6 +289,10 @@ impl ChatTemplate {
             names.sort();
             names.join(", ")
         };
+        // Rendered from its guarded copy ([`crate::guard`]), under the same name and lines.
+        let guarded = crate::guard::guarded_copy(&text, syntax).map_err(syntax_err)?;
+        env.add_template_owned("chat_template", guarded)
+            .map_err(|e| syntax_err(format!("the guarded copy does not compile: {e:#}")))?;
         let mut globals: Vec<(String, Value)> = source
             .special_tokens
             .iter()

@@ -48,8 +48,8 @@ impl FueledText<'_, '_, '_> {
 }
 
 /// Deepest nesting `tojson` serialises: a bound on its recursion (Python's own json stops at
-/// its recursion limit).
-const TOJSON_MAX_DEPTH: usize = 512;
+/// its recursion limit), the guard's bound on every value.
+const TOJSON_MAX_DEPTH: usize = crate::guard::MAX_DEPTH;
 
 // Python's json.dumps(x, ensure_ascii=False, indent=indent, sort_keys=sort_keys), which
 // transformers installs as `tojson` in place of Jinja's HTML-escaping one.
@@ -194,11 +194,12 @@ mod tests {
 
     #[test]
     fn refuses_values_nested_deeper_than_tojson_serialises() {
+        // The template's guard refuses the nesting itself, at the depth tojson stops at.
         let e = render("{% set ns = namespace(x=[]) %}{% for i in range(600) %}{% set ns.x = [ns.x] %}{% endfor %}{{ ns.x | tojson }}")
             .unwrap_err();
         assert_eq!(
             e.to_string(),
-            "chat template error: tojson: a value nested deeper than 512 levels"
+            "chat template error: a value nested deeper than 512 levels"
         );
     }
 }

@@ -709,6 +709,9 @@ def test_concurrent_large_submissions_are_refused_or_spooled_within_a_memory_bou
             ids.append(answer["id"])
         busy = [a for p in valid for s, a in answers[p.name] if s == 503]
         assert busy and all("--max-spool-bytes" in a["error"] for a in busy), answers
+        # Charged what a check may hold, more than the input's bytes: by bytes two of these
+        # checks fit in the spool at once, by what they hold one does.
+        assert all("checking this input may take" in a["error"] for a in busy), busy
         assert [d.wait_job(i)["state"] for i in ids] == ["done"] * 3
         watching[0] = False
         watcher.join()
@@ -717,11 +720,64 @@ def test_concurrent_large_submissions_are_refused_or_spooled_within_a_memory_bou
         print("submissions:", json.dumps({"submission_mb": SUBMISSION_MB, "max_job_mb": job_mb,
                                           "idle_rss_mb": idle / 2**20, "peak_growth_mb": growth_mb}))
         # Three parses at once of the refused inputs alone would take ~10x their size; the bound is
-        # the spool's 1.5 x --max-job-bytes being checked, times the parse's expansion, plus a run.
+        # what the checks may hold (--max-spool-bytes, 1.5 x --max-job-bytes) plus a run.
         assert growth_mb < 10 * job_mb, growth_mb
         assert d.proc.poll() is None
     finally:
         assert d.stop() == 0
+
+
+def one_token_samples(path, mb, ids=True):
+    """JSONL of one-token samples, about `mb` MB: the most records a byte, with integer ids the
+    most a check holds (the ids seen), and the most memory a byte once read."""
+    with open(path, "w") as f:
+        i = 0
+        while f.tell() < mb * 1_000_000:
+            f.write("".join((f'{{"id":{j},"input_ids":[1]}}\n' if ids else '{"input_ids":[1]}\n')
+                            for j in range(i, i + 10_000)))
+            i += 10_000
+    return path
+
+
+def test_a_check_is_charged_what_it_holds_and_samples_past_max_job_bytes_are_refused(daemon_setup):
+    """What a submission costs once read, not its bytes: the check of an input is charged what it
+    may hold (1 MiB plus 1.25 times the input, 25-byte records with integer ids being the most),
+    and the memory a check of the worst input actually took stays under that; an input whose
+    samples would take more than --max-job-bytes in memory (one-token samples: 197 bytes each
+    from 18 bytes of JSON) is refused by name although its file is small enough; and a
+    --max-spool-bytes below what the largest input's check may take is refused at start."""
+    tmp, model = daemon_setup
+    # 20 MB of 25-byte records with ids (800,000 ids): the run keeps one shard in a thousand.
+    worst = one_token_samples(tmp / "worst.jsonl", 20)
+    size = worst.stat().st_size
+    charged = 2**20 + size * 5 // 4
+    dense = one_token_samples(tmp / "dense.jsonl", 6, ids=False)
+    d = Daemon(tmp, model, tmp / "state", extra=("--max-job-bytes", "24MB", "--max-spool-bytes", "32MB"))
+    try:
+        d.wait_ready()
+        idle = proc_bytes(d.proc.pid, "VmRSS")
+        status, answer = d.request("POST", "/v1/jobs", job_body(worst, tmp / "ds-worst", shard="0/1000"))
+        # The check's peak, read as it answers (the job then runs, and holds memory of its own).
+        grew = proc_bytes(d.proc.pid, "VmHWM") - idle
+        assert status == 201, answer
+        print("check:", json.dumps({"input_mb": size / 1e6, "charged_mb": charged / 1e6, "grew_mb": grew / 1e6}))
+        # The reader read all of it into records before: about 12 times its size.
+        assert grew < charged, (grew, charged)
+        assert d.wait_job(answer["id"])["state"] == "done"
+
+        status, answer = d.request("POST", "/v1/jobs", job_body(dense, tmp / "ds-dense"))
+        assert status == 413, answer
+        assert "samples take more than 25165824 bytes in memory once read" in answer["error"], answer
+        assert "(--max-job-bytes)" in answer["error"], answer
+        assert not (tmp / "ds-dense").exists()
+    finally:
+        assert d.stop() == 0
+    small = Daemon(tmp, model, tmp / "state2", log_name="small.log",
+                   extra=("--max-job-bytes", "24MB", "--max-spool-bytes", "24MB"))
+    assert small.proc.wait(timeout=60) != 0
+    small.stop()
+    log = (tmp / "small.log").read_text()
+    assert "a job of the largest size could never be checked" in log, log[-2000:]
 
 
 def test_the_job_list_comes_in_pages_filtered_by_state(daemon_setup):

@@ -12,7 +12,7 @@ use super::rank::WarmUp;
 use super::summary::CaptureSummary;
 use crate::batch::plan_batches;
 use crate::error::{CaptureError, Result};
-use crate::input::{read_inputs, InputLimits, InputSample};
+use crate::input::{scan_inputs, InputLimits, InputSample, Inputs, KeptSamples};
 use crate::models::ModelInfo;
 
 /// A job whose inputs and dataset are checked, ready for the engine it was prepared for.
@@ -100,34 +100,14 @@ impl CaptureJob {
     /// the dataset (opened, or created with this model's schema). Blocks; needs a tokio
     /// runtime (call it from `spawn_blocking`).
     pub fn prepare(&self, model: &ModelInfo, engine: &EngineOptions) -> Result<PreparedJob> {
-        self.check()?;
-        let io = runtime()?;
-        let schema = DatasetSchema::new(
-            model_name(&engine.model_dir),
-            model.architecture,
-            model.hidden_size,
-            model.num_layers,
-            model.vocab_size,
-            engine.dtype,
-            self.points.clone(),
-        )?;
-        let limits = InputLimits {
-            vocab_size: model.vocab_size,
-            max_seq_len: self.max_seq_len,
-            overlong: self.overlong,
-        };
-        let mut inputs = read_job_inputs(&self.input, limits, self.max_input_bytes, &io)?;
+        let (inputs, dataset, committed) = self.checked(model, engine, true)?;
         if let Some(shard) = self.shard {
-            let before = inputs.samples.len();
-            inputs.samples.retain(|s| shard.contains(s.sample_id));
             tracing::info!(
-                "input shard {shard}: {} of {before} samples",
-                inputs.samples.len()
+                "input shard {shard}: {} of {} samples",
+                inputs.kept.samples,
+                inputs.records
             );
         }
-        let provenance = provenance(model, engine, self, inputs.ids_from_input, &schema);
-        let dataset = io.block_on(Dataset::open_or_create(&self.output, schema, provenance))?;
-        let committed = io.block_on(committed_ids(&dataset, self))?;
         let todo: Vec<InputSample> = inputs
             .samples
             .into_iter()
@@ -169,6 +149,60 @@ impl CaptureJob {
                 ..Default::default()
             },
         })
+    }
+
+    /// Checks the job as [`CaptureJob::prepare`] does (options, every input record, the
+    /// dataset) but keeps none of its samples: the check holds one record at a time, and says
+    /// what the samples would take. What a server runs on submission. Blocks; needs a tokio
+    /// runtime.
+    pub fn validate(&self, model: &ModelInfo, engine: &EngineOptions) -> Result<KeptSamples> {
+        Ok(self.checked(model, engine, false)?.0.kept)
+    }
+
+    // The checks of `prepare` and `validate`: the inputs read (their samples kept if `keep`),
+    // the dataset, and the ids it already holds.
+    fn checked(
+        &self,
+        model: &ModelInfo,
+        engine: &EngineOptions,
+        keep: bool,
+    ) -> Result<(Inputs, Dataset, HashSet<u64>)> {
+        self.check()?;
+        let io = runtime()?;
+        let schema = DatasetSchema::new(
+            model_name(&engine.model_dir),
+            model.architecture,
+            model.hidden_size,
+            model.num_layers,
+            model.vocab_size,
+            engine.dtype,
+            self.points.clone(),
+        )?;
+        let limits = InputLimits {
+            shard: self.shard,
+            max_memory: self.max_input_bytes,
+            ..InputLimits::new(model.vocab_size, self.max_seq_len, self.overlong)
+        };
+        let mut samples = vec![];
+        let mut sink = |s: InputSample, _| {
+            if keep {
+                samples.push(s);
+            }
+            Ok(())
+        };
+        let mut inputs = read_job_inputs(
+            &self.input,
+            limits,
+            self.max_input_bytes,
+            &io,
+            keep,
+            &mut sink,
+        )?;
+        inputs.samples = samples;
+        let provenance = provenance(model, engine, self, inputs.ids_from_input, &schema);
+        let dataset = io.block_on(Dataset::open_or_create(&self.output, schema, provenance))?;
+        let committed = io.block_on(committed_ids(&dataset, self))?;
+        Ok((inputs, dataset, committed))
     }
 }
 
@@ -212,15 +246,17 @@ pub async fn input_size(input: &Path) -> Result<u64> {
 }
 
 /// Reads the job's input: a local file, or an object-store URL (`s3://bucket/key.jsonl`),
-/// which is streamed to a temporary file first (the readers need a file). With `max_bytes`,
-/// a larger input is refused before it is read. Errors name the input as given, not the
-/// temporary copy.
+/// which is streamed to a temporary file first (the readers need a file), handing each sample
+/// to `sink` (without its lists unless `keep`). With `max_bytes`, a larger input is refused
+/// before it is read. Errors name the input as given, not the temporary copy.
 fn read_job_inputs(
     input: &Path,
     limits: InputLimits,
     max_bytes: Option<u64>,
     io: &tokio::runtime::Handle,
-) -> Result<crate::input::Inputs> {
+    keep: bool,
+    sink: &mut dyn FnMut(InputSample, usize) -> Result<()>,
+) -> Result<Inputs> {
     if let Some(limit) = max_bytes {
         let size = io.block_on(input_size(input))?;
         if size > limit {
@@ -232,10 +268,10 @@ fn read_job_inputs(
         }
     }
     let Some(url) = input_url(input) else {
-        return read_inputs(input, limits);
+        return scan_inputs(input, limits, keep, sink);
     };
     let copy = io.block_on(download(url, max_bytes))?;
-    read_inputs(copy.path(), limits).map_err(|e| match e {
+    scan_inputs(copy.path(), limits, keep, sink).map_err(|e| match e {
         CaptureError::Input {
             location, message, ..
         } => CaptureError::Input {
@@ -246,6 +282,17 @@ fn read_job_inputs(
         CaptureError::Io { source, .. } => CaptureError::Io {
             path: input.to_path_buf(),
             source,
+        },
+        CaptureError::SamplesTooLarge {
+            samples,
+            tokens,
+            limit,
+            ..
+        } => CaptureError::SamplesTooLarge {
+            path: input.to_path_buf(),
+            samples,
+            tokens,
+            limit,
         },
         e => e,
     })
@@ -387,14 +434,25 @@ mod tests {
     use super::*;
 
     fn limits() -> InputLimits {
-        InputLimits {
-            vocab_size: 100,
-            max_seq_len: None,
-            overlong: hslake_schemas::Overlong::Truncate,
-        }
+        InputLimits::new(100, None, hslake_schemas::Overlong::Truncate)
     }
 
     const TWO_SAMPLES: &[u8] = b"{\"input_ids\": [1, 2, 3]}\n{\"input_ids\": [4, 5]}\n";
+
+    // Every sample of the input, read as a run reads it.
+    fn read_all(
+        path: &Path,
+        max: Option<u64>,
+        io: &tokio::runtime::Handle,
+    ) -> Result<Vec<InputSample>> {
+        let mut samples = vec![];
+        let mut sink = |s, _| {
+            samples.push(s);
+            Ok(())
+        };
+        read_job_inputs(path, limits(), max, io, true, &mut sink)?;
+        Ok(samples)
+    }
 
     #[test]
     fn an_input_over_the_limit_is_refused_before_it_is_read() {
@@ -403,8 +461,8 @@ mod tests {
         let path = dir.path().join("in.jsonl");
         std::fs::write(&path, TWO_SAMPLES).unwrap();
         let size = TWO_SAMPLES.len() as u64;
-        let read = |max| read_job_inputs(&path, limits(), max, rt.handle());
-        assert_eq!(read(Some(size)).unwrap().samples.len(), 2);
+        let read = |max| read_all(&path, max, rt.handle());
+        assert_eq!(read(Some(size)).unwrap().len(), 2);
         match read(Some(size - 1)).unwrap_err() {
             CaptureError::InputTooLarge { size: s, limit, .. } => {
                 assert_eq!((s, limit), (size, size - 1))
@@ -412,7 +470,7 @@ mod tests {
             e => panic!("{e}"),
         }
         // A directory has no size to check: refused by name, not read.
-        let e = read_job_inputs(dir.path(), limits(), Some(1 << 20), rt.handle()).unwrap_err();
+        let e = read_all(dir.path(), Some(1 << 20), rt.handle()).unwrap_err();
         assert!(e.to_string().contains("not a regular file"), "{e}");
     }
 
@@ -436,7 +494,7 @@ mod tests {
             e => panic!("{e}"),
         }
         let path = std::path::Path::new(url);
-        let got = read_job_inputs(path, limits(), Some(body.len() as u64), rt.handle()).unwrap();
-        assert_eq!(got.samples.len(), 2000);
+        let got = read_all(path, Some(body.len() as u64), rt.handle()).unwrap();
+        assert_eq!(got.len(), 2000);
     }
 }

@@ -10,16 +10,22 @@ use arrow_array::types::{
 use arrow_array::{Array, ArrayRef, RecordBatch};
 use arrow_schema::DataType;
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+use parquet::file::metadata::ParquetMetaData;
 
-use super::{input_err, RawId, Record};
+use super::{
+    input_err, Field, InputLimits, Ints, Location, RawId, Record, Rules, SAMPLE_BYTES, TOKEN_BYTES,
+};
 use crate::error::{CaptureError, Result};
 
-/// The records of one batch; `location(i)` names row `i`.
+/// Hands the records of one batch to `each` until it answers false (then returns false); row
+/// `i` of the batch is row `first + i` of the file.
 fn batch_records(
     path: &Path,
     batch: &RecordBatch,
-    location: impl Fn(usize) -> String,
-) -> Result<Vec<Record>> {
+    first: u64,
+    rules: Rules,
+    each: &mut dyn FnMut(Record) -> Result<bool>,
+) -> Result<bool> {
     let n = batch.num_rows();
     let column = |name: &str| -> Result<Vec<Option<ArrayRef>>> {
         match batch.column_by_name(name) {
@@ -34,53 +40,63 @@ fn batch_records(
         }
     };
     let (ids, masks) = (column("input_ids")?, column("loss_mask")?);
-    let id_col: Vec<RawId> = match batch.column_by_name("id") {
-        None => (0..n).map(|_| RawId::None).collect(),
-        Some(c) if matches!(c.data_type(), DataType::Utf8 | DataType::LargeUtf8) => {
-            (0..n).map(|_| RawId::Str).collect()
-        }
-        Some(c) => {
-            let read = integer_reader(c.as_ref()).map_err(|_| {
+    let id_col = batch.column_by_name("id");
+    let id_reader = match id_col {
+        Some(c) if !matches!(c.data_type(), DataType::Utf8 | DataType::LargeUtf8) => {
+            Some(integer_reader(c.as_ref()).map_err(|_| {
                 input_err(
                     path,
                     "column \"id\"",
                     format!("expected integers or strings, got {}", c.data_type()),
                 )
-            })?;
-            (0..n)
-                .map(|i| match c.is_null(i) {
-                    true => Ok(RawId::None),
-                    false => read(i)
-                        .map(RawId::Int)
-                        .map_err(|m| input_err(path, &location(i), format!("id {m}"))),
-                })
-                .collect::<Result<_>>()?
+            })?)
         }
+        _ => None,
     };
-    let mut out = Vec::with_capacity(n);
-    for (i, ((ids, mask), id)) in ids.into_iter().zip(masks).zip(id_col).enumerate() {
-        let location = location(i);
-        let list = |field: &str, values: Option<ArrayRef>| -> Result<Option<Vec<i64>>> {
-            values
-                .map(|v| {
-                    integers(v.as_ref()).map_err(|m| {
-                        input_err(
-                            path,
-                            &location,
-                            format!("\"{field}\" must be a list of integers: {m}"),
-                        )
-                    })
-                })
-                .transpose()
+    for (i, (ids, mask)) in ids.into_iter().zip(masks).enumerate() {
+        let id = match (id_col, &id_reader) {
+            (None, _) => RawId::None,
+            (Some(c), _) if c.is_null(i) => RawId::None,
+            (Some(_), None) => RawId::Str,
+            (Some(_), Some(read)) => match read(i) {
+                Ok(v) => RawId::Int(v),
+                Err(m) => RawId::Bad(format!("id {m}")),
+            },
         };
-        out.push(Record {
-            input_ids: list("input_ids", ids)?,
-            loss_mask: list("loss_mask", mask)?,
-            location,
+        let record = Record {
+            location: Location::Row(first + i as u64),
             id,
-        });
+            input_ids: field(ids, |v| rules.token(v), rules.keep),
+            loss_mask: field(mask, Rules::mask, rules.keep),
+        };
+        if !each(record)? {
+            return Ok(false);
+        }
     }
-    Ok(out)
+    Ok(true)
+}
+
+/// A row's list as a record's field.
+fn field<T>(values: Option<ArrayRef>, convert: impl Fn(i64) -> Option<T>, keep: usize) -> Field<T> {
+    let Some(values) = values else {
+        return Field::Missing;
+    };
+    let read = match integer_reader(values.as_ref()) {
+        Ok(read) => read,
+        Err(m) => return Field::Bad(format!(": {m}")),
+    };
+    let mut ints = Ints::new();
+    ints.kept.reserve_exact(values.len().min(keep));
+    for i in 0..values.len() {
+        if values.is_null(i) {
+            return Field::Bad(format!(": element {i} is null"));
+        }
+        match read(i) {
+            Ok(v) => ints.push(v, convert(v), keep),
+            Err(m) => return Field::Bad(format!(": element {i}: {m}")),
+        }
+    }
+    Field::List(ints)
 }
 
 /// Each row's list (`None` for null), for a list or large-list column.
@@ -136,18 +152,16 @@ fn integer_reader(a: &dyn Array) -> Result<IntegerReader<'_>, String> {
     })
 }
 
-/// Every element of a list value as an integer; names the first that is null or out of range.
-fn integers(values: &dyn Array) -> Result<Vec<i64>, String> {
-    let read = integer_reader(values)?;
-    (0..values.len())
-        .map(|i| match values.is_null(i) {
-            true => Err(format!("element {i} is null")),
-            false => read(i).map_err(|m| format!("element {i}: {m}")),
-        })
-        .collect()
-}
-
-pub(super) fn read_parquet(path: &Path) -> Result<Vec<Record>> {
+/// Hands every record of a Parquet file to `each` until it answers false, a batch of rows at
+/// a time. With `limits`, a file whose metadata already says that its samples take more memory
+/// than `limits.max_memory` is refused before any of it is decoded: a small file can hold many
+/// rows and long lists (a run of one value is stored in a few bytes).
+pub(super) fn read_parquet(
+    path: &Path,
+    rules: Rules,
+    limits: Option<&InputLimits>,
+    each: &mut dyn FnMut(Record) -> Result<bool>,
+) -> Result<()> {
     let file = File::open(path).map_err(|source| CaptureError::Io {
         path: path.to_path_buf(),
         source,
@@ -155,17 +169,50 @@ pub(super) fn read_parquet(path: &Path) -> Result<Vec<Record>> {
     let pq = |e: parquet::errors::ParquetError| {
         input_err(path, "file", format!("not a readable Parquet file: {e}"))
     };
-    let reader = ParquetRecordBatchReaderBuilder::try_new(file)
-        .map_err(pq)?
-        .build()
-        .map_err(pq)?;
-    let mut out = vec![];
+    let builder = ParquetRecordBatchReaderBuilder::try_new(file).map_err(pq)?;
+    if let Some(l) = limits.filter(|l| l.shard.is_none()) {
+        check_declared_size(path, builder.metadata(), l)?;
+    }
+    let reader = builder.build().map_err(pq)?;
+    let mut first = 0;
     for batch in reader {
         let batch = batch.map_err(|e| pq(e.into()))?;
-        let first = out.len();
-        out.extend(batch_records(path, &batch, |i| {
-            format!("row {}", first + i)
-        })?);
+        if !batch_records(path, &batch, first, rules, each)? {
+            break;
+        }
+        first += batch.num_rows() as u64;
     }
-    Ok(out)
+    Ok(())
+}
+
+// Refuses a file whose rows and `input_ids` values, as its metadata counts them, would take
+// more than `limits.max_memory` as samples (each sample cut to `max_seq_len`).
+fn check_declared_size(path: &Path, meta: &ParquetMetaData, limits: &InputLimits) -> Result<()> {
+    let Some(limit) = limits.max_memory else {
+        return Ok(());
+    };
+    let rows = meta.file_metadata().num_rows().max(0) as u64;
+    let values: u64 = meta
+        .row_groups()
+        .iter()
+        .flat_map(|rg| rg.columns())
+        .filter(|c| c.column_path().parts().first().map(String::as_str) == Some("input_ids"))
+        .map(|c| c.num_values().max(0) as u64)
+        .sum();
+    let tokens = match limits.max_seq_len {
+        Some(max) => values.min(rows.saturating_mul(max as u64)),
+        None => values,
+    };
+    let memory = tokens
+        .saturating_mul(TOKEN_BYTES)
+        .saturating_add(rows.saturating_mul(SAMPLE_BYTES));
+    if memory > limit {
+        return Err(CaptureError::SamplesTooLarge {
+            path: path.to_path_buf(),
+            samples: rows,
+            tokens,
+            limit,
+        });
+    }
+    Ok(())
 }

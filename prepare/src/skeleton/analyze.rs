@@ -166,12 +166,7 @@ impl Walk<'_> {
 
     fn args(&mut self, args: &[CallArg<'_>]) {
         for a in args {
-            match a {
-                CallArg::Pos(e)
-                | CallArg::Kwarg(_, e)
-                | CallArg::PosSplat(e)
-                | CallArg::KwargSplat(e) => self.expr(e),
-            }
+            self.expr(crate::syntax::arg_expr(a));
         }
     }
 
@@ -248,53 +243,7 @@ impl Walk<'_> {
                     c.span().start_line,
                     "a string holds hslake's sentinel character U+10FFFB".into(),
                 ),
-            Expr::Var(_) | Expr::Const(_) => {}
-            Expr::Slice(s) => {
-                self.expr(&s.expr);
-                for x in [&s.start, &s.stop, &s.step].into_iter().flatten() {
-                    self.expr(x);
-                }
-            }
-            Expr::UnaryOp(u) => self.expr(&u.expr),
-            Expr::BinOp(b) => {
-                self.expr(&b.left);
-                self.expr(&b.right);
-            }
-            Expr::Compare(c) => {
-                self.expr(&c.expr);
-                for op in &c.ops {
-                    self.expr(&op.expr);
-                }
-            }
-            Expr::IfExpr(i) => {
-                self.expr(&i.test_expr);
-                self.expr(&i.true_expr);
-                if let Some(f) = &i.false_expr {
-                    self.expr(f);
-                }
-            }
-            Expr::Filter(f) => {
-                if let Some(x) = &f.expr {
-                    self.expr(x);
-                }
-                self.args(&f.args);
-            }
-            Expr::Test(t) => {
-                self.expr(&t.expr);
-                self.args(&t.args);
-            }
-            Expr::GetAttr(g) => self.expr(&g.expr),
-            Expr::GetItem(g) => {
-                self.expr(&g.expr);
-                self.expr(&g.subscript_expr);
-            }
-            Expr::Call(c) => {
-                self.expr(&c.expr);
-                self.args(&c.args);
-            }
-            Expr::List(l) => l.items.iter().for_each(|x| self.expr(x)),
-            Expr::Tuple(t) => t.items.iter().for_each(|x| self.expr(x)),
-            Expr::Map(m) => m.keys.iter().chain(&m.values).for_each(|x| self.expr(x)),
+            _ => crate::syntax::each_child(e, &mut |c| self.expr(c)),
         }
     }
 }

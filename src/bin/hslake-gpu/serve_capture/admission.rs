@@ -1,8 +1,9 @@
 //! What the daemon admits as a job beyond the capture's own checks: outputs under the
-//! `--allowed-output` prefixes only, inputs of at most `--max-job-bytes`, and no more than
-//! `--max-spool-bytes` of inputs being downloaded and checked at once across submissions.
-//! Checking an input reads it whole into memory (every record is checked before a job is
-//! queued), so the last bound is what keeps concurrent submissions from exhausting memory.
+//! `--allowed-output` prefixes only, inputs of at most `--max-job-bytes`, and checks in
+//! progress that may take no more than `--max-spool-bytes` of memory together. Every record of
+//! an input is checked before its job is queued; the check reads it record by record, and what
+//! it may hold (its longest line and the ids it has seen) is taken from the last bound while
+//! it runs, so that concurrent submissions cannot exhaust memory.
 use std::path::{Component, Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
@@ -144,7 +145,7 @@ fn resolve(path: &Path) -> Result<PathBuf> {
     Ok(resolved)
 }
 
-/// Bytes of job inputs being downloaded and checked at once, against `--max-spool-bytes`.
+/// Memory the checks of job inputs in progress may take, against `--max-spool-bytes`.
 pub struct SpoolBudget {
     limit: u64,
     used: Mutex<u64>,
@@ -178,8 +179,9 @@ impl SpoolBudget {
         let mut used = self.used.lock().unwrap_or_else(|p| p.into_inner());
         if used.saturating_add(bytes) > self.limit {
             return Err(format!(
-                "{} of job inputs are being checked already, and this input's {} would pass \
-                 --max-spool-bytes {}; retry later",
+                "the checks of job inputs in progress may take {} of memory already, and \
+                 checking this input may take {}, which would pass --max-spool-bytes {}; retry \
+                 later",
                 show_size(*used),
                 show_size(bytes),
                 show_size(self.limit)

@@ -288,7 +288,8 @@ fn no_job(id: u64) -> ApiError {
 
 /// Checks a job as `hslake capture` would before it starts (options, every input record, the
 /// dataset's model and capture points) and against the daemon's admission limits, stores it,
-/// and queues it.
+/// and queues it. The check reads the input record by record and keeps none of it; what it
+/// may hold is taken from `--max-spool-bytes` while it runs.
 async fn submit(State(d): State<Arc<Daemon>>, headers: HeaderMap, body: Bytes) -> Answer {
     authorize(&d, &headers)?;
     let bad = |m: String| ApiError(StatusCode::BAD_REQUEST, m);
@@ -300,6 +301,10 @@ async fn submit(State(d): State<Arc<Daemon>>, headers: HeaderMap, body: Bytes) -
     let job = job_for(&d, &spec)?;
     let unusable = |e: CaptureError| match e {
         CaptureError::InputTooLarge { path, size, .. } => too_large(&d, &path, size),
+        e @ CaptureError::SamplesTooLarge { .. } => ApiError(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!("{e} (--max-job-bytes)"),
+        ),
         e => ApiError(
             StatusCode::UNPROCESSABLE_ENTITY,
             format!("capture into {}: {e}", spec.output),
@@ -315,14 +320,14 @@ async fn submit(State(d): State<Arc<Daemon>>, headers: HeaderMap, body: Bytes) -
     }
     let spooled = d
         .spool
-        .take(size)
+        .take(check_memory(&spec.input, size, d.max_job_bytes))
         .map_err(|m| ApiError(StatusCode::SERVICE_UNAVAILABLE, m))?;
     let (model, options) = (d.model.clone(), d.engine_options.clone());
     let span = tracing::info_span!("submission", output = %spec.output);
-    tokio::task::spawn_blocking(move || {
+    let found = tokio::task::spawn_blocking(move || {
         let _entered = span.enter();
         let _spooled = spooled;
-        job.prepare(&model, &options).map(|_| ())
+        job.validate(&model, &options)
     })
     .await
     .map_err(|e| {
@@ -332,6 +337,12 @@ async fn submit(State(d): State<Arc<Daemon>>, headers: HeaderMap, body: Bytes) -
         )
     })?
     .map_err(unusable)?;
+    tracing::info!(
+        samples = found.samples,
+        tokens = found.tokens,
+        memory = show_size(found.memory),
+        "job input checked"
+    );
     let _one_at_a_time = d.submit.lock().await;
     let next = d.lock().jobs.keys().next_back().map_or(1, |id| id + 1);
     let id = d.state.create(next, &spec).await.map_err(|e| {
@@ -363,6 +374,17 @@ pub(super) fn job_for(d: &Daemon, spec: &JobArgs) -> Result<CaptureJob, ApiError
         .map_err(|e| ApiError(StatusCode::FORBIDDEN, format!("{e:#}")))?;
     job.max_input_bytes = Some(d.max_job_bytes);
     Ok(job)
+}
+
+/// What checking an input of `size` bytes may hold in memory: a JSONL input is read record by
+/// record ([`hslake_capture::check_memory`]); a Parquet file's size says little of its decoded
+/// size, so it is taken to cost what the largest input may.
+pub(super) fn check_memory(input: &std::path::Path, size: u64, max_job_bytes: u64) -> u64 {
+    let size = match hslake_capture::is_parquet(input) {
+        true => max_job_bytes,
+        false => size,
+    };
+    hslake_capture::check_memory(size)
 }
 
 fn too_large(d: &Daemon, input: &std::path::Path, size: u64) -> ApiError {

@@ -61,12 +61,15 @@ pub struct Args {
     /// Connection caps and deadlines of the job API.
     #[command(flatten)]
     pub http: HttpArgs,
-    /// Largest job input taken, e.g. 20GiB; a larger one is refused with 413.
+    /// Largest job input taken, e.g. 20GiB, in bytes of its file and of its samples once read
+    /// (5 bytes a token, 192 a sample: what the job holds while it runs); a larger one is
+    /// refused with 413.
     #[arg(long, default_value = "4GiB", value_parser = MAX_JOB_BYTES.parser())]
     pub max_job_bytes: u64,
-    /// Job inputs being downloaded and checked at once, across submissions, may total this
-    /// much (a check holds its input in memory, a few times its size); a submission past it is
-    /// refused with 503, to retry later. At least --max-job-bytes.
+    /// Memory the checks of job inputs in progress may take together, across submissions (a
+    /// check reads its input record by record: at most 1.25 times a JSONL input's size plus
+    /// 1 MiB, and a Parquet input is counted as --max-job-bytes); a submission past it is
+    /// refused with 503, to retry later. At least what the largest input's check takes.
     #[arg(long, default_value = "8GiB", value_parser = MAX_SPOOL_BYTES.parser())]
     pub max_spool_bytes: u64,
     /// A dataset URL prefix jobs may write under (repeatable), e.g. file:///data/captures or
@@ -434,11 +437,13 @@ async fn stop_signal() {
 pub async fn run(args: Args) -> Result<ExitCode> {
     let token = hslake_cli::cmd::read_token_file(&args.token_file)?;
     args.http.conn.check()?;
-    if args.max_spool_bytes < args.max_job_bytes {
+    let largest_check = hslake_capture::check_memory(args.max_job_bytes);
+    if args.max_spool_bytes < largest_check {
         bail!(
-            "--max-spool-bytes {} is below --max-job-bytes {}: a job of the largest size \
-             could never be checked",
+            "--max-spool-bytes {} is below the {} that checking an input of --max-job-bytes {} \
+             may take: a job of the largest size could never be checked",
             show_size(args.max_spool_bytes),
+            show_size(largest_check),
             show_size(args.max_job_bytes)
         );
     }
