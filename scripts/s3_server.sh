@@ -87,6 +87,14 @@ EOF
 stop_s3_server() {
   if [ -n "${S3_SERVER_PID:-}" ]; then
     kill "$S3_SERVER_PID" 2>/dev/null || true
+    # SeaweedFS's `weed mini` can outlive SIGTERM: give it 10 s, then SIGKILL, so that `wait`
+    # (and the test run) never hangs on it.
+    local i
+    for i in $(seq 50); do
+      kill -0 "$S3_SERVER_PID" 2>/dev/null || break
+      sleep 0.2
+    done
+    kill -9 "$S3_SERVER_PID" 2>/dev/null || true
     wait "$S3_SERVER_PID" 2>/dev/null || true
   fi
   [ -n "${S3_SERVER_DIR:-}" ] && rm -rf "$S3_SERVER_DIR"
