@@ -276,11 +276,7 @@ fn parquet_output_is_what_capture_reads() {
         let out = dir.path().join(name);
         let o = prepare(&model, &input, &out, &[]);
         assert!(o.status.success(), "{}", stderr(&o));
-        let limits = hslake_capture::InputLimits {
-            vocab_size: WORDS.len(),
-            max_seq_len: None,
-            overlong: Default::default(),
-        };
+        let limits = hslake_capture::InputLimits::new(WORDS.len(), None, Default::default());
         let inputs = hslake_capture::read_inputs(&out, limits).unwrap();
         assert!(inputs.ids_from_input);
         let got: Vec<(u64, usize, u32)> = inputs
