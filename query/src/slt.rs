@@ -224,16 +224,17 @@ async fn sql_files_give_the_pinned_results_on_two_workers() {
 /// it from their calls' pins (`udf/pins.rs`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sql_files_over_an_fp8_dataset_give_the_pinned_results_on_two_workers() {
-    testdata::write("memory://slt-fp8-distributed", DType::Fp8E4m3, 6, 1).await;
+    // On disk under the temporary folder: the workers read only under their --allowed-root.
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("file://{}", dir.path().display());
+    testdata::write(&url, DType::Fp8E4m3, 6, 1).await;
     let urls = crate::distributed::worker::spawn_test_workers(2, "slt", Default::default()).await;
     let list: Vec<&str> = urls.iter().map(|u| u.as_str()).collect();
     let workers = crate::distributed::Workers::parse(&list.join(","), "slt")
         .unwrap()
         .with_partition_bytes(1024);
     let mut session = QuerySession::distributed(&workers).unwrap();
-    let ds = hslake_store::Dataset::open("memory://slt-fp8-distributed")
-        .await
-        .unwrap();
+    let ds = hslake_store::Dataset::open(&url).await.unwrap();
     session.add_dataset(None, &ds, None).await.unwrap();
     run_files("fp8_", session).await;
 }
