@@ -132,6 +132,8 @@ def test_an_allocation_libtorch_refuses_is_named_out_of_memory_with_its_knobs_ne
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
         assert r.returncode == 1, f"{what}: {r.returncode}\n{r.stderr}"
         assert "panicked" not in r.stderr, f"{what}: {r.stderr}"
-        assert "out of memory: " in r.stderr and "not enough memory" in r.stderr, f"{what}: {r.stderr}"
+        # libtorch's CPU allocator says "not enough memory" or (this torch) "can't allocate memory";
+        # either way the bytes asked for and the knobs to lower are named.
+        assert "out of memory: " in r.stderr and "you tried to allocate" in r.stderr, f"{what}: {r.stderr}"
         for knob in ["--max-tokens-per-batch", "--batch", "--pass-tokens", "--placement stream"]:
             assert knob in r.stderr, f"{what}: {knob} missing from {r.stderr}"

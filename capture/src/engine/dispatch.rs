@@ -130,7 +130,7 @@ pub(super) fn collect<T>(
 }
 
 /// The error worth reporting: the first that is not another stage's "stopped early" echo.
-pub(super) fn root_cause(mut errors: Vec<CaptureError>) -> Option<CaptureError> {
+pub(crate) fn root_cause(mut errors: Vec<CaptureError>) -> Option<CaptureError> {
     if errors.is_empty() {
         return None;
     }

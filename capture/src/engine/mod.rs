@@ -48,7 +48,8 @@ pub(crate) use streamed::register;
 pub use summary::CaptureSummary;
 
 use check::Plan;
-use dispatch::{collect, flag_error, root_cause};
+pub(crate) use dispatch::root_cause;
+use dispatch::{collect, flag_error};
 use feed::{feed, feed_passes, group_passes, Feed};
 use host::{BufferPool, HostBatch, HostBuffers};
 use progress::RankTimes;

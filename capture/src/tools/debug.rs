@@ -10,7 +10,7 @@ use tch::{Device, Kind, Tensor};
 pub use super::prefill_stream::StreamedPrefill;
 use super::prefill_stream::{prefill_streamed, Shape};
 use crate::checkpoint::Checkpoint;
-use crate::engine::{CheckedModel, EngineOptions};
+use crate::engine::{root_cause, CheckedModel, EngineOptions};
 use crate::error::{CaptureError, Result};
 use crate::gpu::comm::{sync, Communicator, TimedComm};
 use crate::gpu::cuda::{CopyStream, PinnedBuffer};
@@ -159,7 +159,12 @@ pub fn prefill(opts: &PrefillOptions) -> Result<PrefillReport> {
             })
             .collect()
     });
-    let runs = runs.into_iter().collect::<Result<Vec<_>>>()?;
+    // The failing rank's own error, not another rank's echo of it ("collective abandoned").
+    let (runs, errors): (Vec<_>, Vec<_>) = runs.into_iter().partition(|r| r.is_ok());
+    if let Some(e) = root_cause(errors.into_iter().filter_map(|r| r.err()).collect()) {
+        return Err(e);
+    }
+    let runs: Vec<RankRun> = runs.into_iter().filter_map(|r| r.ok()).collect();
     let secs = runs.first().map_or(0.0, |r| r.secs).max(1e-9);
     Ok(PrefillReport {
         load_secs: runs.iter().map(|r| r.load_secs).fold(0.0, f64::max),
