@@ -63,6 +63,41 @@ kernel_choice! {
         /// 10^5.
         #[default]
         Fast = "fast",
+        /// One NVRTC kernel per norm with the `fast` roundings, bf16 only: one read and one
+        /// write of `x`; after attention it also adds the residual (libtorch's bf16 add) and
+        /// writes the sum beside the normed copy. Its f32 sum of squares is reduced in another
+        /// order than `fast`'s, so `rstd` can differ in its last bit as `fast`'s does.
+        Fused = "fused",
+    }
+}
+
+kernel_choice! {
+    /// How attention runs on CUDA (on the CPU always libtorch's default). Every choice is
+    /// libtorch's `scaled_dot_product_attention`; they differ in which of its kernels it may
+    /// pick.
+    AttentionKernel, "attention kernel", "" {
+        /// libtorch's own pick among its kernels (flash attention where the shapes allow;
+        /// MLA's query/key width 192 with value width 128 falls to the memory-efficient kernel).
+        #[default]
+        Sdpa = "sdpa",
+        /// cuDNN's fused attention only (a shape cuDNN refuses is an error naming this flag).
+        Cudnn = "cudnn",
+        /// libtorch's flash attention only; MLA's values are padded with zeros to the key width
+        /// (flash needs one head width) and the padding is cut from the output.
+        Flash = "flash",
+    }
+}
+
+kernel_choice! {
+    /// Whether an elementwise step runs as one NVRTC kernel of ours on CUDA or as libtorch's
+    /// operations (the reference, and always on the CPU).
+    Fusion, "fusion choice", "" {
+        /// libtorch's operations.
+        #[default]
+        Torch = "torch",
+        /// One kernel of ours per call, compiled at first use by NVRTC; shapes or dtypes it does
+        /// not take keep the libtorch path.
+        Fused = "fused",
     }
 }
 
@@ -112,16 +147,43 @@ kernel_choice! {
 }
 
 /// The kernel choices of a forward, fixed for an engine's life. Each field's doc is its flag's
-/// help text (`--norm`, `--moe-kernel`, `--dequant-kernel`, `--tp-reduce`), and each default
-/// is its enum's.
+/// help text (`--norm`, `--attention`, `--activation`, `--rope`, `--moe-route`, `--moe-kernel`,
+/// `--dequant-kernel`, `--tp-reduce`), and each default is its enum's.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[cfg_attr(feature = "clap", derive(clap::Args))]
 pub struct Kernels {
     /// RMS norm on cuda: fast (the mean square in one f32 pass, 40 % of the memory traffic;
-    /// about one element in 10^5 one unit in the last place off transformers) or exact
-    /// (transformers' own operations, bit-identical to it). CPU runs are always exact.
+    /// about one element in 10^5 one unit in the last place off transformers), exact
+    /// (transformers' own operations, bit-identical to it) or fused (fast's roundings in one
+    /// NVRTC kernel per norm, the residual add after attention folded in; bf16; floor-level
+    /// against fast, unmeasured on a GPU as yet). CPU runs are always exact.
     #[cfg_attr(feature = "clap", arg(long, default_value_t))]
     pub norm: NormKernel,
+    /// Attention on cuda: sdpa (libtorch picks; MLA gets the memory-efficient kernel), cudnn
+    /// (cuDNN's fused attention only) or flash (libtorch's flash attention only, MLA's values
+    /// zero-padded to the key width). Same math, another order of summation: floor-level apart.
+    #[cfg_attr(feature = "clap", arg(long, default_value_t))]
+    pub attention: AttentionKernel,
+    /// SiLU-and-mul after the gate/up GEMM (dense MLPs, shared and routed experts) on cuda:
+    /// torch (two libtorch kernels) or fused (one NVRTC kernel with libtorch's two bf16
+    /// roundings: the same bits, 40 % less memory traffic).
+    #[cfg_attr(feature = "clap", arg(long, default_value_t))]
+    pub activation: Fusion,
+    /// Rotary embedding on cuda: torch (four libtorch kernels) or fused (one NVRTC kernel with
+    /// the same roundings in the same order: the same bits). Both the rotate-half and
+    /// DeepSeek's interleaved layouts.
+    #[cfg_attr(feature = "clap", arg(long, default_value_t))]
+    pub rope: Fusion,
+    /// MoE routing and token permutation on cuda, bf16 grouped experts: torch (about 15 small
+    /// libtorch kernels: softmax or sigmoid, top-k, sort, counts, inverse permutation, weighted
+    /// top-k sum) or fused (NVRTC kernels: one router kernel with libtorch's reduction orders,
+    /// three for the experts' stable alignment, one gather that weights and sums each token's
+    /// top-k rows in libtorch's order; the same bits where the top-k has no exact ties).
+    #[cfg_attr(
+        feature = "clap",
+        arg(long = "moe-route", value_name = "MOE_ROUTE", default_value_t)
+    )]
+    pub moe_route: Fusion,
     /// How MoE layers run their routed experts: grouped (a layer's experts in two grouped GEMMs,
     /// as transformers' grouped_mm experts; bf16 on CUDA, any dtype on CPU, other shapes fall
     /// back to the loop; FP8/INT4 experts are dequantized a whole layer at a time, which needs
@@ -160,8 +222,12 @@ mod tests {
     fn norm_kernel_parses_and_names_the_choices() {
         assert_eq!("fast".parse::<NormKernel>(), Ok(NormKernel::Fast));
         assert_eq!("exact".parse::<NormKernel>(), Ok(NormKernel::Exact));
-        let err = "fused".parse::<NormKernel>().unwrap_err();
-        assert_eq!(err, "unknown norm kernel \"fused\"; expected exact or fast");
+        assert_eq!("fused".parse::<NormKernel>(), Ok(NormKernel::Fused));
+        let err = "fast2".parse::<NormKernel>().unwrap_err();
+        assert_eq!(
+            err,
+            "unknown norm kernel \"fast2\"; expected exact or fast or fused"
+        );
     }
 
     #[test]
@@ -185,6 +251,20 @@ mod tests {
         for k in [DequantKernel::Fused, DequantKernel::Torch] {
             assert_eq!(k.to_string().parse::<DequantKernel>(), Ok(k));
         }
+        for k in [
+            AttentionKernel::Sdpa,
+            AttentionKernel::Cudnn,
+            AttentionKernel::Flash,
+        ] {
+            assert_eq!(k.to_string().parse::<AttentionKernel>(), Ok(k));
+        }
+        for k in [Fusion::Torch, Fusion::Fused] {
+            assert_eq!(k.to_string().parse::<Fusion>(), Ok(k));
+        }
+        assert_eq!(
+            "fa3".parse::<AttentionKernel>().unwrap_err(),
+            "unknown attention kernel \"fa3\"; expected sdpa or cudnn or flash"
+        );
         assert_eq!(
             "x".parse::<MoeKernel>().unwrap_err(),
             "unknown MoE kernel \"x\"; expected loop or grouped"
@@ -205,6 +285,20 @@ mod tests {
                 MoeKernel::Grouped,
                 DequantKernel::Fused,
                 TpReduce::F32
+            )
+        );
+    }
+
+    #[test]
+    fn the_kernels_no_gpu_has_measured_yet_are_off_by_default() {
+        let k = Kernels::default();
+        assert_eq!(
+            (k.attention, k.activation, k.rope, k.moe_route),
+            (
+                AttentionKernel::Sdpa,
+                Fusion::Torch,
+                Fusion::Torch,
+                Fusion::Torch
             )
         );
     }

@@ -54,7 +54,9 @@ pub use error::{CaptureError, Result, TensorProblem};
 pub use gpu::DeviceKind;
 pub use hslake_schemas::{InputShard, Overlong};
 pub use input::{read_inputs, InputLimits, InputSample, Inputs};
-pub use kernels::{DequantKernel, Kernels, MoeKernel, NormKernel, TpReduce};
+pub use kernels::{
+    AttentionKernel, DequantKernel, Fusion, Kernels, MoeKernel, NormKernel, TpReduce,
+};
 pub use models::ModelInfo;
 pub use tools::debug;
 
