@@ -166,19 +166,21 @@ pub struct Kernels {
     pub attention: AttentionKernel,
     /// SiLU-and-mul after the gate/up GEMM (dense MLPs, shared and routed experts) on cuda:
     /// torch (two libtorch kernels) or fused (one NVRTC kernel with libtorch's two bf16
-    /// roundings: the same bits, 40 % less memory traffic).
+    /// roundings, 40 % less memory traffic; built to give the same bits, which `hslake debug
+    /// kernels` checks on a GPU).
     #[cfg_attr(feature = "clap", arg(long, default_value_t))]
     pub activation: Fusion,
-    /// Rotary embedding on cuda: torch (four libtorch kernels) or fused (one NVRTC kernel with
-    /// the same roundings in the same order: the same bits). Both the rotate-half and
-    /// DeepSeek's interleaved layouts.
+    /// Rotary embedding on cuda, both the rotate-half and DeepSeek's interleaved layouts: torch
+    /// (four libtorch kernels) or fused (one NVRTC kernel with the same roundings in the same
+    /// order; built to give the same bits, which `hslake debug kernels` checks on a GPU).
     #[cfg_attr(feature = "clap", arg(long, default_value_t))]
     pub rope: Fusion,
-    /// MoE routing and token permutation on cuda, bf16 grouped experts: torch (about 15 small
+    /// MoE routing and token permutation on cuda (bf16 grouped experts): torch (about 15 small
     /// libtorch kernels: softmax or sigmoid, top-k, sort, counts, inverse permutation, weighted
-    /// top-k sum) or fused (NVRTC kernels: one router kernel with libtorch's reduction orders,
-    /// three for the experts' stable alignment, one gather that weights and sums each token's
-    /// top-k rows in libtorch's order; the same bits where the top-k has no exact ties).
+    /// top-k sum) or fused (NVRTC kernels: one router kernel with libtorch's reduction orders
+    /// and top-k order, three for the experts' stable alignment, one gather that weights and
+    /// sums each token's top-k rows in libtorch's order; built to give the same bits, which
+    /// `hslake debug kernels` checks on a GPU).
     #[cfg_attr(
         feature = "clap",
         arg(long = "moe-route", value_name = "MOE_ROUTE", default_value_t)

@@ -8,7 +8,8 @@
 # 2. Cuts of the models we compare with vLLM (Llama-3.1-8B and Qwen3-30B-A3B shapes, LAYERS layers; DeepSeek-V3's
 #    with MODELS=".. ds": one dense and one MoE layer, 25 GB), random weights made by transformers; per model our
 #    prefill (8 x 2048 tokens) with --profile-parts under the defaults and under every fused kernel at once, then
-#    its tokens/s under each single choice.
+#    its tokens/s under each single choice, and under the defaults at BATCHES sequences per batch (default "16 32":
+#    what a larger --max-tokens-per-batch would give).
 # 3. parity_bf16.py (every architecture, tiny, against transformers) with every fused kernel at once, and with each
 #    attention choice (PARITY=0 skips it).
 # The prefill table is printed at the end and kept in $OUT/kernels_summary.txt; logs in $OUT.
@@ -43,7 +44,7 @@ prefill() {
   shift 3
   local log="$OUT/kernels_${label}_${tag// /_}.txt"
   LAST_LOG=$log
-  "$BIN" debug prefill --model "$m" --batch $BATCH --seq $SEQ --iters "$ITERS" --layers "$LAYER_OUT" \
+  "$BIN" debug prefill --model "$m" --batch "${PB:-$BATCH}" --seq $SEQ --iters "$ITERS" --layers "$LAYER_OUT" \
     --device "$DEVICE" --dtype bf16 "$@" > "$log" 2>&1
   local tps
   tps=$(grep -oP 'prefill tokens/s \K[0-9]+' "$log")
@@ -78,6 +79,10 @@ for s in ${MODELS:-llama qwen}; do
     [ "$s" = llama ] && [ "$flags" = "--moe-route fused" ] && continue
     # shellcheck disable=SC2086
     prefill "$m" "$label" "$flags" $flags
+  done
+  # Batch shape: the same forward over more sequences per batch (--max-tokens-per-batch's default is 16384).
+  for pb in ${BATCHES:-16 32}; do
+    PB=$pb prefill "$m" "$label" "defaults, batch $pb x $SEQ"
   done
   rm -rf "$m" "$m.jsonl"
 done

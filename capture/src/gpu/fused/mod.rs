@@ -1,7 +1,7 @@
 //! Our kernels of the forward's hot path, compiled at first use by NVRTC from the CUDA C++ in
 //! each file and launched on libtorch's stream: SiLU-and-mul and RoPE ([`elementwise`]), RMS
-//! norm with the residual add ([`norm`]), MoE routing, expert alignment and the weighted
-//! un-permutation ([`moe`]).
+//! norm with the residual add ([`norm`]), MoE routing ([`route`]), expert alignment and the
+//! weighted un-permutation ([`align`]).
 //!
 //! Why kernels of our own: vLLM's lead over our capture on one GPU is its kernels, not graph
 //! capture (docs/guide/capture.md#kernels); libtorch has no fused form of these steps, and the
@@ -20,9 +20,10 @@ use crate::error::Result;
 use crate::gpu::cuda::{self, Kernel};
 use crate::gpu::nvrtc;
 
+pub(crate) mod align;
 pub(crate) mod elementwise;
-pub(crate) mod moe;
 pub(crate) mod norm;
+pub(crate) mod route;
 
 /// Helpers every kernel source starts with: bf16 <-> f32 (PTX's round-to-nearest-even, which
 /// is libtorch's `__float2bfloat16` on compute capability 8.0 and later) and the index types.

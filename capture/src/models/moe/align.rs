@@ -7,7 +7,7 @@
 use tch::{Kind, Tensor};
 
 use crate::error::Result;
-use crate::gpu::fused::moe as fused;
+use crate::gpu::fused::align as fused;
 use crate::kernels::Fusion;
 
 /// A layer's assignments placed for its grouped GEMMs.

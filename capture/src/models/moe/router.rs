@@ -4,7 +4,7 @@ use tch::{Kind, Tensor};
 
 use super::spec::{MoeSpec, Routing};
 use crate::error::{CaptureError, Result};
-use crate::gpu::fused::moe as fused;
+use crate::gpu::fused::route as fused;
 use crate::gpu::sections;
 use crate::kernels::Fusion;
 use crate::load::LoadCtx;
