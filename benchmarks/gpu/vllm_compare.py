@@ -98,9 +98,11 @@ def make(a):
 
 
 def vllm_states(save_dir, i):
-    from safetensors.numpy import load_file
+    """vllm_extract.py's saved sample i: [tokens, layers, hidden] f32 states and their layer ids (bf16 on disk,
+    which numpy cannot read: through torch)."""
+    from safetensors.torch import load_file
     d = load_file(os.path.join(save_dir, f"vllm_sample{i}.safetensors"))
-    return d["hidden_states"].astype(np.float32), [int(x) for x in d["layer_ids"]]
+    return d["hidden_states"].float().numpy(), [int(x) for x in d["layer_ids"]]
 
 
 def cosine(a):

@@ -383,6 +383,67 @@ mod tests {
         }
     }
 
+    /// The kernel's `bitonic32`, step for step: 16 threads, each compare-exchange at the
+    /// positions the kernel computes, invalid slots sorting to the end.
+    fn bitonic32(k: &mut [f32; 32], v: &mut [i32; 32], ok: &mut [bool; 32]) {
+        let gt = |a: f32, b: f32| (a.is_nan() && !b.is_nan()) || a > b;
+        let mut swap = |a: usize, b: usize, dir: bool| {
+            let s = (gt(k[a], k[b]) && ok[a]) || !ok[b];
+            if s == dir {
+                k.swap(a, b);
+                v.swap(a, b);
+                ok.swap(a, b);
+            }
+        };
+        let mut size = 2;
+        while size < 32 {
+            let mut stride = size / 2;
+            while stride > 0 {
+                for lane in 0..16usize {
+                    let flag = lane & (size / 2) != 0;
+                    let pos = 2 * lane - (lane & (stride - 1));
+                    swap(pos, pos + stride, flag);
+                }
+                stride /= 2;
+            }
+            size *= 2;
+        }
+        let mut stride = 16;
+        while stride > 0 {
+            for lane in 0..16usize {
+                let pos = 2 * lane - (lane & (stride - 1));
+                swap(pos, pos + stride, false);
+            }
+            stride /= 2;
+        }
+    }
+
+    #[test]
+    fn the_sorting_network_puts_the_top_k_in_descending_order_before_the_empty_slots() {
+        for k in [1usize, 2, 6, 8, 13, 32] {
+            for seed in 0..20u32 {
+                let mut keys = [0f32; 32];
+                let mut ids = [0i32; 32];
+                let mut ok = [false; 32];
+                for j in 0..k {
+                    // Distinct values in a scrambled order, as the unsorted gather gives them.
+                    let scrambled = (j as u32)
+                        .wrapping_mul(2654435761)
+                        .wrapping_add(seed * 40503);
+                    keys[j] = (scrambled % 1000) as f32 + j as f32 / 64.0;
+                    ids[j] = j as i32;
+                    ok[j] = true;
+                }
+                let mut want: Vec<(f32, i32)> = (0..k).map(|j| (keys[j], ids[j])).collect();
+                want.sort_by(|a, b| b.0.total_cmp(&a.0));
+                bitonic32(&mut keys, &mut ids, &mut ok);
+                let got: Vec<(f32, i32)> = (0..k).map(|j| (keys[j], ids[j])).collect();
+                assert_eq!(got, want, "k {k}, seed {seed}");
+                assert!(ok[..k].iter().all(|&o| o) && !ok[k..].iter().any(|&o| o));
+            }
+        }
+    }
+
     #[test]
     fn cpu_tensors_are_left_to_libtorch() {
         let logits = Tensor::zeros([4, 8], (Kind::BFloat16, Device::Cpu));
