@@ -129,7 +129,7 @@ extern "C" __global__ void unpermute(const u32* y, const i64* inverse, const i64
 }
 "#;
 
-static KERNELS: Family = Family::new(
+pub(super) static KERNELS: Family = Family::new(
     "MoE alignment",
     SOURCE,
     c"hslake_moe_align.cu",
@@ -282,20 +282,6 @@ pub(crate) fn unpermute(
 mod tests {
     use super::*;
     use tch::Device;
-
-    #[test]
-    fn the_kernels_compile_to_ptx_for_hopper_and_ampere() {
-        for cc in [(9, 0), (8, 0)] {
-            let ptx = KERNELS.compile_ptx(cc).unwrap();
-            let text = ptx.to_str().unwrap();
-            for entry in ["align_count", "align_scan", "align_place", "unpermute"] {
-                assert!(
-                    text.contains(&format!(".entry {entry}(")),
-                    "{entry} for {cc:?}"
-                );
-            }
-        }
-    }
 
     #[test]
     fn cpu_tensors_are_left_to_libtorch() {

@@ -73,7 +73,7 @@ ROPE(rope_half, false)
 ROPE(rope_interleaved, true)
 "#;
 
-static KERNELS: Family = Family::new(
+pub(super) static KERNELS: Family = Family::new(
     "SiLU-and-mul and RoPE",
     SOURCE,
     c"hslake_elementwise.cu",
@@ -170,20 +170,6 @@ pub(crate) fn rope(
 mod tests {
     use super::*;
     use tch::Device;
-
-    #[test]
-    fn the_kernels_compile_to_ptx_for_hopper_and_ampere() {
-        for cc in [(9, 0), (8, 0)] {
-            let ptx = KERNELS.compile_ptx(cc).unwrap();
-            let text = ptx.to_str().unwrap();
-            for entry in ["silu_mul", "rope_half", "rope_interleaved"] {
-                assert!(
-                    text.contains(&format!(".entry {entry}(")),
-                    "{entry} for {cc:?}"
-                );
-            }
-        }
-    }
 
     #[test]
     fn cpu_tensors_are_left_to_libtorch() {

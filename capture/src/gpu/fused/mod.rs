@@ -167,3 +167,26 @@ pub(crate) fn grid(device: usize, units: u64, threads: u32) -> u64 {
     let sms = *SMS.get_or_init(|| cuda::multiprocessors(device).map_or(64, u64::from));
     units.div_ceil(u64::from(threads)).clamp(1, sms * 16)
 }
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn every_family_compiles_to_ptx_for_hopper_and_ampere_with_each_kernel_it_loads() {
+        for family in [
+            &super::elementwise::KERNELS,
+            &super::norm::KERNELS,
+            &super::route::KERNELS,
+            &super::align::KERNELS,
+        ] {
+            for cc in [(9, 0), (8, 0)] {
+                let ptx = family.compile_ptx(cc).unwrap();
+                let text = ptx.to_str().unwrap();
+                assert!(text.contains(&format!(".target sm_{}{}", cc.0, cc.1)));
+                for name in family.names {
+                    let entry = format!(".entry {}(", name.to_str().unwrap());
+                    assert!(text.contains(&entry), "{}: {entry} for {cc:?}", family.what);
+                }
+            }
+        }
+    }
+}

@@ -107,7 +107,7 @@ NORM(rms_norm_block, false, rms_block)
 NORM(add_rms_norm_block, true, rms_block)
 "#;
 
-static KERNELS: Family = Family::new(
+pub(super) static KERNELS: Family = Family::new(
     "RMS norm",
     SOURCE,
     c"hslake_norm.cu",
@@ -225,20 +225,6 @@ pub(crate) fn add_rms_norm(
 mod tests {
     use super::*;
     use tch::Device;
-
-    #[test]
-    fn the_kernels_compile_to_ptx_for_hopper_and_ampere() {
-        for cc in [(9, 0), (8, 0)] {
-            let ptx = KERNELS.compile_ptx(cc).unwrap();
-            let text = ptx.to_str().unwrap();
-            for entry in ["rms_norm_warp", "add_rms_norm_warp", "rms_norm_block"] {
-                assert!(
-                    text.contains(&format!(".entry {entry}(")),
-                    "{entry} for {cc:?}"
-                );
-            }
-        }
-    }
 
     #[test]
     fn rows_collapse_into_tokens_and_heads_or_are_refused() {

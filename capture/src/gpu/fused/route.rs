@@ -243,7 +243,7 @@ extern "C" __global__ void grouped_topk(const float* logits, const float* corr, 
 }
 "#;
 
-static KERNELS: Family = Family::new(
+pub(super) static KERNELS: Family = Family::new(
     "MoE routing",
     SOURCE,
     c"hslake_moe_route.cu",
@@ -368,20 +368,6 @@ pub(crate) fn grouped_topk(
 mod tests {
     use super::*;
     use tch::Device;
-
-    #[test]
-    fn the_kernels_compile_to_ptx_for_hopper_and_ampere() {
-        for cc in [(9, 0), (8, 0)] {
-            let ptx = KERNELS.compile_ptx(cc).unwrap();
-            let text = ptx.to_str().unwrap();
-            for entry in ["softmax_topk", "grouped_topk"] {
-                assert!(
-                    text.contains(&format!(".entry {entry}(")),
-                    "{entry} for {cc:?}"
-                );
-            }
-        }
-    }
 
     /// The kernel's `bitonic32`, step for step: 16 threads, each compare-exchange at the
     /// positions the kernel computes, invalid slots sorting to the end.
