@@ -10,11 +10,13 @@
 #    prefill (8 x 2048 tokens) with --profile-parts under the defaults and under every fused kernel at once, then
 #    its tokens/s under each single choice, and under the defaults at BATCHES sequences per batch (default "16 32":
 #    what a larger --max-tokens-per-batch would give).
-# 3. parity_bf16.py (every architecture, tiny, against transformers) with every fused kernel at once, and with each
-#    attention choice (PARITY=0 skips it).
-# The prefill table is printed at the end and kept in $OUT/kernels_summary.txt; logs in $OUT.
-# Knobs: MODELS (default "llama qwen"), LAYERS (default 4), ITERS (default 5 prefill iterations, 10 kernel runs),
-# WORK (default /tmp/hslake-kernels). DEVICE=cpu TINY=1: a dry run of steps 2 and 3's plumbing on the CPU (step 1
+# 3. parity_bf16.py (every architecture, tiny, against transformers) with every fused kernel at once (and with each
+#    attention choice when PARITY_ATTENTION=1).
+# The prefill table is printed at the end and kept in $OUT/kernels_summary.txt; logs in $OUT. About 8 minutes on an
+# H100 (an estimate: it has not run yet).
+# Knobs: STEPS (default "kernels models parity": which of the three run, e.g. to split them over two calls of at
+# most 10 minutes), MODELS (default "llama qwen"), LAYERS (default 4), ITERS (default 5 prefill iterations),
+# KERNEL_ITERS (default 10 timed runs per kernel), WORK (default /tmp/hslake-kernels). DEVICE=cpu TINY=1: a dry run of steps 2 and 3's plumbing on the CPU (step 1
 # needs CUDA and is skipped; the CPU runs libtorch's path whatever the flags).
 set -uo pipefail
 source "$(dirname "$0")/env.sh"
@@ -31,8 +33,10 @@ stage() { echo "=== [$(( $(date +%s) - T0 ))s] $*" | tee -a "$OUT/kernels_stages
 SUMMARY=$OUT/kernels_summary.txt
 : > "$SUMMARY"
 rc=0
-if [ "$DEVICE" = cuda ]; then
-  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT/gpu.txt"
+STEPS=${STEPS:-kernels models parity}
+step() { [[ " $STEPS " == *" $1 "* ]]; }
+[ "$DEVICE" = cuda ] && nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT/gpu.txt"
+if [ "$DEVICE" = cuda ] && step kernels; then
   stage "debug kernels"
   "$BIN" debug kernels --iters "${KERNEL_ITERS:-10}" 2>&1 | tee "$OUT/kernels.txt"
   [ "${PIPESTATUS[0]}" = 0 ] || rc=1
@@ -52,7 +56,9 @@ prefill() {
   [ -n "$tps" ] || rc=1
 }
 
+step models || MODELS=none
 for s in ${MODELS:-llama qwen}; do
+  [ "$s" = none ] && continue
   case $s in
   llama) name=llama8b ;;
   qwen) name=qwen3_30b_a3b ;;
@@ -87,8 +93,10 @@ for s in ${MODELS:-llama qwen}; do
   rm -rf "$m" "$m.jsonl"
 done
 
-if [ "${PARITY:-1}" = 1 ] && [ "$DEVICE" = cuda ]; then
-  for flags in "$FUSED" "--attention cudnn" "--attention flash"; do
+if step parity && [ "$DEVICE" = cuda ]; then
+  sets=("$FUSED")
+  [ "${PARITY_ATTENTION:-0}" = 1 ] && sets+=("--attention cudnn" "--attention flash")
+  for flags in "${sets[@]}"; do
     stage "parity against transformers: $flags"
     # shellcheck disable=SC2086
     python3 "$HERE/parity_bf16.py" --bin "$BIN" --work "$W/parity" --runs 1:f32:batched -- $flags 2>&1 |
