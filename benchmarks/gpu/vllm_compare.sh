@@ -18,7 +18,8 @@
 #
 # Models: llama (Llama-3.1-8B shapes), qwen (Qwen3-30B-A3B shapes: 48 layers where the GPU has over 100 GB, else
 # the first 20), ds (the DeepSeek-V3 cut of moe.sh: 3 dense + 2 MoE layers, 256 experts; over 100 GB only).
-# Knobs: MODELS (default "llama qwen ds"), SAMPLES (320), REF (2), LAYERS_QWEN (layer count; default by memory),
+# Knobs: MODELS (default "llama qwen ds"), SAMPLES (320; SAMPLES_<model> for one, SAMPLES_ds defaults to 64: the
+# cut's states and checkpoint share the 64 GB disk), REF (2), LAYERS_QWEN (layer count; default by memory),
 # OURS_FLAGS (flags of our main capture), OURS_ALSO (more captures, ';'-separated flag sets, e.g.
 # "--norm fused --activation fused --rope fused --moe-route fused"), VLLM_ARGS (more vllm_extract.py flags, e.g.
 # --enforce-eager), WORK (default /tmp/hslake-vllm; a made model is kept there and reused by a later call),
@@ -131,7 +132,8 @@ EOF
 model() {
   local step=$1 name=$2 label=$3
   shift 3
-  local m=$W/$step
+  local m=$W/$step per_step=SAMPLES_$step
+  local SAMPLES=${!per_step:-$SAMPLES}
   if [ ! -f "$m.truth.npz" ]; then
     stage "$label: make (transformers, random weights), f32 truth"
     rm -rf "$m"
@@ -172,7 +174,8 @@ for s in ${MODELS:-llama qwen ds}; do
       row deepseek-v3-cut "skipped: needs over 100 GB of GPU memory (an H200)" '{}'
       continue
     fi
-    model ds deepseek_v3 deepseek-v3-cut ;;
+    # 320 samples of its 7168-wide states would be 38 GB on a disk that holds its 53 GB checkpoint.
+    SAMPLES_ds=${SAMPLES_ds:-$([ -n "$TINYFLAG" ] && echo "$SAMPLES" || echo 64)} model ds deepseek_v3 deepseek-v3-cut ;;
   *) echo "unknown model $s (llama, qwen, ds)" >&2; exit 2 ;;
   esac
 done
