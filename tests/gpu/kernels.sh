@@ -16,7 +16,8 @@
 # H100 (an estimate: it has not run yet).
 # Knobs: STEPS (default "kernels models parity": which of the three run, e.g. to split them over two calls of at
 # most 10 minutes), MODELS (default "llama qwen"), LAYERS (default 4), ITERS (default 5 prefill iterations),
-# KERNEL_ITERS (default 10 timed runs per kernel), WORK (default /tmp/hslake-kernels). DEVICE=cpu TINY=1: a dry run of steps 2 and 3's plumbing on the CPU (step 1
+# KERNEL_ITERS (default 10 timed runs per kernel), CHOICES (';'-separated flag sets timed one by one in step 2; default
+# each single choice and both attention choices with every fused kernel; empty: none), BATCHES (empty: none), WORK (default /tmp/hslake-kernels). DEVICE=cpu TINY=1: a dry run of steps 2 and 3's plumbing on the CPU (step 1
 # needs CUDA and is skipped; the CPU runs libtorch's path whatever the flags).
 set -uo pipefail
 source "$(dirname "$0")/env.sh"
@@ -80,14 +81,16 @@ for s in ${MODELS:-llama qwen}; do
   prefill "$m" "$label" "fused" $FUSED --profile-parts
   sed -n '/^section/,/(total)/p' "$LAST_LOG" | sed "s/^/  /" >> "$SUMMARY"
   stage "$label: prefill under each choice"
-  for flags in "--norm fused" "--activation fused" "--rope fused" "--moe-route fused" "--attention cudnn" \
-    "--attention flash" "$FUSED --attention cudnn" "$FUSED --attention flash"; do
+  CHOICES_DEFAULT="--norm fused;--activation fused;--rope fused;--moe-route fused;--attention cudnn;--attention flash"
+  CHOICES_DEFAULT+=";$FUSED --attention cudnn;$FUSED --attention flash"
+  IFS=';' read -ra choices <<< "${CHOICES-$CHOICES_DEFAULT}"
+  for flags in "${choices[@]}"; do
     [ "$s" = llama ] && [ "$flags" = "--moe-route fused" ] && continue
     # shellcheck disable=SC2086
     prefill "$m" "$label" "$flags" $flags
   done
   # Batch shape: the same forward over more sequences per batch (--max-tokens-per-batch's default is 16384).
-  for pb in ${BATCHES:-16 32}; do
+  for pb in ${BATCHES-16 32}; do
     PB=$pb prefill "$m" "$label" "defaults, batch $pb x $SEQ"
   done
   rm -rf "$m" "$m.jsonl"
