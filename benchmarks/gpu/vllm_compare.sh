@@ -11,7 +11,7 @@
 #      safetensors connector writing to /dev/shm, timed from generate() until every file is written, the best of
 #      two passes after a warm-up; its load timed apart; the first REF samples' states kept for the cosine;
 #   3. ours: hslake capture + write + commit of the same samples and layers into a dataset on the disk, its
-#      tokens/s over the run (load apart) and wall clock; once more per OURS_ALSO variant (e.g. the fused kernels);
+#      tokens/s over the run (load apart) and wall clock; once more per OURS_ALSO variant (e.g. libtorch's path);
 #   4. per-token cosines per layer: ours and vLLM's against the f32 truth, and ours against vLLM's.
 # Everything lands in $OUT/vllm_compare.json (one object per model: both tokens/s and their ratio, both load times,
 # bytes on disk, the cosines and whether ours is no farther from the truth than vLLM's); logs beside it.
@@ -20,9 +20,9 @@
 # the first 20), ds (the DeepSeek-V3 cut of moe.sh: 3 dense + 2 MoE layers, 256 experts; over 100 GB only).
 # Knobs: MODELS (default "llama qwen ds"), SAMPLES (320; SAMPLES_<model> for one, SAMPLES_ds defaults to 64: the
 # cut's states and checkpoint share the 64 GB disk), REF (2), LAYERS_QWEN (layer count; default by memory),
-# OURS_FLAGS (flags of our main capture), OURS_ALSO (more captures, ';'-separated flag sets, e.g.
-# "--norm fused --activation fused --rope fused --moe-route fused"), VLLM_ARGS (more vllm_extract.py flags, e.g.
-# --enforce-eager), WORK (default /tmp/hslake-vllm; a made model is kept there and reused by a later call),
+# OURS_FLAGS (flags of our main capture), OURS_ALSO (more captures, ';'-separated flag sets, e.g. libtorch's path
+# for the kernels fused by default: "--norm fast --activation torch --rope torch --moe-route torch"), VLLM_ARGS (more
+# vllm_extract.py flags, e.g. --enforce-eager), WORK (default /tmp/hslake-vllm; a made model is kept there and reused by a later call),
 # VL (the carried parts, default /tmp/vl), VLLM_SITE (vLLM's install, default /tmp/site), KEEP=1 keeps the models.
 # DEVICE=cpu TINY=1: a dry run of everything but vLLM at toy sizes on the CPU (vLLM's rows say skipped).
 set -uo pipefail

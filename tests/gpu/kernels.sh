@@ -7,17 +7,17 @@
 #    f32 attention; the time of each. Exits non-zero if one is not as promised.
 # 2. Cuts of the models we compare with vLLM (Llama-3.1-8B and Qwen3-30B-A3B shapes, LAYERS layers; DeepSeek-V3's
 #    with MODELS=".. ds": one dense and one MoE layer, 25 GB), random weights made by transformers; per model our
-#    prefill (8 x 2048 tokens) with --profile-parts under the defaults and under every fused kernel at once, then
-#    its tokens/s under each single choice, and under the defaults at BATCHES sequences per batch (default "16 32":
+#    prefill (8 x 2048 tokens) with --profile-parts under the defaults (every fused kernel) and under libtorch's path
+#    for all of them at once (TORCH), then its tokens/s under each single choice, and under the defaults at BATCHES sequences per batch (default "16 32":
 #    what a larger --max-tokens-per-batch would give).
-# 3. parity_bf16.py (every architecture, tiny, against transformers) with every fused kernel at once (and with each
-#    attention choice when PARITY_ATTENTION=1).
+# 3. parity_bf16.py (every architecture, tiny, against transformers) under the defaults, every fused kernel (and with
+#    each attention choice when PARITY_ATTENTION=1).
 # The prefill table is printed at the end and kept in $OUT/kernels_summary.txt; logs in $OUT. About 8 minutes on an
 # H100 (an estimate: it has not run yet).
 # Knobs: STEPS (default "kernels models parity": which of the three run, e.g. to split them over two calls of at
 # most 10 minutes), MODELS (default "llama qwen"), LAYERS (default 4), ITERS (default 5 prefill iterations),
 # KERNEL_ITERS (default 10 timed runs per kernel), CHOICES (';'-separated flag sets timed one by one in step 2; default
-# each single choice and both attention choices with every fused kernel; empty: none), BATCHES (empty: none), WORK (default /tmp/hslake-kernels). DEVICE=cpu TINY=1: a dry run of steps 2 and 3's plumbing on the CPU (step 1
+# each kernel back on libtorch's path alone and both other attention choices; empty: none), BATCHES (empty: none), WORK (default /tmp/hslake-kernels). DEVICE=cpu TINY=1: a dry run of steps 2 and 3's plumbing on the CPU (step 1
 # needs CUDA and is skipped; the CPU runs libtorch's path whatever the flags).
 set -uo pipefail
 source "$(dirname "$0")/env.sh"
@@ -27,7 +27,8 @@ ITERS=${ITERS:-5}
 BATCH=8 SEQ=2048
 TINYFLAG=
 [ "${TINY:-0}" = 1 ] && { TINYFLAG=--tiny; BATCH=2; SEQ=32; }
-FUSED="--norm fused --activation fused --rope fused --moe-route fused"
+# libtorch's path for every kernel that is fused by default (the reference the fused ones are checked against).
+TORCH="--norm fast --activation torch --rope torch --moe-route torch"
 mkdir -p "$W"
 T0=$(date +%s)
 stage() { echo "=== [$(( $(date +%s) - T0 ))s] $*" | tee -a "$OUT/kernels_stages.txt"; }
@@ -74,18 +75,17 @@ for s in ${MODELS:-llama qwen}; do
   [ -f "$m/config.json" ] || python3 "$HERE/vllm_compare.py" make "$name" "$m" --num-layers "$n" --no-truth \
     --samples 1 --seq 16 --device "$DEVICE" $TINYFLAG 2>&1 | tail -2
   LAYER_OUT=$((n - 1))
-  stage "$label: prefill, parts, defaults and fused"
+  stage "$label: prefill, parts, defaults (fused) and libtorch's path"
   prefill "$m" "$label" "defaults" --profile-parts
   sed -n '/^section/,/(total)/p' "$LAST_LOG" | sed "s/^/  /" >> "$SUMMARY"
   # shellcheck disable=SC2086
-  prefill "$m" "$label" "fused" $FUSED --profile-parts
+  prefill "$m" "$label" "libtorch" $TORCH --profile-parts
   sed -n '/^section/,/(total)/p' "$LAST_LOG" | sed "s/^/  /" >> "$SUMMARY"
   stage "$label: prefill under each choice"
-  CHOICES_DEFAULT="--norm fused;--activation fused;--rope fused;--moe-route fused;--attention cudnn;--attention flash"
-  CHOICES_DEFAULT+=";$FUSED --attention cudnn;$FUSED --attention flash"
+  CHOICES_DEFAULT="--norm fast;--activation torch;--rope torch;--moe-route torch;--attention cudnn;--attention flash"
   IFS=';' read -ra choices <<< "${CHOICES-$CHOICES_DEFAULT}"
   for flags in "${choices[@]}"; do
-    [ "$s" = llama ] && [ "$flags" = "--moe-route fused" ] && continue
+    [ "$s" = llama ] && [ "$flags" = "--moe-route torch" ] && continue
     # shellcheck disable=SC2086
     prefill "$m" "$label" "$flags" $flags
   done
@@ -97,13 +97,13 @@ for s in ${MODELS:-llama qwen}; do
 done
 
 if step parity && [ "$DEVICE" = cuda ]; then
-  sets=("$FUSED")
+  sets=("")
   [ "${PARITY_ATTENTION:-0}" = 1 ] && sets+=("--attention cudnn" "--attention flash")
   for flags in "${sets[@]}"; do
-    stage "parity against transformers: $flags"
+    stage "parity against transformers: ${flags:-defaults}"
     # shellcheck disable=SC2086
     python3 "$HERE/parity_bf16.py" --bin "$BIN" --work "$W/parity" --runs 1:f32:batched -- $flags 2>&1 |
-      tee "$OUT/kernels_parity_${flags// /_}.txt" | tail -12
+      tee "$OUT/kernels_parity_$(echo "${flags:-defaults}" | tr " " _).txt" | tail -12
     [ "${PIPESTATUS[0]}" = 0 ] || rc=1
   done
 fi
