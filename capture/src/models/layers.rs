@@ -640,7 +640,8 @@ mod tests {
                     theta,
                     scaling: scaling.clone(),
                 };
-                let got = Rotary::new(head_dim as usize, &rope, Device::Cpu).unwrap();
+                let got =
+                    Rotary::new(head_dim as usize, &rope, Device::Cpu, Fusion::Torch).unwrap();
                 let want = reference_inv_freq(head_dim, &rope);
                 assert_eq!(got.inv_freq.kind(), Kind::Float);
                 assert!(got.inv_freq.equal(&want), "{rope:?}, head_dim {head_dim}");
@@ -654,7 +655,7 @@ mod tests {
             theta: 10000.0,
             scaling: RopeScaling::None,
         };
-        let rotary = Rotary::new(16, &rope, Device::Cpu).unwrap();
+        let rotary = Rotary::new(16, &rope, Device::Cpu, Fusion::Torch).unwrap();
         let tables = rotary.tables(5, Kind::BFloat16).unwrap();
         assert_eq!(tables.cos.size(), [1, 5, 1, 16]);
         // 2^50 positions: libtorch refuses the allocation, and that is an error, not a panic
@@ -699,7 +700,7 @@ mod tests {
         let fast = RmsNorm {
             weight: w.shallow_clone(),
             eps: 1e-6,
-            fast: true,
+            kernel: NormKernel::Fast,
         }
         .forward(&x)
         .unwrap();

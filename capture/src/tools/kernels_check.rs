@@ -20,6 +20,7 @@ use crate::kernels::{AttentionKernel, Fusion, NormKernel};
 use crate::models::layers::{silu_mul, RmsNorm, Rope, RopeScaling, RopeTables, Rotary};
 use crate::models::moe::align::Aligned;
 use crate::models::moe::router::{grouped_sigmoid_top_k, softmax_top_k, GroupedTopK};
+use crate::scalar;
 
 /// How far the fused norm may be from `fast`, in bf16 units in the last place. Its f32 sum of
 /// squares is reduced in another order, so `rstd` can differ in its last bit, and a value near
@@ -84,18 +85,18 @@ impl Diff {
                 return Ok(v);
             }
             // Sign-magnitude bits to a line on which neighbouring values are one apart.
-            let magnitude = v.f_bitwise_and(sign)?;
-            Ok(magnitude.f_where_self(&v.f_ge(0)?, &magnitude.f_neg()?)?)
+            let magnitude = v.f_bitwise_and_tensor(&scalar::int(sign)?)?;
+            Ok(magnitude.f_where_self(&v.f_ge_tensor(&scalar::int(0)?)?, &magnitude.f_neg()?)?)
         };
         let (oa, ob) = (ordered(a)?, ordered(b)?);
         let gap = oa.f_sub(&ob)?.f_abs()?;
         Ok(Diff {
-            differing: gap.f_gt(0)?.f_sum(Kind::Int64)?.int64_value(&[]),
+            differing: i64::try_from(&gap.f_gt_tensor(&scalar::int(0)?)?.f_sum(Kind::Int64)?)?,
             total,
             max_ulps: if total == 0 {
                 0
             } else {
-                gap.f_max()?.int64_value(&[])
+                i64::try_from(&gap.f_max()?)?
             },
         })
     }
@@ -137,7 +138,7 @@ struct Check {
 impl Check {
     fn bf16(&self, shape: &[i64], scale: f64) -> Result<Tensor> {
         Ok(Tensor::f_randn(shape, (Kind::Float, self.device))?
-            .f_mul_scalar(scale)?
+            .f_mul(&scalar::float(scale)?)?
             .f_to_kind(Kind::BFloat16)?)
     }
 
@@ -227,7 +228,7 @@ impl Check {
 
     fn norm(&mut self, label: &str, x: &Tensor, add: bool) -> Result<()> {
         let dim = *x.size().last().unwrap_or(&1);
-        let weight = self.bf16(&[dim], 0.1)?.f_add_scalar(1.0)?;
+        let weight = self.bf16(&[dim], 0.1)?.f_add(&scalar::float(1.0)?)?;
         let residual = self.bf16(&x.size(), 1.0)?;
         let norm = |kernel| RmsNorm::new(weight.shallow_clone(), 1e-6, kernel);
         let run = |kernel| -> Result<Tensor> {
@@ -301,8 +302,8 @@ impl Check {
         let error = |y: &Tensor| -> Result<(f64, f64)> {
             let e = y.f_to_kind(Kind::Float)?.f_sub(&truth)?.f_abs()?;
             Ok((
-                e.f_mean(Kind::Float)?.double_value(&[]),
-                e.f_max()?.double_value(&[]),
+                f64::try_from(&e.f_mean(Kind::Float)?)?,
+                f64::try_from(&e.f_max()?)?,
             ))
         };
         let run = |kernel| sdpa::attention(q, k, v, None, scale, gqa, kernel);
@@ -380,7 +381,7 @@ pub fn kernels_check(iters: usize) -> Result<Vec<KernelCase>> {
     let q = c.bf16(&[b, t, 32, 128], 1.0)?;
     c.rope("Qwen3 q", &q, [&tables[0], &tables[1]], false)?;
     drop((qkv, qk, q, tables));
-    let angles = Tensor::f_rand([t, 32], (Kind::Float, device))?.f_mul_scalar(40.0)?;
+    let angles = Tensor::f_rand([t, 32], (Kind::Float, device))?.f_mul(&scalar::float(40.0)?)?;
     let emb = Tensor::f_cat(&[&angles, &angles], -1)?;
     let yarn = |fusion| RopeTables::new(&emb, 1.3, Kind::BFloat16, fusion);
     let tables = [yarn(Fusion::Torch)?, yarn(Fusion::Fused)?];
@@ -467,7 +468,7 @@ fn moe(c: &mut Check, n: i64) -> Result<()> {
     let (qwen_w, qwen_ids) = softmax_top_k(&logits, 8, true, Fusion::Torch)?;
     let grouped = |e, n_group, topk_group, scale| -> Result<(Tensor, Tensor, GroupedTopK)> {
         let logits = Tensor::f_randn([n, e], (Kind::Float, device))?;
-        let corr = Tensor::f_randn([e], (Kind::Float, device))?.f_mul_scalar(0.01)?;
+        let corr = Tensor::f_randn([e], (Kind::Float, device))?.f_mul(&scalar::float(0.01)?)?;
         let p = GroupedTopK {
             top_k: 8,
             n_group,
@@ -507,7 +508,9 @@ fn moe(c: &mut Check, n: i64) -> Result<()> {
             ds = Some(grouped_sigmoid_top_k(&logits, &corr, p, Fusion::Torch)?);
         }
     }
-    let (ds_w, ds_ids) = ds.expect("DeepSeek's routing ran");
+    let (ds_w, ds_ids) = ds.ok_or_else(|| {
+        CaptureError::Pipeline("the DeepSeek-V3 routing case did not run".to_string())
+    })?;
     for (label, ids, w, e, hidden) in [
         ("Qwen3-30B-A3B", &qwen_ids, &qwen_w, 128i64, 2048i64),
         ("DeepSeek-V3", &ds_ids, &ds_w, 256, 7168),

@@ -9,6 +9,7 @@ use tch::{Kind, Tensor};
 use crate::error::Result;
 use crate::gpu::fused::align as fused;
 use crate::kernels::Fusion;
+use crate::scalar;
 
 /// A layer's assignments placed for its grouped GEMMs.
 pub(crate) struct Aligned {
@@ -45,8 +46,8 @@ impl Aligned {
         let mine = mine(ids, first, local)?;
         let key = ids
             .f_reshape([-1])?
-            .f_sub_scalar(first)?
-            .f_where_scalarother(&mine, local)?;
+            .f_sub(&scalar::int(first)?)?
+            .f_where_self(&mine, &scalar::int(local)?)?;
         let (_, perm) = key.f_sort_stable(true, 0, false)?;
         // Group ends: the running count of assignments per local expert, as int32.
         let ends = key
@@ -54,7 +55,7 @@ impl Aligned {
             .f_narrow(0, 0, local)?
             .f_cumsum(0, Kind::Int)?;
         Ok(Aligned {
-            rows: perm.f_floor_divide_scalar(k)?,
+            rows: perm.f_floor_divide(&scalar::int(k)?)?,
             ends,
             back: Back::Torch { perm, mine },
         })
@@ -93,7 +94,7 @@ impl Aligned {
                 let other = mine.f_index_select(0, perm)?.f_logical_not()?;
                 let y = y
                     .f_mul(&sorted_weights.f_unsqueeze(1)?)?
-                    .f_masked_fill(&other.f_unsqueeze(1)?, 0.0)?;
+                    .f_masked_fill_tensor(&other.f_unsqueeze(1)?, &scalar::float(0.0)?)?;
                 summed(y.f_index_select(0, &perm.f_argsort(0, false)?)?)
             }
             Back::Fused { inverse } => {
@@ -106,7 +107,7 @@ impl Aligned {
                 let y = y
                     .f_index_select(0, inverse)?
                     .f_mul(&weights.f_reshape([-1, 1])?)?
-                    .f_masked_fill(&other.f_unsqueeze(1)?, 0.0)?;
+                    .f_masked_fill_tensor(&other.f_unsqueeze(1)?, &scalar::float(0.0)?)?;
                 summed(y)
             }
         }
@@ -115,8 +116,10 @@ impl Aligned {
 
 /// `[n * k]` booleans: whether each assignment's expert is one of `first..first + local`.
 fn mine(ids: &Tensor, first: i64, local: i64) -> Result<Tensor> {
-    let rel = ids.f_reshape([-1])?.f_sub_scalar(first)?;
-    Ok(rel.f_ge(0)?.f_logical_and(&rel.f_lt(local)?)?)
+    let rel = ids.f_reshape([-1])?.f_sub(&scalar::int(first)?)?;
+    Ok(rel
+        .f_ge_tensor(&scalar::int(0)?)?
+        .f_logical_and(&rel.f_lt_tensor(&scalar::int(local)?)?)?)
 }
 
 #[cfg(test)]
