@@ -63,7 +63,9 @@ pub use input::{
     check_memory, is_parquet, read_inputs, scan_inputs, InputLimits, InputSample, Inputs,
     KeptSamples,
 };
-pub use kernels::{DequantKernel, Kernels, MoeKernel, NormKernel, TpReduce};
+pub use kernels::{
+    AttentionKernel, DequantKernel, Fusion, Kernels, MoeKernel, NormKernel, TpReduce,
+};
 pub use models::ModelInfo;
 pub use tools::debug;
 

@@ -1,15 +1,19 @@
 //! GPU plumbing, and its CPU stand-ins: which device the ranks run on, the CUDA runtime calls
 //! libtorch does not expose ([`cuda`]), NVRTC ([`nvrtc`]), the collectives between ranks
 //! ([`comm`], over NCCL in [`nccl`], joined as [`group`] says), and the plane split kernel
-//! ([`plane_split`]).
+//! ([`plane_split`]); our fused kernels of the forward ([`fused`]), attention's kernel choice
+//! ([`sdpa`]), and the per-part profile of a forward ([`sections`]).
 pub(crate) mod comm;
 pub(crate) mod cuda;
 #[cfg(any(test, feature = "fault-injection"))]
 pub(crate) mod fault;
+pub(crate) mod fused;
 pub(crate) mod group;
 pub(crate) mod nccl;
 pub(crate) mod nvrtc;
 pub(crate) mod plane_split;
+pub(crate) mod sdpa;
+pub(crate) mod sections;
 
 /// Where the forward runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

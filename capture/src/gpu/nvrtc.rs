@@ -176,7 +176,7 @@ fn compile(program: NvrtcProgram, major: i32, minor: i32) -> Result<CString> {
 /// process (the kernels taken from it must stay valid as long as they are cached).
 pub(crate) fn load_library(
     device: usize,
-    compile: fn((i32, i32)) -> Result<CString>,
+    compile: impl FnOnce((i32, i32)) -> Result<CString>,
 ) -> Result<&'static Library> {
     let ptx = compile(cuda::compute_capability(device)?)?;
     Ok(Box::leak(Box::new(Library::load(&ptx)?)))

@@ -27,6 +27,8 @@ use super::hf_config::ConfigFile;
 use super::llama::{self, SelfAttention, StackConfig, StackShape};
 use super::{LayeredModel, ModelConfig, ModelInfo};
 use crate::error::{CaptureError, Result};
+use crate::gpu::{sdpa, sections};
+use crate::kernels::AttentionKernel;
 use crate::load::LoadCtx;
 use crate::models::layers::{RmsNorm, Rope, RopeScaling, RopeTables};
 use crate::models::moe::{MoeLayers, MoeSpec, Routing};
@@ -305,6 +307,8 @@ struct Attention {
     kv_lora: i64,
     scale: f64,
     interleave: bool,
+    /// `--attention`.
+    kernel: AttentionKernel,
 }
 
 impl SelfAttention for Attention {
@@ -358,6 +362,7 @@ impl SelfAttention for Attention {
             kv_lora: kv_lora as i64,
             scale: cfg.softmax_scale,
             interleave: cfg.rope_interleave,
+            kernel: ctx.kernels.attention,
         })
     }
 
@@ -369,52 +374,64 @@ impl SelfAttention for Attention {
             false => rope.apply(x),
         };
         // 1. Queries: [b, t, hidden] -> [b, t, heads, nope + rope], this rank's heads.
-        let q = match &self.q {
-            QueryProjection::Full(p) => p.forward(x)?,
+        let q = sections::time("mla q projections", || match &self.q {
+            QueryProjection::Full(p) => p.forward(x),
             QueryProjection::LowRank { down, norm, up } => {
-                up.forward(&norm.forward(&down.forward(x)?)?)?
+                up.forward(&norm.forward(&down.forward(x)?)?)
             }
-        }
+        })?
         .f_view([b, t, heads, nope + r])?;
         // 2. The latent and the shared rotary key: [b, t, kv_lora + rope] -> a normed
         //    [b, t, kv_lora] and [b, t, 1, rope].
-        let compressed = self.kv_a_proj_with_mqa.forward(x)?;
-        let latent = self
-            .kv_a_layernorm
-            .forward(&compressed.f_narrow(2, 0, self.kv_lora)?)?;
-        let k_rot = rotate(&compressed.f_narrow(2, self.kv_lora, r)?.f_unsqueeze(2)?)?;
-        // 3. Rotate the query's rope part and join it to its position-free part.
-        let q_rot = rotate(&q.f_narrow(3, nope, r)?)?;
-        let q = Tensor::f_cat(&[q.f_narrow(3, 0, nope)?, q_rot], 3)?;
-        // 4. Keys and values from the latent: [b, t, heads, nope + v]; every head's key ends
-        //    in the one shared rotary part.
-        let kv = self
-            .kv_b_proj
-            .forward(&latent)?
+        let (compressed, latent) = sections::time("mla kv_a projection + norm", || {
+            let compressed = self.kv_a_proj_with_mqa.forward(x)?;
+            let latent =
+                self.kv_a_layernorm
+                    .forward(&compressed.f_narrow(2, 0, self.kv_lora)?)?;
+            Ok((compressed, latent))
+        })?;
+        // 3. Rotate the shared key and the query's rope part.
+        let (k_rot, q_rot) = sections::time("rope", || {
+            Ok((
+                rotate(&compressed.f_narrow(2, self.kv_lora, r)?.f_unsqueeze(2)?)?,
+                rotate(&q.f_narrow(3, nope, r)?)?,
+            ))
+        })?;
+        // 4. Keys and values from the latent: [b, t, heads, nope + v].
+        let kv = sections::time("mla kv_b projection", || self.kv_b_proj.forward(&latent))?
             .f_view([b, t, heads, nope + v])?;
-        let k = Tensor::f_cat(
-            &[
-                kv.f_narrow(3, 0, nope)?,
-                k_rot.f_expand([b, t, heads, r], false)?,
-            ],
-            3,
-        )?;
+        // 5. The query's rope part joined to its position-free part; every head's key ends in
+        //    the one shared rotary part.
+        let (q, k) = sections::time("mla q/k assembly", || {
+            let q = Tensor::f_cat(&[q.f_narrow(3, 0, nope)?, q_rot], 3)?;
+            let k = Tensor::f_cat(
+                &[
+                    kv.f_narrow(3, 0, nope)?,
+                    k_rot.f_expand([b, t, heads, r], false)?,
+                ],
+                3,
+            )?;
+            Ok((q, k))
+        })?;
         let values = kv.f_narrow(3, nope, v)?;
-        // 5. Causal attention over [b, heads, t, *] (right padding never reaches a real token),
+        // 6. Causal attention over [b, heads, t, *] (right padding never reaches a real token),
         //    with DeepSeek's softmax scale.
-        let y = Tensor::f_scaled_dot_product_attention(
-            &q.f_transpose(1, 2)?,
-            &k.f_transpose(1, 2)?,
-            &values.f_transpose(1, 2)?,
-            mask,
-            0.0,
-            mask.is_none(),
-            Some(self.scale),
-            false,
-        )?;
-        // 6. [b, heads, t, v] -> [b, t, heads * v] -> row-parallel projection and all-reduce.
-        let y = y.f_transpose(1, 2)?.f_reshape([b, t, heads * v])?;
-        self.o_proj.forward(&y)
+        let y = sections::time("attention", || {
+            sdpa::attention(
+                &q.f_transpose(1, 2)?,
+                &k.f_transpose(1, 2)?,
+                &values.f_transpose(1, 2)?,
+                mask,
+                Some(self.scale),
+                false,
+                self.kernel,
+            )
+        })?;
+        // 7. [b, heads, t, v] -> [b, t, heads * v] -> row-parallel projection and all-reduce.
+        sections::time("o projection", || {
+            let y = y.f_transpose(1, 2)?.f_reshape([b, t, heads * v])?;
+            self.o_proj.forward(&y)
+        })
     }
 }
 

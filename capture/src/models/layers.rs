@@ -4,7 +4,9 @@
 use tch::{Device, Kind, Tensor};
 
 use crate::error::Result;
-use crate::kernels::NormKernel;
+use crate::gpu::fused::{elementwise, norm};
+use crate::gpu::sections;
+use crate::kernels::{Fusion, NormKernel};
 use crate::load::LoadCtx;
 use crate::models::tp::{ColumnParallelLinear, RowParallelLinear};
 use crate::scalar;
@@ -63,7 +65,8 @@ pub(crate) enum RopeScaling {
 pub(crate) struct RmsNorm {
     weight: Tensor,
     eps: f64,
-    fast: bool,
+    /// How it runs: `--norm` on CUDA, always exact on the CPU.
+    kernel: NormKernel,
 }
 
 impl RmsNorm {
@@ -72,13 +75,46 @@ impl RmsNorm {
         Ok(RmsNorm {
             weight: ctx.full(&format!("{prefix}.weight"), &[dim])?,
             eps,
-            fast: ctx.kernels.norm == NormKernel::Fast && ctx.device.is_cuda(),
+            kernel: match ctx.device.is_cuda() {
+                true => ctx.kernels.norm,
+                false => NormKernel::Exact,
+            },
         })
+    }
+
+    /// A norm of `weight` computed as `kernel` says (`hslake debug kernels` compares them).
+    pub fn new(weight: Tensor, eps: f64, kernel: NormKernel) -> Self {
+        RmsNorm {
+            weight,
+            eps,
+            kernel,
+        }
+    }
+
+    /// `sum + residual` (written into `sum`, which the caller owns alone) and its norm: one
+    /// kernel with `--norm fused`, else libtorch's add then [`RmsNorm::forward`].
+    pub fn forward_add(&self, sum: Tensor, residual: &Tensor) -> Result<(Tensor, Tensor)> {
+        if self.kernel == NormKernel::Fused {
+            if let Some(normed) = sections::time("add + norm (fused)", || {
+                norm::add_rms_norm(&sum, residual, &self.weight, self.eps)
+            })? {
+                return Ok((sum, normed));
+            }
+        }
+        let mut sum = sum;
+        let sum = sections::time("residual add", || Ok(sum.f_add_(residual)?))?;
+        let normed = sections::time("norm", || self.forward(&sum))?;
+        Ok((sum, normed))
     }
 
     /// Normalises over the last dimension (any strides); `x` itself is never written.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        if self.fast {
+        if self.kernel == NormKernel::Fused {
+            if let Some(normed) = norm::rms_norm(x, &self.weight, self.eps)? {
+                return Ok(normed);
+            }
+        }
+        if self.kernel != NormKernel::Exact {
             let dim = x.size().last().copied().unwrap_or(1).max(1);
             // ||x||_2 accumulated in f32 straight from x; squaring it back costs at most an
             // f32 rounding or two in rstd. The Frobenius norm of each row as a [dim, 1] matrix
@@ -118,11 +154,14 @@ pub(crate) struct Rotary {
     inv_freq: Tensor,
     /// YaRN's factor on cos and sin (1 otherwise).
     attention_factor: f64,
+    /// `--rope`: how the tables are applied.
+    fusion: Fusion,
 }
 
 impl Rotary {
-    /// Inverse frequencies `1 / theta^(2i/d)` for `head_dim = d`, rescaled per `rope`, in f32.
-    pub fn new(head_dim: usize, rope: &Rope, device: Device) -> Result<Self> {
+    /// Inverse frequencies `1 / theta^(2i/d)` for `head_dim = d`, rescaled per `rope`, in f32;
+    /// tables applied as `fusion` says.
+    pub fn new(head_dim: usize, rope: &Rope, device: Device, fusion: Fusion) -> Result<Self> {
         let d = head_dim as i64;
         // Computed on the CPU, as transformers does when it builds the model: CUDA's division
         // and pow differ from the CPU's in the last bit, and that shifts every angle.
@@ -210,6 +249,7 @@ impl Rotary {
         Ok(Rotary {
             inv_freq: inv_freq.f_to_device(device)?,
             attention_factor,
+            fusion,
         })
     }
 
@@ -222,6 +262,7 @@ impl Rotary {
             &Tensor::f_cat(&[&freqs, &freqs], -1)?,
             self.attention_factor,
             kind,
+            self.fusion,
         )
     }
 }
@@ -249,16 +290,20 @@ fn yarn_correction_range(
 /// One forward's rotary tables, shaped `[1, t, 1, ..]` for `[b, t, heads, head_dim]` inputs.
 pub(crate) struct RopeTables {
     cos: Tensor,
+    /// `sin` whole (contiguous), for the fused kernel.
+    sin: Tensor,
     /// `-sin` over the first half of `head_dim`: `rotate_half` negates `x2` there.
     sin_lo_neg: Tensor,
     /// `sin` over the second half, which holds each frequency once, as the first half does.
     sin_hi: Tensor,
+    /// `--rope`.
+    fusion: Fusion,
 }
 
 impl RopeTables {
     /// From the `[t, head_dim]` f32 angles of positions `0..t`; cos and sin are multiplied by
     /// `factor` in f32 (YaRN) before they are rounded to `kind`, as transformers does.
-    fn new(emb: &Tensor, factor: f64, kind: Kind) -> Result<Self> {
+    pub(crate) fn new(emb: &Tensor, factor: f64, kind: Kind, fusion: Fusion) -> Result<Self> {
         let (t, d) = (emb.size()[0], emb.size()[1]);
         let half = d / 2;
         let scaled = |x: Tensor| -> Result<Tensor> {
@@ -280,7 +325,17 @@ impl RopeTables {
             cos,
             sin_lo_neg: sin.f_narrow(3, 0, half)?.f_neg()?,
             sin_hi: sin.f_narrow(3, half, half)?,
+            sin,
+            fusion,
         })
+    }
+
+    /// The fused kernel's result, where `--rope fused` and it applies.
+    fn fused(&self, x: &Tensor, interleaved: bool) -> Result<Option<Tensor>> {
+        match self.fusion {
+            Fusion::Fused => elementwise::rope(x, &self.cos, &self.sin, interleaved),
+            Fusion::Torch => Ok(None),
+        }
     }
 
     /// `x * cos + rotate_half(x) * sin` for `x: [b, t, heads, head_dim]` (any strides, e.g. a
@@ -291,6 +346,9 @@ impl RopeTables {
     /// each half is one multiply written straight into its place, with no negated copy and no
     /// concatenation; then one multiply by cos and one in-place sum, in transformers' order.
     pub fn apply(&self, x: &Tensor) -> Result<Tensor> {
+        if let Some(out) = self.fused(x, false)? {
+            return Ok(out);
+        }
         let size = x.size();
         let half = size[3] / 2;
         let rotated = Tensor::f_empty(size.as_slice(), (x.kind(), x.device()))?;
@@ -310,6 +368,9 @@ impl RopeTables {
     /// Queries and keys both come out in that order, so their dot products are those of the
     /// interleaved vectors.
     pub fn apply_interleaved(&self, x: &Tensor) -> Result<Tensor> {
+        if let Some(out) = self.fused(x, true)? {
+            return Ok(out);
+        }
         let size = x.size();
         let half = size[3] / 2;
         let cos = self.cos.f_narrow(3, 0, half)?;
@@ -325,6 +386,43 @@ impl RopeTables {
     }
 }
 
+/// `silu(gate) * up` of a gate/up GEMM's output `[.., 2n]` (gate columns first): `[.., n]`,
+/// by our kernel under `--activation fused` where it applies, else by libtorch (SiLU in place:
+/// the caller hands over the GEMM output, which nothing else holds).
+pub(crate) fn silu_mul(gate_up: &Tensor, n: i64, fusion: Fusion) -> Result<Tensor> {
+    if fusion == Fusion::Fused {
+        if let Some(out) = elementwise::silu_mul(gate_up, n)? {
+            return Ok(out);
+        }
+    }
+    let gate = gate_up.f_narrow(-1, 0, n)?.f_silu_()?;
+    Ok(gate.f_mul(&gate_up.f_narrow(-1, n, n)?)?)
+}
+
+/// The profile's section names of one MLP's three steps.
+pub(crate) struct MlpSections {
+    /// The gate/up GEMM.
+    pub gate_up: &'static str,
+    /// SiLU-and-mul.
+    pub act: &'static str,
+    /// The down GEMM (and its all-reduce).
+    pub down: &'static str,
+}
+
+/// A decoder layer's dense MLP.
+pub(crate) const DENSE_MLP: MlpSections = MlpSections {
+    gate_up: "mlp gate_up",
+    act: "mlp silu * up",
+    down: "mlp down",
+};
+
+/// A MoE layer's shared expert.
+pub(crate) const SHARED_EXPERT: MlpSections = MlpSections {
+    gate_up: "shared expert gate_up",
+    act: "shared expert silu * up",
+    down: "shared expert down",
+};
+
 /// SwiGLU MLP: `down(silu(gate(x)) * up(x))`, gate/up column-parallel, down row-parallel.
 pub(crate) struct Mlp {
     /// This rank's gate rows then its up rows: one GEMM for both.
@@ -332,17 +430,20 @@ pub(crate) struct Mlp {
     down_proj: RowParallelLinear,
     /// `intermediate_size / tp`: where the up half of the fused output starts.
     local_intermediate: i64,
+    /// `--activation`.
+    activation: Fusion,
+    sections: MlpSections,
 }
 
 impl Mlp {
     /// Loads `<prefix>.{gate,up,down}_proj` (`hidden -> intermediate -> hidden`, with biases
-    /// if `bias`), gate and up stacked into one weight.
+    /// if `bias`), gate and up stacked into one weight; profiled under `sections`' names.
     pub fn load(
         ctx: &LoadCtx,
         prefix: &str,
-        hidden: usize,
-        intermediate: usize,
+        (hidden, intermediate): (usize, usize),
         bias: bool,
+        sections: MlpSections,
     ) -> Result<Self> {
         let (h, i, b) = (hidden, intermediate, bias);
         let (gate, up) = (format!("{prefix}.gate_proj"), format!("{prefix}.up_proj"));
@@ -350,28 +451,31 @@ impl Mlp {
             gate_up_proj: ColumnParallelLinear::load_fused(ctx, &[(&gate, i), (&up, i)], h, b)?,
             down_proj: RowParallelLinear::load(ctx, &format!("{prefix}.down_proj"), i, h, b)?,
             local_intermediate: (i / ctx.comm.world_size()) as i64,
+            activation: ctx.kernels.activation,
+            sections,
         })
     }
 
     /// `[b, t, hidden] -> [b, t, hidden]` (complete on every rank).
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        self.down_proj.forward(&self.activation(x)?)
+        let act = self.activation(x)?;
+        sections::time(self.sections.down, || self.down_proj.forward(&act))
     }
 
     /// This rank's unsummed output (see [`RowParallelLinear::partial`]), for a MoE layer that
     /// sums its shared expert and its routed experts in one all-reduce.
     pub fn partial(&self, x: &Tensor) -> Result<Tensor> {
-        self.down_proj.partial(&self.activation(x)?)
+        let act = self.activation(x)?;
+        sections::time(self.sections.down, || self.down_proj.partial(&act))
     }
 
     /// `silu(gate(x)) * up(x)`: `[b, t, intermediate / tp]`.
     fn activation(&self, x: &Tensor) -> Result<Tensor> {
-        let n = self.local_intermediate;
-        // [b, t, 2 * intermediate / tp]; SiLU runs in place in it, as nothing else holds it.
-        let gate_up = self.gate_up_proj.forward(x)?;
-        let gate = gate_up.f_narrow(-1, 0, n)?.f_silu_()?;
-        let up = gate_up.f_narrow(-1, n, n)?;
-        Ok(gate.f_mul(&up)?)
+        // [b, t, 2 * intermediate / tp], which nothing else holds.
+        let gate_up = sections::time(self.sections.gate_up, || self.gate_up_proj.forward(x))?;
+        sections::time(self.sections.act, || {
+            silu_mul(&gate_up, self.local_intermediate, self.activation)
+        })
     }
 }
 
@@ -393,7 +497,7 @@ mod tests {
         // Heads 1..5 of 7, as a slice of a fused q|k|v output would be.
         let x = bf16(&[2, t, 7, d], 2).narrow(2, 1, 4);
         let before = x.copy();
-        let got = RopeTables::new(&emb, 1.0, Kind::BFloat16)
+        let got = RopeTables::new(&emb, 1.0, Kind::BFloat16, Fusion::Torch)
             .unwrap()
             .apply(&x)
             .unwrap();
@@ -415,7 +519,7 @@ mod tests {
         let angles = Tensor::rand([t, d / 2], (Kind::Float, Device::Cpu)).g_mul_scalar(5.0);
         let emb = Tensor::cat(&[&angles, &angles], -1);
         let x = bf16(&[2, t, 5, 12], 8).narrow(3, 4, d);
-        let got = RopeTables::new(&emb, 1.25, Kind::BFloat16)
+        let got = RopeTables::new(&emb, 1.25, Kind::BFloat16, Fusion::Torch)
             .unwrap()
             .apply_interleaved(&x)
             .unwrap();
@@ -536,7 +640,8 @@ mod tests {
                     theta,
                     scaling: scaling.clone(),
                 };
-                let got = Rotary::new(head_dim as usize, &rope, Device::Cpu).unwrap();
+                let got =
+                    Rotary::new(head_dim as usize, &rope, Device::Cpu, Fusion::Torch).unwrap();
                 let want = reference_inv_freq(head_dim, &rope);
                 assert_eq!(got.inv_freq.kind(), Kind::Float);
                 assert!(got.inv_freq.equal(&want), "{rope:?}, head_dim {head_dim}");
@@ -550,7 +655,7 @@ mod tests {
             theta: 10000.0,
             scaling: RopeScaling::None,
         };
-        let rotary = Rotary::new(16, &rope, Device::Cpu).unwrap();
+        let rotary = Rotary::new(16, &rope, Device::Cpu, Fusion::Torch).unwrap();
         let tables = rotary.tables(5, Kind::BFloat16).unwrap();
         assert_eq!(tables.cos.size(), [1, 5, 1, 16]);
         // 2^50 positions: libtorch refuses the allocation, and that is an error, not a panic
@@ -566,7 +671,7 @@ mod tests {
         RmsNorm {
             weight,
             eps: 1e-6,
-            fast: false,
+            kernel: NormKernel::Exact,
         }
     }
 
@@ -595,7 +700,7 @@ mod tests {
         let fast = RmsNorm {
             weight: w.shallow_clone(),
             eps: 1e-6,
-            fast: true,
+            kernel: NormKernel::Fast,
         }
         .forward(&x)
         .unwrap();
@@ -619,7 +724,7 @@ mod tests {
         let fast = RmsNorm {
             weight: w,
             eps: 1e-6,
-            fast: true,
+            kernel: NormKernel::Fast,
         }
         .forward(&x)
         .unwrap();

@@ -8,6 +8,8 @@ use tch::{Device, Kind, Tensor};
 use super::hf_config::{ConfigFile, RawConfig};
 use super::{BatchContext, Layer, LayeredModel, ModelConfig, ModelInfo};
 use crate::error::{CaptureError, Result};
+use crate::gpu::{sdpa, sections};
+use crate::kernels::AttentionKernel;
 use crate::load::LoadCtx;
 use crate::models::layers::{RmsNorm, Rope, RopeTables, Rotary};
 use crate::models::moe::{FeedForward, MoeLayers};
@@ -241,6 +243,8 @@ pub(crate) struct Attention {
     pub kv_heads: i64,
     /// Per-head width.
     pub head_dim: i64,
+    /// `--attention`.
+    kernel: AttentionKernel,
 }
 
 impl SelfAttention for Attention {
@@ -261,6 +265,7 @@ impl SelfAttention for Attention {
             heads: (cfg.num_heads / tp) as i64,
             kv_heads: (cfg.num_kv_heads / tp) as i64,
             head_dim: d as i64,
+            kernel: ctx.kernels.attention,
         })
     }
 
@@ -268,13 +273,13 @@ impl SelfAttention for Attention {
         let (b, t) = (x.size()[0], x.size()[1]);
         let (heads, kv_heads, d) = (self.heads, self.kv_heads, self.head_dim);
         // 1. Project: [b, t, hidden] -> [b, t, (heads + 2 kv_heads) * d], this rank's q | k | v.
-        let qkv = self.qkv_proj.forward(x)?;
+        let qkv = sections::time("qkv projection", || self.qkv_proj.forward(x))?;
         // 2. Rotate positions into q and k at once: they are adjacent heads of one output,
         //    [b, t, heads + kv_heads, d]; then [b, t, heads, d] -> [b, heads, t, d] views.
         let qk = qkv
             .f_narrow(2, 0, (heads + kv_heads) * d)?
             .f_view([b, t, heads + kv_heads, d])?;
-        let qk = rope.apply(&qk)?;
+        let qk = sections::time("rope", || rope.apply(&qk))?;
         let q = qk.f_narrow(2, 0, heads)?.f_transpose(1, 2)?;
         let k = qk.f_narrow(2, heads, kv_heads)?.f_transpose(1, 2)?;
         let v = qkv
@@ -301,13 +306,16 @@ impl Attention {
         // 3. Causal attention; right padding sits after every real token, so no real token sees it.
         //    An explicit mask (sliding window) replaces the built-in causal one. The kernels read
         //    these strided views as they are (unit stride over d is all they need).
-        let y =
-            Tensor::f_scaled_dot_product_attention(q, k, v, mask, 0.0, mask.is_none(), None, true)?;
+        let y = sections::time("attention", || {
+            sdpa::attention(q, k, v, mask, None, true, self.kernel)
+        })?;
         // 4. [b, heads, t, d] -> [b, t, heads*d] -> row-parallel projection and all-reduce.
-        let y = y
-            .f_transpose(1, 2)?
-            .f_reshape([b, t, self.heads * self.head_dim])?;
-        self.o_proj.forward(&y)
+        sections::time("o projection", || {
+            let y = y
+                .f_transpose(1, 2)?
+                .f_reshape([b, t, self.heads * self.head_dim])?;
+            self.o_proj.forward(&y)
+        })
     }
 }
 
@@ -338,8 +346,7 @@ impl<A: SelfAttention> DecoderLayer<A> {
                 ctx,
                 &format!("{prefix}.mlp"),
                 layer,
-                h,
-                s.intermediate_size,
+                (h, s.intermediate_size),
                 s.mlp_bias,
                 s.moe,
             )?,
@@ -350,19 +357,15 @@ impl<A: SelfAttention> DecoderLayer<A> {
 impl<A: SelfAttention> Layer for DecoderLayer<A> {
     fn forward(&self, x: &Tensor, batch: &BatchContext) -> Result<Tensor> {
         // The residual sums go into the sublayers' fresh outputs, which nothing else holds;
-        // addition commutes, so the bits are transformers' `x + sublayer(x)`.
-        let h = self
+        // addition commutes, so the bits are transformers' `x + sublayer(x)`. The first sum
+        // and the norm after it may be one kernel (`--norm fused`).
+        let normed = sections::time("norm", || self.input_layernorm.forward(x))?;
+        let attn = self
             .self_attn
-            .forward(
-                &self.input_layernorm.forward(x)?,
-                &batch.rope,
-                batch.mask.as_ref(),
-            )?
-            .f_add_(x)?;
-        Ok(self
-            .mlp
-            .forward(&self.post_attention_layernorm.forward(&h)?)?
-            .f_add_(&h)?)
+            .forward(&normed, &batch.rope, batch.mask.as_ref())?;
+        let (h, normed) = self.post_attention_layernorm.forward_add(attn, x)?;
+        let mut out = self.mlp.forward(&normed)?;
+        sections::time("residual add", || Ok(out.f_add_(&h)?))
     }
 }
 
@@ -395,7 +398,7 @@ impl<A: SelfAttention> Stack<A> {
                 s.hidden_size,
                 s.rms_norm_eps,
             )?,
-            rotary: Rotary::new(s.rotary_dim, s.rope, ctx.device)?,
+            rotary: Rotary::new(s.rotary_dim, s.rope, ctx.device, ctx.kernels.rope)?,
             kind: ctx.kind,
             device: ctx.device,
             cfg: cfg.clone(),
@@ -418,7 +421,8 @@ impl<A: SelfAttention> LayeredModel for Stack<A> {
             rope: self.rotary.tables(t, self.kind)?,
             mask,
         };
-        Ok((self.embed_tokens.forward(input_ids)?, batch))
+        let x = sections::time("embed", || self.embed_tokens.forward(input_ids))?;
+        Ok((x, batch))
     }
 
     fn load_layer(&self, ctx: &LoadCtx, layer: usize) -> Result<Box<dyn Layer>> {
@@ -426,7 +430,7 @@ impl<A: SelfAttention> LayeredModel for Stack<A> {
     }
 
     fn final_norm(&self, x: &Tensor) -> Result<Tensor> {
-        self.norm.forward(x)
+        sections::time("final norm", || self.norm.forward(x))
     }
 }
 

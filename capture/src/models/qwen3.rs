@@ -9,6 +9,7 @@ use super::hf_config::ConfigFile;
 use super::llama::{self, LlamaConfig, SelfAttention};
 use super::ModelConfig;
 use crate::error::Result;
+use crate::gpu::sections;
 use crate::load::LoadCtx;
 use crate::models::layers::{RmsNorm, RopeTables};
 
@@ -54,7 +55,7 @@ impl SelfAttention for Attention {
         let (heads, kv_heads, d) = (base.heads, base.kv_heads, base.head_dim);
         // 1. Project: [b, t, hidden] -> [b, t, (heads + 2 kv_heads) * d], this rank's q | k | v,
         //    and split heads as views: [b, t, heads, d].
-        let qkv = base.qkv_proj.forward(x)?;
+        let qkv = sections::time("qkv projection", || base.qkv_proj.forward(x))?;
         let q = qkv.f_narrow(2, 0, heads * d)?.f_view([b, t, heads, d])?;
         let k = qkv
             .f_narrow(2, heads * d, kv_heads * d)?
@@ -64,8 +65,11 @@ impl SelfAttention for Attention {
             .f_view([b, t, kv_heads, d])?;
         // 2. Normalise each head over d, rotate positions in, then [b, t, heads, d] ->
         //    [b, heads, t, d].
-        let q = rope.apply(&self.q_norm.forward(&q)?)?.f_transpose(1, 2)?;
-        let k = rope.apply(&self.k_norm.forward(&k)?)?.f_transpose(1, 2)?;
+        let (q, k) = sections::time("q/k norm", || {
+            Ok((self.q_norm.forward(&q)?, self.k_norm.forward(&k)?))
+        })?;
+        let (q, k) = sections::time("rope", || Ok((rope.apply(&q)?, rope.apply(&k)?)))?;
+        let (q, k) = (q.f_transpose(1, 2)?, k.f_transpose(1, 2)?);
         let v = v.f_transpose(1, 2)?;
         // 3-4. Attention and output projection, as in Llama.
         base.attend(&q, &k, &v, mask)

@@ -313,6 +313,7 @@ mod tests {
             moe: MoeKernel::Grouped,
             dequant: DequantKernel::Torch,
             tp_reduce: TpReduce::F32,
+            ..Kernels::default()
         }
     }
 

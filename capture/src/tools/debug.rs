@@ -7,6 +7,7 @@ use std::time::Instant;
 use hslake_schemas::CapturePoint;
 use tch::{Device, Kind, Tensor};
 
+pub use super::kernels_check::{kernels_check, KernelCase};
 pub use super::prefill_stream::StreamedPrefill;
 use super::prefill_stream::{prefill_streamed, Shape};
 use crate::checkpoint::Checkpoint;
@@ -16,6 +17,8 @@ use crate::gpu::comm::{sync, Communicator, TimedComm};
 use crate::gpu::cuda::{CopyStream, PinnedBuffer};
 use crate::gpu::group;
 use crate::gpu::nccl::{self, NcclComm};
+use crate::gpu::sections;
+pub use crate::gpu::sections::{table as parts_table, PartTime};
 use crate::load::LoadCtx;
 use crate::models::ModelConfig;
 use crate::scalar;
@@ -65,6 +68,10 @@ pub struct PrefillOptions {
     /// Time each rank's compute and all-reduces apart, and rank 0's copy of the states to
     /// pinned host memory (the device is waited for around each; see [`RankProfile`]).
     pub profile: bool,
+    /// Time each named part of rank 0's forward (norms, projections, RoPE, attention, routing,
+    /// expert GEMMs...) with events on its stream, and its copy of the states to pinned host
+    /// memory after the device is waited for: [`PrefillReport::parts`].
+    pub profile_parts: bool,
 }
 
 /// What [`prefill`] measured.
@@ -78,6 +85,12 @@ pub struct PrefillReport {
     pub ranks: Vec<RankProfile>,
     /// Where the model was streamed (`--placement stream`, or `auto` over the budget).
     pub streamed: Option<StreamedPrefill>,
+    /// With `profile_parts`: rank 0's time per named part over the timed iterations, in the
+    /// order the parts first ran, and those iterations' wall time (for
+    /// [`sections::table`]).
+    pub parts: Vec<PartTime>,
+    /// Seconds the timed iterations took, as rank 0 saw them.
+    pub timed_secs: f64,
 }
 
 /// Where one rank's timed iterations went, with the device waited for before and after each
@@ -121,6 +134,7 @@ pub fn prefill(opts: &PrefillOptions) -> Result<PrefillReport> {
             seq: opts.seq,
             iters: opts.iters,
             points: &opts.points,
+            profile_parts: opts.profile_parts,
         };
         let run = prefill_streamed(e, shape, config, checkpoint, kind, plan, &ids)?;
         return Ok(PrefillReport {
@@ -128,6 +142,8 @@ pub fn prefill(opts: &PrefillOptions) -> Result<PrefillReport> {
             tokens_per_sec: run.tokens_per_sec,
             ranks: vec![],
             streamed: Some(run.passes),
+            parts: run.parts,
+            timed_secs: run.timed_secs,
         });
     }
     // Resident: the check above ran the dry run for this TP size.
@@ -164,21 +180,26 @@ pub fn prefill(opts: &PrefillOptions) -> Result<PrefillReport> {
     if let Some(e) = root_cause(errors.into_iter().filter_map(|r| r.err()).collect()) {
         return Err(e);
     }
-    let runs: Vec<RankRun> = runs.into_iter().filter_map(|r| r.ok()).collect();
+    let mut runs: Vec<RankRun> = runs.into_iter().filter_map(|r| r.ok()).collect();
     let secs = runs.first().map_or(0.0, |r| r.secs).max(1e-9);
     Ok(PrefillReport {
         load_secs: runs.iter().map(|r| r.load_secs).fold(0.0, f64::max),
         tokens_per_sec: (opts.iters as i64 * opts.batch * opts.seq) as f64 / secs,
         ranks: runs.iter().filter_map(|r| r.profile).collect(),
         streamed: None,
+        parts: runs
+            .first_mut()
+            .map_or(vec![], |r| std::mem::take(&mut r.parts)),
+        timed_secs: secs,
     })
 }
 
-/// One rank's load time, timed seconds and profile.
+/// One rank's load time, timed seconds and profiles.
 struct RankRun {
     load_secs: f64,
     secs: f64,
     profile: Option<RankProfile>,
+    parts: Vec<PartTime>,
 }
 
 /// Loads rank `rank`'s slice, warms up twice, then times `iters` forwards.
@@ -215,8 +236,9 @@ fn run_rank(
         .f_view([opts.batch, opts.seq])?
         .f_to_device(device)?;
     // Rank 0 copies out as a capture does: on a side stream into pinned buffers made once.
+    let parts = opts.profile_parts && rank == 0;
     let copy_out = match device {
-        Device::Cuda(d) if opts.profile && rank == 0 => Some(CopyStream::new(d)?),
+        Device::Cuda(d) if (opts.profile || parts) && rank == 0 => Some(CopyStream::new(d)?),
         _ => None,
     };
     let mut buffers = vec![];
@@ -233,6 +255,9 @@ fn run_rank(
         t.reset()?;
     }
     sync(device)?;
+    if parts {
+        sections::start(device)?;
+    }
     let mut copy_secs = 0.0;
     let t = Instant::now();
     for _ in 0..opts.iters {
@@ -243,10 +268,17 @@ fn run_rank(
             c.start(states, &buffers)?.wait()?;
             copy_secs += started.elapsed().as_secs_f64();
             timed.skip();
+        } else if let Some(c) = &copy_out {
+            // The copy alone: the forward's kernels are done first.
+            sync(device)?;
+            let started = Instant::now();
+            c.start(states, &buffers)?.wait()?;
+            sections::add("capture copies", started.elapsed().as_secs_f64());
         }
     }
     sync(device)?;
     let secs = t.elapsed().as_secs_f64();
+    let parts = sections::stop()?;
     let profile = match timed {
         Some(t) => {
             let times = t.times()?;
@@ -261,6 +293,7 @@ fn run_rank(
         None => None,
     };
     Ok(RankRun {
+        parts,
         load_secs,
         secs,
         profile,
@@ -285,6 +318,7 @@ mod tests {
             iters: 3,
             points: vec![CapturePoint::LayerOutput(1)],
             profile: true,
+            profile_parts: false,
         };
         let report = prefill(&opts).unwrap();
         assert!(report.tokens_per_sec > 0.0);
@@ -311,6 +345,7 @@ mod tests {
             iters: 2,
             points: vec![CapturePoint::LayerOutput(0)],
             profile: false,
+            profile_parts: false,
         };
         let report = prefill(&opts).unwrap();
         let s = report.streamed.expect("streamed");
@@ -318,6 +353,98 @@ mod tests {
         assert_eq!((s.pass_tokens, s.layers), (32, 1));
         assert!(report.tokens_per_sec > 0.0 && s.secs_per_layer > 0.0);
         assert!(report.ranks.is_empty());
+    }
+
+    /// The parts a profiled prefill of `config` on the CPU lists, in the order they first ran.
+    fn parts_of(config: &str, profile_parts: bool) -> Vec<&'static str> {
+        let d = tempfile::tempdir().unwrap();
+        write_model(d.path(), config, None);
+        let opts = PrefillOptions {
+            engine: EngineOptions::new(d.path().to_path_buf()),
+            batch: 2,
+            seq: 6,
+            iters: 2,
+            points: vec![CapturePoint::LayerOutput(1)],
+            profile: false,
+            profile_parts,
+        };
+        let report = prefill(&opts).unwrap();
+        for p in &report.parts {
+            assert_eq!(
+                p.calls % 2,
+                0,
+                "{}: {} calls in 2 iterations",
+                p.name,
+                p.calls
+            );
+            assert!(p.secs > 0.0, "{}", p.name);
+        }
+        assert!(report.parts.iter().map(|p| p.secs).sum::<f64>() <= report.timed_secs);
+        report.parts.iter().map(|p| p.name).collect()
+    }
+
+    #[test]
+    fn profiled_parts_name_every_step_of_a_dense_and_two_moe_forwards() {
+        let llama = parts_of(TINY_LLAMA, true);
+        assert_eq!(
+            llama,
+            [
+                "embed",
+                "norm",
+                "qkv projection",
+                "rope",
+                "attention",
+                "o projection",
+                "residual add",
+                "mlp gate_up",
+                "mlp silu * up",
+                "mlp down"
+            ]
+        );
+        let qwen = parts_of(
+            r#"{"architectures": ["Qwen3MoeForCausalLM"], "hidden_size": 16, "head_dim": 8,
+            "intermediate_size": 32,
+            "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+            "vocab_size": 50, "moe_intermediate_size": 8, "num_experts": 4,
+            "num_experts_per_tok": 2, "norm_topk_prob": true}"#,
+            true,
+        );
+        for part in [
+            "q/k norm",
+            "router logits",
+            "router top-k",
+            "moe align",
+            "moe permute",
+            "expert GEMMs",
+            "expert silu * up",
+            "moe unpermute",
+        ] {
+            assert!(qwen.contains(&part), "{part} not in {qwen:?}");
+        }
+        let deepseek = parts_of(
+            r#"{"architectures": ["DeepseekV3ForCausalLM"], "hidden_size": 16,
+            "intermediate_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2,
+            "vocab_size": 50, "moe_intermediate_size": 8, "n_routed_experts": 4,
+            "num_experts_per_tok": 2, "n_group": 2, "topk_group": 1, "first_k_dense_replace": 1,
+            "q_lora_rank": 8, "kv_lora_rank": 8, "qk_rope_head_dim": 4, "qk_nope_head_dim": 4,
+            "v_head_dim": 4}"#,
+            true,
+        );
+        for part in [
+            "mla q projections",
+            "mla kv_a projection + norm",
+            "mla kv_b projection",
+            "mla q/k assembly",
+            "shared expert gate_up",
+            "moe + shared sum",
+        ] {
+            assert!(deepseek.contains(&part), "{part} not in {deepseek:?}");
+        }
+    }
+
+    #[test]
+    fn an_unprofiled_prefill_records_no_parts() {
+        assert_eq!(parts_of(TINY_LLAMA, false), Vec::<&str>::new());
     }
 
     #[test]
@@ -331,6 +458,7 @@ mod tests {
             iters: 1,
             points: vec![],
             profile: false,
+            profile_parts: false,
         };
         let e = prefill(&opts).unwrap_err().to_string();
         assert!(e.contains("got 0, 8, 1"), "{e}");

@@ -14,6 +14,7 @@ use crate::checkpoint::Checkpoint;
 use crate::engine::{EngineOptions, StreamPlan};
 use crate::error::Result;
 use crate::gpu::comm::{sync, SingleRank};
+use crate::gpu::sections::{self, PartTime};
 use crate::load::LoadCtx;
 use crate::models::ModelConfig;
 use crate::stream::pass::{run_pass, Discard, LayerLoad, PassStats};
@@ -39,6 +40,9 @@ pub(super) struct StreamedRun {
     pub load_secs: f64,
     pub tokens_per_sec: f64,
     pub passes: StreamedPrefill,
+    /// The named parts of the timed passes (with `profile_parts`), and the passes' seconds.
+    pub parts: Vec<PartTime>,
+    pub timed_secs: f64,
 }
 
 /// The shape of a prefill: `iters` timed passes of `batch x seq` random token ids.
@@ -47,6 +51,7 @@ pub(super) struct Shape<'a> {
     pub seq: i64,
     pub iters: usize,
     pub points: &'a [CapturePoint],
+    pub profile_parts: bool,
 }
 
 /// Loads the resident parts and two slots on the plan's first device, runs one warm-up pass,
@@ -108,6 +113,9 @@ pub(super) fn prefill_streamed(
     one_pass()?;
     sync(device)?;
     let mut total = PassStats::default();
+    if shape.profile_parts {
+        sections::start(device)?;
+    }
     let t = Instant::now();
     for _ in 0..shape.iters {
         let s = one_pass()?;
@@ -121,6 +129,8 @@ pub(super) fn prefill_streamed(
     sync(device)?;
     let secs = t.elapsed().as_secs_f64().max(1e-9);
     Ok(StreamedRun {
+        parts: sections::stop()?,
+        timed_secs: secs,
         load_secs,
         tokens_per_sec: total.tokens as f64 / secs,
         passes: StreamedPrefill {

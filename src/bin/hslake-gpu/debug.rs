@@ -1,9 +1,11 @@
 //! `hslake debug`: checks and measurements for GPU machines (hidden from the help): the NCCL
-//! back end on GPU 0, and the throughput of our forward alone.
+//! back end on GPU 0, our kernels against libtorch's, and the throughput of our forward alone.
 use std::process::ExitCode;
 
 use anyhow::bail;
-use hslake_capture::debug::{dequant_check, nccl_check, prefill, split_check, PrefillOptions};
+use hslake_capture::debug::{
+    dequant_check, kernels_check, nccl_check, parts_table, prefill, split_check, PrefillOptions,
+};
 use hslake_capture::DeviceKind;
 use hslake_schemas::CapturePoint;
 
@@ -22,6 +24,15 @@ pub enum Debug {
     Dequant {
         /// Timed runs per matrix.
         #[arg(long, default_value_t = 20)]
+        iters: usize,
+    },
+    /// Our fused kernels (SiLU-and-mul, RoPE, RMS norm with the residual add, MoE routing,
+    /// alignment and un-permutation) and each attention choice against libtorch's path on GPU
+    /// 0, at Llama-3.1-8B, Qwen3-30B-A3B, DeepSeek-V3 and Kimi-K2 shapes: the same bits (or
+    /// the stated floor), and the time of each.
+    Kernels {
+        /// Timed runs per kernel.
+        #[arg(long, default_value_t = 10)]
         iters: usize,
     },
     /// The plane split kernel (states into the store's planes and row statistics before the
@@ -59,6 +70,11 @@ pub struct PrefillArgs {
     /// waited for around each (slower than a plain run; the split is what it is for).
     #[arg(long)]
     profile: bool,
+    /// Rank 0's time per part of the forward (norms, projections, RoPE, attention, routing,
+    /// alignment, expert GEMMs, un-permutation, shared expert, residual adds, capture copies),
+    /// from events on its stream (the forward is not slowed; the copy is timed alone).
+    #[arg(long)]
+    profile_parts: bool,
 }
 
 /// Runs one debug subcommand and prints what it found.
@@ -93,6 +109,29 @@ pub fn run(d: Debug) -> anyhow::Result<ExitCode> {
                 bail!("the fused kernel and PyTorch disagree on {}", c.what);
             }
         }
+        Debug::Kernels { iters } => {
+            let cases = kernels_check(iters)?;
+            for c in &cases {
+                println!(
+                    "kernel {}: reference {:.3} ms, ours {:.3} ms ({:.2}x); {}; {}",
+                    c.what,
+                    c.reference_ms,
+                    c.ours_ms,
+                    c.reference_ms / c.ours_ms,
+                    c.agreement,
+                    if c.ok { "ok" } else { "NOT AS PROMISED" }
+                );
+            }
+            let failed: Vec<&str> = cases
+                .iter()
+                .filter(|c| !c.ok)
+                .map(|c| c.what.as_str())
+                .collect();
+            if !failed.is_empty() {
+                bail!("kernels not as promised: {}", failed.join("; "));
+            }
+            println!("kernels: all {} as promised", cases.len());
+        }
         Debug::Split { iters } => {
             let r = split_check(iters)?;
             println!(
@@ -112,6 +151,7 @@ pub fn run(d: Debug) -> anyhow::Result<ExitCode> {
                 iters: a.iters,
                 points: a.layers,
                 profile: a.profile,
+                profile_parts: a.profile_parts,
             })?;
             println!("ours load secs {:.1}", report.load_secs);
             let label = if a.profile { "profiled " } else { "" };
@@ -126,6 +166,9 @@ pub fn run(d: Debug) -> anyhow::Result<ExitCode> {
                     r.all_reduces / a.iters.max(1),
                     per_iter(r.copy_out_secs)
                 );
+            }
+            if a.profile_parts {
+                print!("{}", parts_table(&report.parts, report.timed_secs, a.iters));
             }
             if let Some(s) = report.streamed {
                 println!(

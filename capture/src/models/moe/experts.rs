@@ -3,10 +3,13 @@
 //! over weights stacked at load.
 use tch::{Device, Kind, Tensor};
 
+use super::align::Aligned;
 use super::spec::MoeSpec;
 use crate::error::{CaptureError, Result};
-use crate::kernels::MoeKernel;
+use crate::gpu::sections;
+use crate::kernels::{Fusion, MoeKernel};
 use crate::load::LoadCtx;
+use crate::models::layers::silu_mul;
 use crate::models::tp::check_split;
 use crate::quant::weight::Weight;
 use crate::scalar;
@@ -29,6 +32,9 @@ pub(super) struct Experts {
     /// With [`MoeKernel::Grouped`]: the experts' weights stacked, `local`'s dense matrices being
     /// views into them (one copy in memory).
     stacked: Option<Stacked>,
+    /// `--activation` and `--moe-route`.
+    activation: Fusion,
+    route: Fusion,
 }
 
 /// A layer's expert weights stacked for grouped GEMMs, in the checkpoint's `[out, in]` layout
@@ -152,6 +158,8 @@ impl Experts {
             num_experts: e as i64,
             intermediate: i as i64,
             stacked,
+            activation: ctx.kernels.activation,
+            route: ctx.kernels.moe_route,
         })
     }
 
@@ -168,6 +176,11 @@ impl Experts {
         if let Some(stacked) = &self.stacked {
             return self.forward_grouped(stacked, x, weights, ids);
         }
+        sections::time("experts (loop)", || self.forward_loop(x, weights, ids))
+    }
+
+    /// [`Experts::forward`] one GEMM pair per expert.
+    fn forward_loop(&self, x: &Tensor, weights: &Tensor, ids: &Tensor) -> Result<Tensor> {
         let k = ids.size()[1];
         // 1. Assignments [n * k] sorted by expert: their tokens and weights.
         let flat = ids.f_reshape([-1])?;
@@ -221,56 +234,29 @@ impl Experts {
         weights: &Tensor,
         ids: &Tensor,
     ) -> Result<Tensor> {
-        let (n, k, hidden) = (ids.size()[0], ids.size()[1], x.size()[1]);
-        let local = self.local.len() as i64;
-        // 1. Each assignment's local expert, or `local` (past every group) for another rank's.
-        let (first, local_t) = (scalar::int(self.first as i64)?, scalar::int(local)?);
-        let rel = ids.f_reshape([-1])?.f_sub(&first)?;
-        let mine = rel
-            .f_ge_tensor(&scalar::int(0)?)?
-            .f_logical_and(&rel.f_lt_tensor(&local_t)?)?;
-        let key = rel.f_where_self(&mine, &local_t)?;
-        let (_, perm) = key.f_sort_stable(true, 0, false)?;
-        // 2. Group ends: the running count of assignments per local expert, as int32.
-        let ends = key
-            .f_bincount::<Tensor>(None, local + 1)?
-            .f_narrow(0, 0, local)?
-            .f_cumsum(0, Kind::Int)?;
-        let xs = x.f_index_select(0, &perm.f_floor_divide(&scalar::int(k)?)?)?;
+        let (first, local) = (self.first as i64, self.local.len() as i64);
+        // 1-2. Assignments sorted stably by expert (others' past the last group), group ends.
+        let aligned = sections::time("moe align", || Aligned::new(ids, first, local, self.route))?;
+        let xs = sections::time("moe permute", || Ok(x.f_index_select(0, &aligned.rows)?))?;
         // A quantized stack's matrices exist from here to their GEMM.
-        let gate_up = xs.f_internal_grouped_mm(
-            &s.gate_up.matrix()?.f_transpose(-2, -1)?,
-            Some(&ends),
-            None::<&Tensor>,
-            None,
-        )?;
-        let i = self.intermediate;
-        let act = gate_up
-            .f_narrow(-1, 0, i)?
-            .f_silu()?
-            .f_mul(&gate_up.f_narrow(-1, i, i)?)?;
-        let y = act.f_internal_grouped_mm(
-            &s.down.matrix()?.f_transpose(-2, -1)?,
-            Some(&ends),
-            None::<&Tensor>,
-            None,
-        )?;
-        // 3. Weighted; rows past the last group are left unwritten by the kernel, so they are
-        //    replaced (not multiplied) by zero.
-        let sorted_weights = weights.f_reshape([-1])?.f_index_select(0, &perm)?;
-        let others = mine
-            .f_index_select(0, &perm)?
-            .f_logical_not()?
-            .f_unsqueeze(1)?;
-        let y = y
-            .f_mul(&sorted_weights.f_unsqueeze(1)?)?
-            .f_masked_fill_tensor(&others, &scalar::float(0.0)?)?;
-        // 4. Back in assignment order, summed over each token's top-k.
-        let inverse = perm.f_argsort(0, false)?;
-        Ok(y.f_index_select(0, &inverse)?
-            .f_view([n, k, hidden])?
-            .f_sum_dim_intlist([1i64].as_slice(), false, None::<Kind>)?
-            .f_to_kind(x.kind())?)
+        let gemm = |input: &Tensor, w: &Weight| -> Result<Tensor> {
+            Ok(input.f_internal_grouped_mm(
+                &w.matrix()?.f_transpose(-2, -1)?,
+                Some(&aligned.ends),
+                None::<&Tensor>,
+                None,
+            )?)
+        };
+        let gate_up = sections::time("expert GEMMs", || gemm(&xs, &s.gate_up))?;
+        let act = sections::time("expert silu * up", || {
+            silu_mul(&gate_up, self.intermediate, self.activation)
+        })?;
+        let y = sections::time("expert GEMMs", || gemm(&act, &s.down))?;
+        // 3-4. Weighted (rows past the last group, left unwritten by the kernel, replaced by
+        //      zero), back in assignment order, summed over each token's top-k.
+        sections::time("moe unpermute", || {
+            aligned.unpermute(&y, ids, weights, (first, local), x.kind())
+        })
     }
 }
 
@@ -303,6 +289,8 @@ mod tests {
             num_experts: 6,
             intermediate: 4,
             stacked: None,
+            activation: Fusion::Torch,
+            route: Fusion::Torch,
         }
     }
 
@@ -422,6 +410,8 @@ mod tests {
             num_experts: 6,
             intermediate: 8,
             stacked: None,
+            activation: Fusion::Torch,
+            route: Fusion::Torch,
         };
         if grouped {
             let stacked = Stacked::for_experts_like(&ex.local[0], count, Device::Cpu)

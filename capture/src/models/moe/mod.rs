@@ -18,14 +18,16 @@
 use tch::Tensor;
 
 use crate::error::Result;
+use crate::gpu::sections;
 use crate::load::LoadCtx;
-use crate::models::layers::Mlp;
+use crate::models::layers::{Mlp, DENSE_MLP, SHARED_EXPERT};
 use crate::models::tp::PartialSum;
 use experts::Experts;
 use router::Router;
 
+pub(crate) mod align;
 mod experts;
-mod router;
+pub(crate) mod router;
 mod spec;
 
 pub(crate) use spec::{MoeLayers, MoeSpec, Routing};
@@ -40,13 +42,12 @@ pub(crate) enum FeedForward {
 
 impl FeedForward {
     /// `<prefix>` (`model.layers.<i>.mlp`) of layer `layer`: sparse if `moe` says so, else a
-    /// dense MLP of width `dense_intermediate` (with biases if `bias`).
+    /// dense MLP `hidden -> dense_intermediate -> hidden` (with biases if `bias`).
     pub fn load(
         ctx: &LoadCtx,
         prefix: &str,
         layer: usize,
-        hidden: usize,
-        dense_intermediate: usize,
+        (hidden, dense_intermediate): (usize, usize),
         bias: bool,
         moe: Option<&MoeLayers>,
     ) -> Result<Self> {
@@ -57,9 +58,9 @@ impl FeedForward {
             _ => Ok(FeedForward::Dense(Mlp::load(
                 ctx,
                 prefix,
-                hidden,
-                dense_intermediate,
+                (hidden, dense_intermediate),
                 bias,
+                DENSE_MLP,
             )?)),
         }
     }
@@ -88,9 +89,9 @@ impl SparseMoe {
             Some(width) => Some(Mlp::load(
                 ctx,
                 &format!("{prefix}.shared_experts"),
-                hidden,
-                width,
+                (hidden, width),
                 false,
+                SHARED_EXPERT,
             )?),
             None => None,
         };
@@ -118,7 +119,10 @@ impl SparseMoe {
         //    otherwise both join one partial (the shared expert's is unsummed) and one all-reduce.
         if self.sum.world_size() == 1 {
             return match &self.shared {
-                Some(s) => Ok(routed.f_add(&s.forward(x)?)?),
+                Some(s) => {
+                    let shared = s.forward(x)?;
+                    sections::time("moe + shared sum", || Ok(routed.f_add(&shared)?))
+                }
                 None => Ok(routed),
             };
         }

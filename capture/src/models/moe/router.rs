@@ -4,6 +4,9 @@ use tch::{Kind, Tensor};
 
 use super::spec::{MoeSpec, Routing};
 use crate::error::{CaptureError, Result};
+use crate::gpu::fused::route as fused;
+use crate::gpu::sections;
+use crate::kernels::Fusion;
 use crate::load::LoadCtx;
 use crate::scalar;
 
@@ -15,6 +18,8 @@ pub(super) struct Router {
     correction: Option<Tensor>,
     top_k: i64,
     routing: Routing,
+    /// `--moe-route`: the top-k in one kernel of ours, or libtorch's operations.
+    fusion: Fusion,
 }
 
 impl Router {
@@ -35,17 +40,21 @@ impl Router {
             correction,
             top_k: spec.top_k as i64,
             routing: spec.routing.clone(),
+            fusion: ctx.kernels.moe_route,
         })
     }
 
     /// `[n, hidden]` -> (weights `[n, top_k]`, expert ids `[n, top_k]` int64).
     pub fn route(&self, x: &Tensor) -> Result<(Tensor, Tensor)> {
         match (&self.routing, &self.correction) {
-            (Routing::Softmax { norm_topk_prob }, _) => softmax_top_k(
-                &x.f_linear::<Tensor>(&self.weight, None)?,
-                self.top_k,
-                *norm_topk_prob,
-            ),
+            (Routing::Softmax { norm_topk_prob }, _) => {
+                let logits = sections::time("router logits", || {
+                    Ok(x.f_linear::<Tensor>(&self.weight, None)?)
+                })?;
+                sections::time("router top-k", || {
+                    softmax_top_k(&logits, self.top_k, *norm_topk_prob, self.fusion)
+                })
+            }
             (
                 Routing::GroupedSigmoid {
                     n_group,
@@ -55,20 +64,20 @@ impl Router {
                 },
                 Some(correction),
             ) => {
-                let logits = x
-                    .f_to_kind(Kind::Float)?
-                    .f_linear::<Tensor>(&self.weight, None)?;
-                grouped_sigmoid_top_k(
-                    &logits,
-                    correction,
-                    GroupedTopK {
-                        top_k: self.top_k,
-                        n_group: *n_group as i64,
-                        topk_group: *topk_group as i64,
-                        norm_topk_prob: *norm_topk_prob,
-                        routed_scaling_factor: *routed_scaling_factor,
-                    },
-                )
+                let logits = sections::time("router logits", || {
+                    Ok(x.f_to_kind(Kind::Float)?
+                        .f_linear::<Tensor>(&self.weight, None)?)
+                })?;
+                let p = GroupedTopK {
+                    top_k: self.top_k,
+                    n_group: *n_group as i64,
+                    topk_group: *topk_group as i64,
+                    norm_topk_prob: *norm_topk_prob,
+                    routed_scaling_factor: *routed_scaling_factor,
+                };
+                sections::time("router top-k", || {
+                    grouped_sigmoid_top_k(&logits, correction, p, self.fusion)
+                })
             }
             (Routing::GroupedSigmoid { .. }, None) => Err(CaptureError::Pipeline(
                 "a grouped sigmoid router was loaded without its correction bias".into(),
@@ -78,8 +87,19 @@ impl Router {
 }
 
 /// Qwen3-MoE's routing of `logits: [n, E]` (compute dtype): softmax in f32, the `k` largest,
-/// renormalised if `norm`, weights returned in the logits' dtype.
-fn softmax_top_k(logits: &Tensor, k: i64, norm: bool) -> Result<(Tensor, Tensor)> {
+/// renormalised if `norm`, weights returned in the logits' dtype; in our kernel where `fusion`
+/// asks for it and it applies, else by libtorch's operations.
+pub(crate) fn softmax_top_k(
+    logits: &Tensor,
+    k: i64,
+    norm: bool,
+    fusion: Fusion,
+) -> Result<(Tensor, Tensor)> {
+    if fusion == Fusion::Fused {
+        if let Some(routed) = fused::softmax_topk(logits, k, norm)? {
+            return Ok(routed);
+        }
+    }
     let probs = logits.f_softmax(-1, Kind::Float)?;
     let (mut top, ids) = probs.f_topk(k, -1, true, true)?;
     if norm {
@@ -90,21 +110,40 @@ fn softmax_top_k(logits: &Tensor, k: i64, norm: bool) -> Result<(Tensor, Tensor)
 
 /// DeepSeek-V3's router settings for one call of [`grouped_sigmoid_top_k`].
 #[derive(Debug, Clone, Copy)]
-struct GroupedTopK {
-    top_k: i64,
-    n_group: i64,
-    topk_group: i64,
-    norm_topk_prob: bool,
-    routed_scaling_factor: f64,
+pub(crate) struct GroupedTopK {
+    /// Experts per token.
+    pub top_k: i64,
+    /// Expert groups.
+    pub n_group: i64,
+    /// Groups a token may draw from.
+    pub topk_group: i64,
+    /// Renormalise the chosen scores.
+    pub norm_topk_prob: bool,
+    /// Multiplies the weights.
+    pub routed_scaling_factor: f64,
 }
 
 /// DeepSeek-V3's routing of f32 `logits: [n, E]`, in transformers' `DeepseekV3TopkRouter`
-/// order of operations (its `topk` calls and `sorted` flags too, so ties break alike).
-fn grouped_sigmoid_top_k(
+/// order of operations (its `topk` calls and `sorted` flags too, so ties break alike); in our
+/// kernel where `fusion` asks for it and it applies.
+pub(crate) fn grouped_sigmoid_top_k(
     logits: &Tensor,
     correction: &Tensor,
     p: GroupedTopK,
+    fusion: Fusion,
 ) -> Result<(Tensor, Tensor)> {
+    if fusion == Fusion::Fused {
+        let kernel = fused::Grouped {
+            top_k: p.top_k,
+            n_group: p.n_group,
+            topk_group: p.topk_group,
+            norm: p.norm_topk_prob,
+            scale: p.routed_scaling_factor,
+        };
+        if let Some(routed) = fused::grouped_topk(logits, correction, kernel)? {
+            return Ok(routed);
+        }
+    }
     let (n, e) = (logits.size()[0], logits.size()[1]);
     let per_group = e / p.n_group;
     // 1. Scores, and the biased scores that only choose: [n, E].
@@ -188,7 +227,8 @@ mod tests {
         let logits = Tensor::randn([64, 8], (Kind::Float, Device::Cpu));
         let bias = Tensor::randn([8], (Kind::Float, Device::Cpu)) * 0.3;
         for (g, tg) in [(1, 1), (2, 1), (4, 2), (4, 4)] {
-            let (w, ids) = grouped_sigmoid_top_k(&logits, &bias, params(g, tg)).unwrap();
+            let (w, ids) =
+                grouped_sigmoid_top_k(&logits, &bias, params(g, tg), Fusion::Torch).unwrap();
             let (rw, rids) = reference_grouped(&logits, &bias, params(g, tg));
             assert!(ids.equal(&rids), "n_group {g}, topk_group {tg}");
             assert!(w.equal(&rw), "n_group {g}, topk_group {tg}");
@@ -201,7 +241,7 @@ mod tests {
         let logits =
             Tensor::from_slice(&[9.0f32, -9.0, 1.0, 1.0, 0.0, 0.0, -1.0, -1.0]).view([1, 8]);
         let bias = Tensor::zeros([8], (Kind::Float, Device::Cpu));
-        let (_, ids) = grouped_sigmoid_top_k(&logits, &bias, params(4, 1)).unwrap();
+        let (_, ids) = grouped_sigmoid_top_k(&logits, &bias, params(4, 1), Fusion::Torch).unwrap();
         let mut ids = Vec::<i64>::try_from(ids.flatten(0, -1)).unwrap();
         ids.sort();
         assert_eq!(ids, [2, 3]);
@@ -216,7 +256,7 @@ mod tests {
             routed_scaling_factor: 1.0,
             ..params(1, 1)
         };
-        let (w, ids) = grouped_sigmoid_top_k(&logits, &bias, p).unwrap();
+        let (w, ids) = grouped_sigmoid_top_k(&logits, &bias, p, Fusion::Torch).unwrap();
         let ids = Vec::<i64>::try_from(ids.flatten(0, -1)).unwrap();
         let mut sorted = ids.clone();
         sorted.sort();
@@ -232,11 +272,11 @@ mod tests {
     #[test]
     fn softmax_routing_renormalises_only_when_asked() {
         let logits = Tensor::from_slice(&[1.0f32, 2.0, 3.0, 0.5]).view([1, 4]);
-        let (plain, ids) = softmax_top_k(&logits, 2, false).unwrap();
+        let (plain, ids) = softmax_top_k(&logits, 2, false, Fusion::Torch).unwrap();
         assert_eq!(Vec::<i64>::try_from(ids.flatten(0, -1)).unwrap(), [2, 1]);
         let total = plain.sum(Kind::Float).double_value(&[]);
         assert!(total < 0.95, "{total}");
-        let (normed, _) = softmax_top_k(&logits, 2, true).unwrap();
+        let (normed, _) = softmax_top_k(&logits, 2, true, Fusion::Torch).unwrap();
         assert!((normed.sum(Kind::Float).double_value(&[]) - 1.0).abs() < 1e-6);
     }
 }
