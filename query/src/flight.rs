@@ -153,7 +153,9 @@ fn to_status(e: QueryError) -> Status {
     match e {
         QueryError::ReadOnly { .. } => Status::permission_denied(e.to_string()),
         QueryError::Sql(_) => Status::invalid_argument(e.to_string()),
-        QueryError::Limit { .. } => Status::resource_exhausted(e.to_string()),
+        QueryError::Limit { .. } | QueryError::TooComplex { .. } => {
+            Status::resource_exhausted(e.to_string())
+        }
         // A stored value that does not decode: the data is damaged, not the query.
         QueryError::BadValue(_) => Status::data_loss(e.to_string()),
         other => Status::internal(other.to_string()),
