@@ -186,6 +186,19 @@ fn basic_password(b64: &str) -> Result<String, Status> {
     }
 }
 
+/// Characters of a statement's text a log line shows.
+const LOGGED_SQL_CHARS: usize = 200;
+
+/// `sql` as a log line shows it: its first [`LOGGED_SQL_CHARS`] characters and its size. A
+/// client may send 256 KiB statements many times a second, and a log written to a pipe nobody
+/// drains blocks the tokio worker writing it: the whole server then stops answering.
+fn logged_sql(sql: &str) -> String {
+    match sql.char_indices().nth(LOGGED_SQL_CHARS) {
+        None => sql.to_string(),
+        Some((end, _)) => format!("{}… ({} bytes in all)", &sql[..end], sql.len()),
+    }
+}
+
 fn refuse_write() -> Status {
     Status::permission_denied("refused: SQL over hslake datasets is read-only")
 }
@@ -240,7 +253,7 @@ impl FlightSqlService for HslakeFlightSql {
         request: Request<FlightDescriptor>,
     ) -> Result<Response<FlightInfo>, Status> {
         self.check_token(&request)?;
-        tracing::info!(sql = %query.query, "flight sql query");
+        tracing::info!(sql = %logged_sql(&query.query), "flight sql query");
         let schema = self.plan_schema(&query.query).await?;
         let ticket = TicketStatementQuery {
             statement_handle: query.query.into_bytes().into(),
@@ -270,7 +283,7 @@ impl FlightSqlService for HslakeFlightSql {
         request: Request<arrow_flight::Action>,
     ) -> Result<ActionCreatePreparedStatementResult, Status> {
         self.check_token(&request)?;
-        tracing::info!(sql = %query.query, "flight sql prepare");
+        tracing::info!(sql = %logged_sql(&query.query), "flight sql prepare");
         let schema = self.plan_schema(&query.query).await?;
         let IpcMessage(schema_bytes) = SchemaAsIpc::new(&schema, &IpcWriteOptions::default())
             .try_into()
@@ -460,6 +473,15 @@ pub async fn serve_listener(
 mod tests {
     use super::*;
     use arrow_flight::sql::client::FlightSqlServiceClient;
+
+    #[test]
+    fn a_long_statement_is_logged_as_its_head_and_its_size() {
+        assert_eq!(logged_sql("SELECT 1"), "SELECT 1");
+        let long = format!("SELECT 'é'{}", "||'é'".repeat(3000));
+        let logged = logged_sql(&long);
+        let head: String = long.chars().take(LOGGED_SQL_CHARS).collect();
+        assert_eq!(logged, format!("{head}… (18011 bytes in all)"));
+    }
 
     #[test]
     fn a_corrupt_stored_value_is_data_loss_naming_its_place() {

@@ -211,20 +211,25 @@ def server(dataset, tmp_path_factory):
     token_file = tmp_path_factory.mktemp("tok") / "token"
     token_file.write_text("t0ken-for-tests\n")
     port = free_port()
-    proc = subprocess.Popen([str(HSLAKE), "serve-sql", "--bind", f"127.0.0.1:{port}", "--dataset", f"main={url}",
-                             "--dataset", f"small={other}", "--token-file", str(token_file)],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    # The server's log goes to a file: a pipe nobody reads fills, and the server blocks writing it.
+    log = tmp_path_factory.mktemp("serve-sql") / "log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen([str(HSLAKE), "serve-sql", "--bind", f"127.0.0.1:{port}", "--dataset", f"main={url}",
+                                 "--dataset", f"small={other}", "--token-file", str(token_file)],
+                                stdout=out, stderr=subprocess.STDOUT)
     deadline = time.time() + 30
     while time.time() < deadline:
         try:
             socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
             break
         except OSError:
-            assert proc.poll() is None, proc.stdout.read().decode()
+            assert proc.poll() is None, log.read_text()
             time.sleep(0.1)
     yield f"grpc://127.0.0.1:{port}", "t0ken-for-tests"
     proc.terminate()
     proc.wait(timeout=10)
+    # Each statement is logged by its head and size, whatever its length.
+    assert max(map(len, log.read_text().splitlines())) < 1000
 
 
 def connect(uri, token):
