@@ -16,10 +16,10 @@ use datafusion::arrow::buffer::Buffer;
 use datafusion::common::config::{ConfigEntry, ConfigExtension, ConfigOptions, ExtensionOptions};
 use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::memory_pool::{
-    human_readable_size, MemoryConsumer, MemoryPool, MemoryReservation,
+    human_readable_size, MemoryConsumer, MemoryLimit, MemoryPool, MemoryReservation,
 };
 
-use crate::limits::{Cancel, QueryLimits, VALUE_FLAG};
+use crate::limits::{Cancel, QueryLimits, MEMORY_FLAG, VALUE_FLAG};
 use crate::QueryError;
 
 /// The largest value and the total bytes one function call would build, worked out from its
@@ -55,7 +55,12 @@ pub struct QueryBudget {
     max_value: usize,
     pool: Option<Arc<dyn MemoryPool>>,
     cancel: Cancel,
+    folding: bool,
 }
+
+/// Constants up to this size are always allowed, whatever the memory limit: SQL text rarely
+/// holds more, and a limit set very low for a test should not refuse ordinary literals.
+pub const SMALL_CONSTANT: usize = 64 << 10;
 
 /// Used where no budget is in the config (a plan made outside [`crate::QuerySession`]).
 static UNLIMITED: LazyLock<QueryBudget> =
@@ -69,7 +74,75 @@ impl QueryBudget {
             max_value: limits.value_cap(),
             pool,
             cancel,
+            folding: false,
         }
+    }
+
+    /// This budget for the functions the optimizer calls while the plan is made, to fold calls
+    /// on constants into constants. What such a call builds stays in the plan, outside the
+    /// query's memory pool, is copied with the plan and then into every row of a batch: so it
+    /// is held to [`Self::max_constant`] of a whole batch, and a call that would build more is
+    /// left to run with the query, where the pool and the per-value cap hold
+    /// ([`crate::capped`]).
+    pub fn folding(&self) -> Self {
+        QueryBudget {
+            folding: true,
+            ..self.clone()
+        }
+    }
+
+    /// Whether this is the budget of functions folding constants ([`Self::folding`]).
+    pub fn is_folding(&self) -> bool {
+        self.folding
+    }
+
+    /// The largest constant DataFusion may copy into each of `rows` rows: the per-value cap,
+    /// or the query's memory split over the rows where that is less, but never below
+    /// [`SMALL_CONSTANT`].
+    pub fn max_constant(&self, rows: usize) -> usize {
+        let per_row = match self.pool.as_ref().map(|p| p.memory_limit()) {
+            Some(MemoryLimit::Finite(memory)) => memory / rows.max(1),
+            _ => usize::MAX,
+        };
+        self.max_value.min(per_row).max(SMALL_CONSTANT)
+    }
+
+    /// Refuse a constant of `bytes` that DataFusion may copy into each of `rows` rows, if
+    /// over [`Self::max_constant`]; `what` says where it comes from (`it holds a constant`,
+    /// `query stopped: repeat would build a constant`).
+    pub fn check_constant(
+        &self,
+        what: &str,
+        bytes: u64,
+        rows: usize,
+    ) -> std::result::Result<(), QueryError> {
+        let max = self.max_constant(rows);
+        if bytes <= max as u64 {
+            return Ok(());
+        }
+        let (limit, setting) = if max == self.max_value {
+            (format!("{} per value", human_size(max as u64)), VALUE_FLAG)
+        } else {
+            let memory = match self.pool.as_ref().map(|p| p.memory_limit()) {
+                Some(MemoryLimit::Finite(memory)) => memory,
+                _ => usize::MAX,
+            };
+            (
+                format!("{} per query", human_readable_size(memory)),
+                MEMORY_FLAG,
+            )
+        };
+        Err(QueryError::Limit {
+            what: format!(
+                "{what} of {}, which DataFusion copies into each row of a batch (up to {rows} \
+                 rows); at most {} is allowed",
+                human_size(bytes),
+                human_size(max as u64)
+            ),
+            limit,
+            setting: setting.into(),
+            detail: String::new(),
+        })
     }
 
     /// The budget a function was planned with.

@@ -38,6 +38,16 @@ pub enum QueryError {
         /// More about it (the biggest memory consumers), empty or starting with `; `.
         detail: String,
     },
+    /// The statement is longer or nests deeper than hslake plans: refused before anything
+    /// recurses over it, since planning it could overflow the planner's stack or take too long
+    /// ([`crate::planning`]).
+    #[error("query refused: {what}; a query may have at most {limit} (a fixed limit of hslake's SQL planner)")]
+    TooComplex {
+        /// What is too large about it, with its size, e.g. `it nests 1503 levels deep`.
+        what: String,
+        /// The limit, e.g. `1000 levels`.
+        limit: String,
+    },
     /// The query was cancelled (its result stream was dropped: the client went away) and
     /// stopped where it was.
     #[error("query cancelled: its result stream was dropped")]

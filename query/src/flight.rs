@@ -153,7 +153,9 @@ fn to_status(e: QueryError) -> Status {
     match e {
         QueryError::ReadOnly { .. } => Status::permission_denied(e.to_string()),
         QueryError::Sql(_) => Status::invalid_argument(e.to_string()),
-        QueryError::Limit { .. } => Status::resource_exhausted(e.to_string()),
+        QueryError::Limit { .. } | QueryError::TooComplex { .. } => {
+            Status::resource_exhausted(e.to_string())
+        }
         // A stored value that does not decode: the data is damaged, not the query.
         QueryError::BadValue(_) => Status::data_loss(e.to_string()),
         other => Status::internal(other.to_string()),
@@ -181,6 +183,19 @@ fn basic_password(b64: &str) -> Result<String, Status> {
         None => Err(Status::unauthenticated(
             "Basic credentials have no ':'; expected base64 of \"user:password\"",
         )),
+    }
+}
+
+/// Characters of a statement's text a log line shows.
+const LOGGED_SQL_CHARS: usize = 200;
+
+/// `sql` as a log line shows it: its first [`LOGGED_SQL_CHARS`] characters and its size. A
+/// client may send 256 KiB statements many times a second, and a log written to a pipe nobody
+/// drains blocks the tokio worker writing it: the whole server then stops answering.
+fn logged_sql(sql: &str) -> String {
+    match sql.char_indices().nth(LOGGED_SQL_CHARS) {
+        None => sql.to_string(),
+        Some((end, _)) => format!("{}… ({} bytes in all)", &sql[..end], sql.len()),
     }
 }
 
@@ -238,7 +253,7 @@ impl FlightSqlService for HslakeFlightSql {
         request: Request<FlightDescriptor>,
     ) -> Result<Response<FlightInfo>, Status> {
         self.check_token(&request)?;
-        tracing::info!(sql = %query.query, "flight sql query");
+        tracing::info!(sql = %logged_sql(&query.query), "flight sql query");
         let schema = self.plan_schema(&query.query).await?;
         let ticket = TicketStatementQuery {
             statement_handle: query.query.into_bytes().into(),
@@ -268,7 +283,7 @@ impl FlightSqlService for HslakeFlightSql {
         request: Request<arrow_flight::Action>,
     ) -> Result<ActionCreatePreparedStatementResult, Status> {
         self.check_token(&request)?;
-        tracing::info!(sql = %query.query, "flight sql prepare");
+        tracing::info!(sql = %logged_sql(&query.query), "flight sql prepare");
         let schema = self.plan_schema(&query.query).await?;
         let IpcMessage(schema_bytes) = SchemaAsIpc::new(&schema, &IpcWriteOptions::default())
             .try_into()
@@ -458,6 +473,15 @@ pub async fn serve_listener(
 mod tests {
     use super::*;
     use arrow_flight::sql::client::FlightSqlServiceClient;
+
+    #[test]
+    fn a_long_statement_is_logged_as_its_head_and_its_size() {
+        assert_eq!(logged_sql("SELECT 1"), "SELECT 1");
+        let long = format!("SELECT 'é'{}", "||'é'".repeat(3000));
+        let logged = logged_sql(&long);
+        let head: String = long.chars().take(LOGGED_SQL_CHARS).collect();
+        assert_eq!(logged, format!("{head}… (18011 bytes in all)"));
+    }
 
     #[test]
     fn a_corrupt_stored_value_is_data_loss_naming_its_place() {

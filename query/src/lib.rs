@@ -6,7 +6,8 @@
 //! projection and filters to DataFusion's Parquet scan. [`flight`] serves the same over Arrow
 //! Flight SQL. [`limits`] bounds what one query may take (memory, time, the size of one value),
 //! [`capped`] makes DataFusion's own functions that can build large values keep to those
-//! bounds, and [`executor`] bounds how many queries run at once in a server, so one client
+//! bounds, [`planning`] bounds the size and nesting of a statement and plans it on a thread
+//! whose stack holds it, and [`executor`] bounds how many queries run at once in a server, so one client
 //! cannot take the process down. [`distributed`] runs queries over gRPC workers.
 //!
 //! ```no_run
@@ -28,6 +29,7 @@ pub mod executor;
 pub mod flight;
 pub mod limits;
 pub mod output;
+pub mod planning;
 mod session;
 pub mod table;
 pub mod tensor;

@@ -8,7 +8,7 @@ use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::arrow::record_batch::RecordBatch;
@@ -39,7 +39,7 @@ pub struct QueryLimits {
     /// Bytes the query's operators may reserve (joins, aggregates, sorts); past it the query
     /// stops (operators that can spill to disk do so first).
     pub memory_per_query: Option<usize>,
-    /// Wall-clock time from the start of execution to the last batch.
+    /// Wall-clock time from the start of planning to the last batch.
     pub timeout: Option<Duration>,
     /// Bytes of the largest value (string, binary, list, tensor) one function call may build;
     /// `None`: a quarter of `memory_per_query`, or [`DEFAULT_MAX_VALUE`] without one.
@@ -83,18 +83,27 @@ impl QueryLimits {
         }
     }
 
-    /// `stream` with the deadline applied and memory errors named as this limit; `cancel` is
+    /// The deadline of a query starting now, if it has a time limit.
+    pub fn deadline(&self) -> Option<Deadline> {
+        self.timeout.map(|limit| Deadline {
+            at: Instant::now() + limit,
+            limit,
+        })
+    }
+
+    /// `stream` with `deadline` applied and memory errors named as this limit; `cancel` is
     /// set when it is dropped or stopped, so that work still running for it stops too.
     pub fn guard(
         &self,
         stream: SendableRecordBatchStream,
         cancel: Cancel,
+        deadline: Option<Deadline>,
     ) -> SendableRecordBatchStream {
         Box::pin(LimitedStream {
             schema: stream.schema(),
             inner: stream,
             cancel,
-            deadline: self.timeout.map(|t| (Box::pin(tokio::time::sleep(t)), t)),
+            deadline: deadline.map(|d| (Box::pin(tokio::time::sleep_until(d.at.into())), d.limit)),
             memory: self.memory_per_query,
             done: false,
         })
@@ -112,6 +121,15 @@ impl QueryLimits {
             detail: format!("; {}", detail.trim()),
         }
     }
+}
+
+/// When a query must be done by: its start (planning included) plus its time limit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Deadline {
+    /// The moment.
+    pub at: Instant,
+    /// The limit it comes from, for the error.
+    pub limit: Duration,
 }
 
 /// Memory assumed when the machine's cannot be read (non-Linux).

@@ -11,18 +11,24 @@ use datafusion::datasource::object_store::ObjectStoreUrl;
 use datafusion::datasource::MemTable;
 use datafusion::error::DataFusionError;
 use datafusion::execution::runtime_env::RuntimeEnvBuilder;
-use datafusion::execution::{SendableRecordBatchStream, SessionStateBuilder, TaskContext};
+use datafusion::execution::{
+    SendableRecordBatchStream, SessionState, SessionStateBuilder, TaskContext,
+};
+use datafusion::logical_expr::LogicalPlan;
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
+use datafusion::physical_plan::ExecutionPlan;
 use datafusion::prelude::{DataFrame, SQLOptions, SessionContext};
-use datafusion::sql::parser::{DFParser, Statement as DFStatement};
+use datafusion::sql::parser::{DFParserBuilder, Statement as DFStatement};
 use datafusion::sql::sqlparser::ast::Statement;
 use datafusion::sql::sqlparser::dialect::GenericDialect;
+use datafusion::sql::sqlparser::parser::ParserError;
 use futures::{StreamExt, TryStreamExt};
 use hslake_store::{Dataset, DatasetReader, Manifest};
 
 use crate::batching::{batch_rows, widest_row, BATCH_BYTES};
 use crate::budget::QueryBudget;
 use crate::limits::{Cancel, QueryLimits};
+use crate::planning::{check_sql_size, check_statement, PlanShape, Planner};
 use crate::table::{unpanicking, CountingStore, ScanSource, ShardFile, ShardTable};
 use crate::udf::register_tensor_functions;
 use crate::{QueryError, Result};
@@ -60,6 +66,7 @@ pub struct QuerySession {
     datasets: Vec<RegisteredDataset>,
     limits: QueryLimits,
     batch_bytes: usize,
+    planner: Planner,
     /// Where its queries run, if not here.
     pub(crate) workers: Option<crate::distributed::Workers>,
 }
@@ -81,6 +88,7 @@ impl QuerySession {
             datasets: Vec::new(),
             limits,
             batch_bytes: BATCH_BYTES,
+            planner: Planner::default(),
             workers: None,
         })
     }
@@ -191,14 +199,19 @@ impl QuerySession {
 
     /// Plan one read-only SQL statement. Statements that would write, create, alter or drop
     /// anything are refused before planning (checked on the parsed statement) and again by
-    /// DataFusion's own verifier.
+    /// DataFusion's own verifier; so is one too long or nesting too deep to plan
+    /// ([`crate::planning`]). Planning runs on a planner thread, within the query's time limit.
     pub async fn sql(&self, sql: &str) -> Result<DataFrame> {
-        check_read_only(sql)?;
-        let opts = SQLOptions::new()
-            .with_allow_ddl(false)
-            .with_allow_dml(false)
-            .with_allow_statements(false);
-        Ok(self.ctx.sql_with_options(sql, opts).await?)
+        let state = self.ctx.state();
+        let sql = sql.to_string();
+        let (state, plan) = self
+            .planner
+            .run(self.limits.deadline(), &Cancel::default(), async move {
+                let plan = logical_plan(&state, &sql).await?;
+                Ok((state, plan))
+            })
+            .await?;
+        Ok(DataFrame::new(state, plan))
     }
 
     /// Apply `limits` to every query run from now on (default: none but the per-value cap).
@@ -239,39 +252,24 @@ impl QuerySession {
         sql: &str,
         cancel: Cancel,
     ) -> Result<SendableRecordBatchStream> {
-        let (mut state, plan) = self.sql(sql).await?.into_parts();
-        if let Some(workers) = &self.workers {
-            workers.name_query(&mut state)?;
-        }
+        // The time limit counts from here: planning (constants folded) is part of the query.
+        let deadline = self.limits.deadline();
         let pool = self.limits.memory_pool();
         let budget = QueryBudget::new(&self.limits, Some(pool.clone()), cancel.clone());
-        state
-            .config_mut()
-            .options_mut()
-            .extensions
-            .insert(budget.clone());
-        // Functions get the config the plan is made with, also those evaluated while it is
-        // made (constants folded by the optimizer): the config must hold the budget before.
-        state.mark_start_execution();
-        let plan = state.optimize(&plan)?;
-        // Before physical planning: filters take their batch size when they are planned.
-        let rows = batch_rows(
-            widest_row(&plan)?,
+        let planned = physical_plan(
+            self.ctx.state(),
+            sql.to_string(),
+            budget,
+            self.workers.clone(),
             self.batch_bytes,
-            state.config().batch_size(),
         );
-        state.config_mut().options_mut().execution.batch_size = ConfigNonZeroUsize::try_new(rows)?;
-        let plan = state
-            .query_planner()
-            .create_physical_plan(&plan, &state)
-            .await?;
-        crate::capped::check_plan(&plan, &budget, state.config().batch_size())?;
+        let (plan, state) = self.planner.run(deadline, &cancel, planned).await?;
         let runtime = RuntimeEnvBuilder::from_runtime_env(state.runtime_env())
             .with_memory_pool(pool)
             .build_arc()?;
         let task = Arc::new(TaskContext::from(&state).with_runtime(runtime));
         let stream = datafusion::physical_plan::execute_stream(plan, task)?;
-        Ok(self.locating(self.limits.guard(unpanicking(stream), cancel)))
+        Ok(self.locating(self.limits.guard(unpanicking(stream), cancel, deadline)))
     }
 
     /// `stream` with each [`QueryError::BadValue`] it fails with completed by the file, row
@@ -329,6 +327,14 @@ pub(crate) fn hslake_context(
     let config = builder.config().get_or_insert_default();
     config.options_mut().catalog.information_schema = true;
     config.options_mut().extensions.insert(budget);
+    // The SQL planner drops a subquery's ORDER BY with a rewrite of the whole subquery, run
+    // again for each use of a CTE: a chain of CTEs that each use the one before twice made
+    // it rewrite 2^n copies before hslake could measure the plan ([`crate::planning`]). A
+    // sort kept in a subquery costs time under the query's limits, not correctness.
+    config
+        .options_mut()
+        .sql_parser
+        .enable_subquery_sort_elimination = false;
     let ctx = SessionContext::new_with_state(builder.build());
     register_tensor_functions(&ctx)?;
     crate::capped::register(&ctx)?;
@@ -372,6 +378,63 @@ async fn locate_bad_value(e: DataFusionError, datasets: &[(Dataset, u64)]) -> Da
     ))))
 }
 
+/// Parse `sql`, one read-only statement, and make its logical plan; a statement too long or
+/// nesting too deep is refused before anything recurses over it ([`crate::planning`]). Runs on a
+/// planner thread.
+async fn logical_plan(state: &SessionState, sql: &str) -> Result<LogicalPlan> {
+    check_sql_size(sql)?;
+    let limit = state.config().options().sql_parser.recursion_limit.get();
+    let statement = parse_read_only(sql, limit)?;
+    check_statement(sql, &statement)?;
+    let plan = state.statement_to_plan(statement).await?;
+    PlanShape::of(&plan).check()?;
+    SQLOptions::new()
+        .with_allow_ddl(false)
+        .with_allow_dml(false)
+        .with_allow_statements(false)
+        .verify_plan(&plan)?;
+    Ok(plan)
+}
+
+/// The physical plan of `sql` under `budget` (and how the session state was left: batch size,
+/// the budget in its config, the workers told the query's name), made on a planner thread.
+pub(crate) async fn physical_plan(
+    mut state: SessionState,
+    sql: String,
+    budget: QueryBudget,
+    workers: Option<crate::distributed::Workers>,
+    batch_bytes: usize,
+) -> Result<(Arc<dyn ExecutionPlan>, SessionState)> {
+    let plan = logical_plan(&state, &sql).await?;
+    if let Some(workers) = &workers {
+        workers.name_query(&mut state)?;
+    }
+    // Functions get the config the plan is made with, also those the optimizer evaluates to
+    // fold constants: the config must hold the budget before, marked so that a folded
+    // constant stays small enough to be copied into every row ([`QueryBudget::folding`]).
+    state
+        .config_mut()
+        .options_mut()
+        .extensions
+        .insert(budget.folding());
+    state.mark_start_execution();
+    let plan = state.optimize(&plan)?;
+    // Before physical planning: filters take their batch size when they are planned.
+    let rows = batch_rows(widest_row(&plan)?, batch_bytes, state.config().batch_size());
+    let options = state.config_mut().options_mut();
+    options.execution.batch_size = ConfigNonZeroUsize::try_new(rows)?;
+    options.extensions.insert(budget.clone());
+    // The physical plan's functions get the config the execution props hold, a copy taken
+    // when execution was marked: they must see the query's budget, not the folding one.
+    state.execution_props_mut().config_options = Some(Arc::clone(state.config().options()));
+    let plan = state
+        .query_planner()
+        .create_physical_plan(&plan, &state)
+        .await?;
+    crate::capped::check_plan(&plan, &budget, state.config().batch_size())?;
+    Ok((plan, state))
+}
+
 fn check_name(n: &str) -> Result<()> {
     let ok = n
         .chars()
@@ -397,22 +460,54 @@ fn check_name(n: &str) -> Result<()> {
 
 /// Refuse anything but exactly one query-like statement, judged on the parsed statement.
 pub fn check_read_only(sql: &str) -> Result<()> {
-    let statements =
-        DFParser::parse_sql_with_dialect(sql, &GenericDialect {}).map_err(QueryError::Sql)?;
+    parse_read_only(sql, DEFAULT_RECURSION_LIMIT).map(drop)
+}
+
+/// DataFusion's `sql_parser.recursion_limit` unless set otherwise.
+const DEFAULT_RECURSION_LIMIT: usize = 50;
+
+/// The one statement of `sql`, if it is query-like; the parser nests at most `recursion_limit`
+/// levels of its recursive descent.
+fn parse_read_only(sql: &str, recursion_limit: usize) -> Result<DFStatement> {
+    let mut statements = DFParserBuilder::new(sql)
+        .with_dialect(&GenericDialect {})
+        .with_recursion_limit(recursion_limit)
+        .build()
+        .and_then(|mut p| p.parse_statements())
+        .map_err(|e| parse_error(e, recursion_limit))?;
     if statements.len() != 1 {
-        return Err(QueryError::Sql(datafusion::error::DataFusionError::Plan(
-            format!(
-                "expected exactly one SQL statement, got {}",
-                statements.len()
-            ),
-        )));
+        return Err(QueryError::Sql(DataFusionError::Plan(format!(
+            "expected exactly one SQL statement, got {}",
+            statements.len()
+        ))));
     }
-    if read_only(&statements[0]) {
-        Ok(())
+    let Some(statement) = statements.pop_front() else {
+        return Err(QueryError::Sql(DataFusionError::Plan(
+            "expected exactly one SQL statement, got 0".into(),
+        )));
+    };
+    if read_only(&statement) {
+        Ok(statement)
     } else {
         Err(QueryError::ReadOnly {
-            statement: statement_kind(&statements[0]),
+            statement: statement_kind(&statement),
         })
+    }
+}
+
+/// A parser error, the parser's recursion limit named as the limit it is.
+fn parse_error(e: DataFusionError, recursion_limit: usize) -> QueryError {
+    match e.find_root() {
+        DataFusionError::SQL(p, _) if matches!(**p, ParserError::RecursionLimitExceeded) => {
+            QueryError::TooComplex {
+                what: format!(
+                    "it nests parentheses, subqueries or function calls more than \
+                     {recursion_limit} levels deep"
+                ),
+                limit: format!("{recursion_limit} levels of nesting as the SQL parser reads it"),
+            }
+        }
+        _ => QueryError::Sql(e),
     }
 }
 

@@ -156,6 +156,48 @@ def test_sql_cli_refuses_a_value_past_its_cap_within_its_address_space(dataset):
     assert ok.stdout.splitlines() == ["n", "1000000"], ok.stderr
 
 
+# Statements nested deeper than the planner's limit of 1000 levels (6 to 72 KB). Before, 700
+# `+` or 450 UNION ALLs overflowed a tokio worker's stack in serve-sql and 3000 `+` the main
+# thread of `hslake sql`: the process aborted (exit 134).
+DEEP = {
+    "plus": "SELECT 1" + "+1" * 3000,
+    "and": "SELECT true" + " AND true" * 3000,
+    "concat": "SELECT 'a'" + "||'a'" * 3000,
+    "union": "SELECT 1 AS x" + " UNION ALL SELECT 1 AS x" * 3000,
+}
+TOO_DEEP = "query refused: it nests"
+
+
+def test_sql_cli_refuses_a_query_nested_too_deep_by_name(dataset):
+    url, _ = dataset
+    for kind, q in DEEP.items():
+        r = subprocess.run([str(HSLAKE), "sql", url, q], capture_output=True, text=True)
+        assert r.returncode == 1, f"{kind}: exit {r.returncode}: {r.stderr[-300:]}"
+        assert TOO_DEEP in r.stderr and "a query may have at most 1000 levels" in r.stderr, r.stderr
+
+
+def test_sql_cli_time_limit_covers_planning(dataset):
+    # 900 `+` plan under the depth limit, in well over 50 ms: before, the limit started with
+    # execution, and the query was answered.
+    url, _ = dataset
+    r = subprocess.run([str(HSLAKE), "sql", url, "--query-timeout", "50ms", "SELECT 1" + "+1" * 900],
+                       capture_output=True, text=True)
+    assert r.returncode == 1, r.stdout
+    assert "ran longer than one query may run (limit: 0.05 s, set by --query-timeout)" in r.stderr
+
+
+def test_sql_cli_leaves_a_growing_constant_to_run_under_the_caps(dataset):
+    # Before, both `repeat`s were folded into 19 MB constants while the plan was made, outside
+    # the memory pool, and copied with the plan for a minute before the plan was refused.
+    url, _ = dataset
+    q = "SELECT cardinality(make_array(repeat('x', 20000000), repeat('x', 20000000))) FROM samples"
+    r = subprocess.run([str(HSLAKE), "sql", url, "--query-memory", "64MiB", q], capture_output=True, text=True)
+    assert r.returncode == 1
+    assert ("query stopped: repeat would build a constant of 19.1 MB, which DataFusion copies into each row "
+            "of a batch (up to 24 rows); at most 2.7 MB is allowed (limit: 64.0 MB per query, set by "
+            "--query-memory)") in r.stderr, r.stderr
+
+
 def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -169,20 +211,25 @@ def server(dataset, tmp_path_factory):
     token_file = tmp_path_factory.mktemp("tok") / "token"
     token_file.write_text("t0ken-for-tests\n")
     port = free_port()
-    proc = subprocess.Popen([str(HSLAKE), "serve-sql", "--bind", f"127.0.0.1:{port}", "--dataset", f"main={url}",
-                             "--dataset", f"small={other}", "--token-file", str(token_file)],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    # The server's log goes to a file: a pipe nobody reads fills, and the server blocks writing it.
+    log = tmp_path_factory.mktemp("serve-sql") / "log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen([str(HSLAKE), "serve-sql", "--bind", f"127.0.0.1:{port}", "--dataset", f"main={url}",
+                                 "--dataset", f"small={other}", "--token-file", str(token_file)],
+                                stdout=out, stderr=subprocess.STDOUT)
     deadline = time.time() + 30
     while time.time() < deadline:
         try:
             socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
             break
         except OSError:
-            assert proc.poll() is None, proc.stdout.read().decode()
+            assert proc.poll() is None, log.read_text()
             time.sleep(0.1)
     yield f"grpc://127.0.0.1:{port}", "t0ken-for-tests"
     proc.terminate()
     proc.wait(timeout=10)
+    # Each statement is logged by its head and size, whatever its length.
+    assert max(map(len, log.read_text().splitlines())) < 1000
 
 
 def connect(uri, token):
@@ -239,3 +286,15 @@ def test_flight_sql_refuses_writes_and_reports_errors_then_keeps_serving(server)
             with pytest.raises(Exception, match=message):
                 query(conn, bad)
         assert query(conn, "SELECT count(*) AS n FROM main.samples").to_pylist() == [{"n": 24}]
+
+
+def test_flight_sql_refuses_a_query_nested_too_deep_and_answers_the_next(server):
+    uri, token = server
+    with connect(uri, token) as conn:
+        # The query: 10.8 KB, 450 UNION ALLs; it aborted the server.
+        union = "SELECT 1 AS x" + " UNION ALL SELECT 1 AS x" * 449
+        assert len(union) > 10_500 and query(conn, union).num_rows == 450
+        for kind, q in DEEP.items():
+            with pytest.raises(Exception, match=TOO_DEEP):
+                query(conn, q)
+            assert query(conn, "SELECT count(*) AS n FROM main.samples").to_pylist() == [{"n": 24}], kind

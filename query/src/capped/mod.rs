@@ -199,18 +199,27 @@ mod tests {
         assert!(stale.is_empty(), "classified but not registered: {stale:?}");
     }
 
+    async fn four_rows(name: &str, limits: QueryLimits) -> QuerySession {
+        let url = format!("memory://{name}");
+        testdata::write(&url, hslake_schemas::DType::Bf16, 4, 1).await;
+        let mut session = QuerySession::open(&url, None).await.unwrap();
+        session.set_limits(limits);
+        session
+    }
+
+    fn memory(bytes: usize) -> QueryLimits {
+        QueryLimits {
+            memory_per_query: Some(bytes),
+            ..QueryLimits::default()
+        }
+    }
+
     #[tokio::test]
     async fn a_large_constant_is_refused_before_it_is_copied_into_every_row() {
-        testdata::write("memory://caps-constant", hslake_schemas::DType::Bf16, 4, 1).await;
-        let mut session = QuerySession::open("memory://caps-constant", None)
-            .await
-            .unwrap();
-        session.set_limits(QueryLimits {
-            memory_per_query: Some(64 << 20),
-            ..QueryLimits::default()
-        });
+        let session = four_rows("caps-constant", memory(64 << 20)).await;
+        let text = "x".repeat(100_000);
         let e = session
-            .query("SELECT repeat('x', 100000) AS s FROM samples")
+            .query(&format!("SELECT '{text}' AS s FROM samples"))
             .await
             .unwrap_err()
             .to_string();
@@ -220,11 +229,66 @@ mod tests {
              row of a batch (up to 8192 rows); at most 64.0 KB is allowed (limit: 64.0 MB per \
              query, set by --query-memory)"
         );
-        // Folded into a number, the text is gone before the plan is checked.
+    }
+
+    #[tokio::test]
+    async fn a_call_on_constants_is_folded_only_into_a_constant_any_batch_may_copy() {
+        let session = four_rows("caps-fold", memory(64 << 20)).await;
+        let optimized = |sql: &'static str| {
+            let session = &session;
+            async move {
+                let plans = session.query(&format!("EXPLAIN {sql}")).await.unwrap();
+                datafusion::arrow::util::pretty::pretty_format_batches(&plans)
+                    .unwrap()
+                    .to_string()
+            }
+        };
+        // Up to 64 KiB (the query's memory over 8192 rows is less) it is folded ...
+        let small = optimized("SELECT length(repeat('x', 60000)) AS n FROM samples").await;
+        assert!(small.contains("Int32(60000) AS n"), "{small}");
+        // ... past it, left to run with the query, where it builds one value per batch.
+        let large = optimized("SELECT length(repeat('x', 100000)) AS n FROM samples").await;
+        assert!(
+            large.contains("repeat(Utf8(\"x\"), Int64(100000))"),
+            "{large}"
+        );
         let b = session
             .query("SELECT length(repeat('x', 100000)) AS n FROM samples")
             .await
             .unwrap();
         assert_eq!(b.iter().map(|b| b.num_rows()).sum::<usize>(), 4);
+        // Copied into the table's 4 rows, 100 KB is well within the query's memory.
+        let b = session
+            .query("SELECT repeat('x', 100000) AS s FROM samples")
+            .await
+            .unwrap();
+        assert_eq!(b.iter().map(|b| b.num_rows()).sum::<usize>(), 4);
+    }
+
+    #[tokio::test]
+    async fn a_growing_constant_is_refused_by_name_before_it_is_built() {
+        // Before: both `repeat`s were folded while the plan was made, into two constants
+        // outside the memory pool that every later pass copied, and the query ran for a
+        // minute against no limit before a check refused the plan.
+        let limits = QueryLimits {
+            max_value: Some(64 << 20),
+            ..memory(64 << 20)
+        };
+        let session = four_rows("caps-bomb", limits).await;
+        let e = session
+            .query(
+                "SELECT cardinality(make_array(repeat('x', 20000000), repeat('x', 20000000))) \
+                 FROM samples",
+            )
+            .await
+            .unwrap_err();
+        // Left to run with the query, under its memory limit, whichever call reaches it first.
+        assert!(matches!(e, crate::QueryError::Limit { .. }), "{e}");
+        let e = e.to_string();
+        assert!(e.starts_with("query stopped: "), "{e}");
+        assert!(
+            e.contains("(limit: 64.0 MB per query, set by --query-memory)"),
+            "{e}"
+        );
     }
 }

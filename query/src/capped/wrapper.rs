@@ -6,7 +6,7 @@ use datafusion::arrow::datatypes::{DataType, Field, FieldRef, Schema};
 use datafusion::arrow::record_batch::RecordBatch;
 use datafusion::common::config::ConfigOptions;
 use datafusion::common::tree_node::{Transformed, TreeNode};
-use datafusion::common::{DFSchema, Result, ScalarValue};
+use datafusion::common::{DFSchema, DataFusionError, Result, ScalarValue};
 use datafusion::logical_expr::binary::BinaryTypeCoercer;
 use datafusion::logical_expr::expr::ScalarFunction;
 use datafusion::logical_expr::expr_rewriter::FunctionRewrite;
@@ -90,6 +90,24 @@ impl ScalarUDFImpl for CappedFn {
     fn invoke_with_args(&self, args: ScalarFunctionArgs) -> Result<ColumnarValue> {
         let budget = QueryBudget::of(&args.config_options);
         let bound = self.growth.bound(&args.args, args.number_rows)?;
+        if args
+            .args
+            .iter()
+            .all(|a| matches!(a, ColumnarValue::Scalar(_)))
+        {
+            // A call on constants builds one constant, which DataFusion may copy into each row
+            // of a batch: of the batch it is called for, or, folded while the plan is made, of
+            // any batch. A fold refused here is left in the plan and runs with the query.
+            let rows = if budget.is_folding() {
+                args.config_options.execution.batch_size.get()
+            } else {
+                args.number_rows
+            };
+            let what = format!("query stopped: {} would build a constant", self.name());
+            budget
+                .check_constant(&what, bound.largest, rows)
+                .map_err(|e| DataFusionError::External(Box::new(e)))?;
+        }
         let held = budget.admit(self.name(), bound)?;
         let out = self.inner().invoke_with_args(args)?;
         Ok(match (out, held) {
@@ -104,8 +122,8 @@ impl ScalarUDFImpl for CappedFn {
         // A function may simplify by building a value from its constant arguments at once
         // (`concat` and `concat_ws` join their literals), outside `invoke_with_args`. Such a
         // value holds each constant at most once per argument (a separator between each
-        // two); past the cap the call stays as it is, and its evaluation, which knows the
-        // exact size, decides.
+        // two); past what a folded constant may be the call stays as it is, and its
+        // evaluation, which knows the exact size, decides.
         let constants: u64 = args
             .iter()
             .map(|a| match a {
@@ -114,7 +132,9 @@ impl ScalarUDFImpl for CappedFn {
             })
             .sum();
         let joined = constants.saturating_mul(args.len() as u64);
-        if joined > QueryBudget::of(info.config_options()).max_value() as u64 {
+        let config = info.config_options();
+        let folded = QueryBudget::of(config).max_constant(config.execution.batch_size.get());
+        if joined > folded as u64 {
             return Ok(ExprSimplifyResult::Original(args));
         }
         // It may also simplify into a call of a built-in it names itself (a new `concat`),
