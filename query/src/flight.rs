@@ -819,9 +819,11 @@ mod tests {
         for e in [e1.unwrap_err(), e2.unwrap_err()] {
             assert!(e.contains("resource has been exhausted"), "{e}");
             assert!(
+                // Refused as a constant while it is folded, before execution.
                 e.contains(
-                    "repeat would build a value of 2.0 GB (row 0 of its batch), larger than one \
-                     value may be (limit: 256.0 KB per value, set by --max-value-size)"
+                    "repeat would build a constant of 2.0 GB, which DataFusion copies into each \
+                     row of a batch (up to 1 rows); at most 256.0 KB is allowed (limit: 256.0 KB \
+                     per value, set by --max-value-size)"
                 ),
                 "{e}"
             );
