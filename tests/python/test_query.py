@@ -151,7 +151,8 @@ def test_sql_cli_refuses_a_value_past_its_cap_within_its_address_space(dataset):
     assert r.returncode == 1, r.stderr
     # Refused while the constant is folded, before a byte of it is built.
     assert "query stopped: repeat would build a constant of 2.0 GB" in r.stderr, r.stderr
-    assert "(limit: 256.0 MB per value, set by --max-value-size)" in r.stderr, r.stderr
+    # The cap it meets names its flag: here the per-query memory spread over the batch's rows.
+    assert "(limit: 1024.0 MB per query, set by --query-memory)" in r.stderr, r.stderr
     ok = subprocess.run([str(HSLAKE), "sql", url, "SELECT length(repeat('x', 1000000)) AS n", "--format", "csv"],
                         capture_output=True, text=True, preexec_fn=four_gib)
     assert ok.stdout.splitlines() == ["n", "1000000"], ok.stderr
